@@ -1,0 +1,1 @@
+"""dflash2rt-cuda: the NVIDIA CUDA backend plugin for dflash2rt."""

@@ -1,0 +1,1 @@
+"""dflash2rt-rocm: the AMD ROCm backend plugin for dflash2rt."""

@@ -1,0 +1,47 @@
+"""AMD ROCm backend: probe, dtypes, kernels and graph mode (vendor facts only)."""
+
+from __future__ import annotations
+
+import torch
+
+from dflash2rt import plugin_kit as kit
+from dflash2rt.backend import Backend, BackendSpec, Probe
+from dflash2rt.hookspecs import hookimpl
+
+NAME = "rocm"
+PRIORITY = 90
+PCI_VENDOR = 0x1002
+NODES = ("/dev/kfd",)
+
+
+def probe() -> Probe:
+    hw = kit.hardware_summary("AMD", PCI_VENDOR, *NODES)
+    build = kit.torch_build()
+    if not getattr(torch.version, "hip", None):
+        return Probe(False, f"{build} has no ROCm/HIP support: install a ROCm build of torch; {hw}")
+    if not torch.cuda.is_available():  # ROCm builds expose the 'cuda' device type
+        return Probe(False, f"{build}, but torch.cuda.is_available() is False (no AMD GPU or "
+                     f"amdgpu driver visible){kit.visible_devices_note('HIP_VISIBLE_DEVICES')}; {hw}")
+    error = kit.try_allocate("cuda:0")
+    if error:
+        return Probe(False, f"{build}: {error}; {hw}")
+    props = torch.cuda.get_device_properties(0)
+    arch = getattr(props, "gcnArchName", "?")
+    return Probe(
+        available=True,
+        device=f"cuda:0 {props.name} ({arch}, {props.total_memory / 2**30:.0f} GiB)",
+        kernels=kit.EAGER_KERNELS, dtypes=("float32", "float16", "bfloat16"),
+        graphs=kit.EAGER_GRAPHS,
+        details={"torch": torch.__version__, "hip": torch.version.hip or "",
+                 "torch_device": "cuda:0"},
+    )
+
+
+def create(p: Probe) -> Backend:
+    return kit.eager_gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes))
+
+
+@hookimpl
+def dflash2rt_backends() -> list[BackendSpec]:
+    return [BackendSpec(name=NAME, priority=PRIORITY, probe=probe, create=create,
+                        summary="AMD GPUs through ROCm/HIP")]

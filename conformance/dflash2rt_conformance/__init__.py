@@ -1,0 +1,1 @@
+"""dflash2rt-conformance: the cross-backend conformance suite (content arrives with issue 5)."""

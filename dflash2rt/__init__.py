@@ -1,0 +1,29 @@
+"""dflash2rt: DFlash2 speculative decoding, verified losslessly, on CPU, CUDA, ROCm and XPU.
+
+Importing this package does no work: backends are discovered when first asked for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+__all__ = ["get_backend", "list_backends", "__version__"]
+
+if TYPE_CHECKING:
+    from .backend import Backend
+    from .registry import BackendStatus
+
+
+def get_backend(name: str | None = None) -> "Backend":
+    """The named backend, else $DFLASH2RT_BACKEND, else the best available one (``auto``)."""
+    from .registry import Registry
+
+    return Registry.discover().select(name).backend
+
+
+def list_backends() -> "list[BackendStatus]":
+    """Every installed backend with its availability and reason (what ``dflash2rt backends`` shows)."""
+    from .registry import Registry
+
+    return Registry.discover().statuses()

@@ -1,0 +1,1 @@
+"""The built-in CPU backend: the embedded default, registered like every other plugin."""

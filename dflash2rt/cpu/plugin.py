@@ -1,0 +1,35 @@
+"""CPU backend plugin: the device-generic torch ops, eager, on the host CPU."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+from ..backend import Backend, BackendSpec, Probe, TorchOpsBackend
+from ..hookspecs import hookimpl
+
+DTYPES = ("float32", "float64", "bfloat16")
+
+
+def probe() -> Probe:
+    threads = torch.get_num_threads()
+    return Probe(
+        available=True,
+        device=f"cpu ({platform.machine()}, {os.cpu_count()} cores, {threads} torch threads)",
+        kernels="torch eager ops (reference semantics)",
+        dtypes=DTYPES,
+        graphs="none: eager on CPU (no graph API for CPU tensors)",
+        details={"torch": torch.__version__},
+    )
+
+
+def create(_: Probe) -> Backend:
+    return TorchOpsBackend("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16))
+
+
+@hookimpl
+def dflash2rt_backends() -> list[BackendSpec]:
+    return [BackendSpec(name="cpu", priority=0, probe=probe, create=create,
+                        summary="built-in CPU backend (embedded default)")]

@@ -1,0 +1,39 @@
+"""The dflash2rt error hierarchy: every validation failure is one of these typed errors."""
+
+from __future__ import annotations
+
+
+class DFlash2Error(Exception):
+    """Base class of every error dflash2rt raises on purpose."""
+
+
+class BackendError(DFlash2Error):
+    """A backend could not be found, loaded or used."""
+
+
+class UnknownBackendError(BackendError, LookupError):
+    """A backend name that no installed plugin provides."""
+
+
+class BackendUnavailableError(BackendError):
+    """A known backend that cannot run here; the message carries the probe's reason."""
+
+
+class PluginError(BackendError):
+    """A plugin broke the hook contract (bad return value, misspelled hook, duplicate name)."""
+
+
+class InvalidInputError(DFlash2Error, ValueError):
+    """An argument with a wrong shape, dtype, range or value; the message says what to fix."""
+
+
+class SamplingParamsError(InvalidInputError):
+    """Temperature, top-k, top-p, seed or max_new_tokens out of range."""
+
+
+class NonFiniteLogitsError(InvalidInputError):
+    """Logits or probabilities that contain NaN (or no finite entry at all)."""
+
+
+class CheckpointError(DFlash2Error):
+    """A checkpoint that is malformed, incomplete, or does not match its partner model."""

@@ -1,0 +1,75 @@
+"""Per-request sampling parameters and per-block noise, staged as device tensors for the ops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .rng import Stream, uniforms
+from .sampling import check_sampling_params
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """Sampling parameters of R requests (select, not branch: greedy rows are flagged, not split).
+
+    ``any_sampled`` / ``any_filtered`` are host-side facts that let ops skip work no row needs.
+    """
+
+    temperature: torch.Tensor  # [R] float32, 0 = greedy
+    top_k: torch.Tensor        # [R] int64, 0 = off
+    top_p: torch.Tensor        # [R] float32, 1 = off
+    greedy: torch.Tensor       # [R] bool
+    any_sampled: bool
+    any_filtered: bool
+
+    @staticmethod
+    def build(temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
+              device: torch.device | str = "cpu") -> "SamplingBatch":
+        """Validate each request's parameters and stage them on ``device``."""
+        for t, k, p in zip(temperature, top_k, top_p, strict=True):
+            check_sampling_params(t, k, p)
+        temp = torch.tensor(list(temperature), dtype=torch.float32, device=device)
+        return SamplingBatch(
+            temperature=temp,
+            top_k=torch.tensor(list(top_k), dtype=torch.int64, device=device),
+            top_p=torch.tensor(list(top_p), dtype=torch.float32, device=device),
+            greedy=temp == 0,
+            any_sampled=any(t > 0 for t in temperature),
+            any_filtered=any(t > 0 and (k > 0 or p < 1.0)
+                             for t, k, p in zip(temperature, top_k, top_p)),
+        )
+
+    @staticmethod
+    def greedy_batch(r: int, device: torch.device | str = "cpu") -> "SamplingBatch":
+        return SamplingBatch.build([0.0] * r, [0] * r, [1.0] * r, device)
+
+
+@dataclass(frozen=True)
+class BlockNoise:
+    """Every uniform one decode step consumes, keyed by (seed, request, absolute position, stream).
+
+    Slot e of the block decides the token at absolute position ``anchor_pos + 1 + e``; the bonus
+    decides position ``anchor_pos + 1 + γ``. Streams never overlap, so the draft's walk noise is
+    independent of the acceptance, residual and bonus noise.
+    """
+
+    walk: torch.Tensor      # [R, γ] float32
+    accept: torch.Tensor    # [R, γ] float32
+    residual: torch.Tensor  # [R, γ] float32
+    bonus: torch.Tensor     # [R] float32
+
+    @staticmethod
+    def draw(seed: torch.Tensor, request: torch.Tensor, anchor_pos: torch.Tensor,
+             gamma: int) -> "BlockNoise":
+        """seed, request, anchor_pos: [R] int64 device tensors (anchor_pos = committed length n)."""
+        pos = anchor_pos.view(-1, 1) + 1 + torch.arange(gamma, device=anchor_pos.device)
+        s, q = seed.view(-1, 1), request.view(-1, 1)
+        return BlockNoise(
+            walk=uniforms(s, q, pos, Stream.WALK),
+            accept=uniforms(s, q, pos, Stream.ACCEPT),
+            residual=uniforms(s, q, pos, Stream.RESIDUAL),
+            bonus=uniforms(seed, request, anchor_pos + 1 + gamma, Stream.BONUS),
+        )

@@ -1,0 +1,100 @@
+"""DFlash2 candidate selector: top-K per slot, the low-rank candidate lattice, and the walk.
+
+    unary[e, c]   = softcap(val[e, c] · output_multiplier)
+    S[e, p, c]    = unary[e, c] + Σ_r A[pred(e, p), r] · P_e[r] · Bc[cand[e, c], r]
+    pred(0, ·)    = anchor,  pred(e, p) = cand[e-1, p]
+
+The walk starts at the anchor and at slot e reads the lattice row of the candidate it took at
+slot e-1: greedy takes the argmax (lowest index on ties, q one-hot); sampling draws from
+q_e = softmax(row / T) by inverse CDF with the slot's walk uniform.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InvalidInputError
+from .batch import SamplingBatch
+from .sampling import bad_rows, inverse_cdf
+
+
+@dataclass(frozen=True)
+class SelectorParams:
+    """Static selector hyper-parameters from the draft's ``dflash_config``."""
+
+    top_k: int
+    output_multiplier: float = 1.0
+    softcap: float | None = None
+
+
+@dataclass(frozen=True)
+class SelectorOut:
+    draft: torch.Tensor       # [R, γ] int64, the proposed tokens
+    candidates: torch.Tensor  # [R, γ, K] int64, top-K ids per slot (descending logit)
+    q: torch.Tensor           # [R, γ, K] float32, the law each draft token was drawn from
+    bad: torch.Tensor         # [R] bool, draft logits with NaN / +inf / no finite entry
+
+
+def topk_lowest_index(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of [..., V] by value, descending, ties broken by the lower index (deterministic)."""
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]                  # [..., 1]
+    above = logits > kth
+    tied = logits == kth
+    room = k - above.sum(dim=-1, keepdim=True)
+    take = above | (tied & (torch.cumsum(tied.to(torch.int64), dim=-1) <= room))
+    slot = torch.where(take, torch.cumsum(take.to(torch.int64), dim=-1) - 1, k)
+    ids = torch.arange(logits.shape[-1], device=logits.device).expand_as(logits)
+    picked = torch.zeros(*logits.shape[:-1], k + 1, dtype=torch.int64, device=logits.device)
+    picked.scatter_(-1, slot, ids)                                        # ascending id order
+    picked = picked[..., :k]
+    vals = logits.gather(-1, picked)
+    order = torch.sort(vals, dim=-1, descending=True, stable=True).indices
+    return vals.gather(-1, order), picked.gather(-1, order)
+
+
+def unary_scores(vals: torch.Tensor, p: SelectorParams) -> torch.Tensor:
+    """softcap(val · output_multiplier) in float32; -inf candidates stay -inf."""
+    x = vals.float() * p.output_multiplier
+    if p.softcap is not None:
+        x = p.softcap * torch.tanh(x / p.softcap)
+    return torch.where(torch.isneginf(vals), float("-inf"), x)
+
+
+def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
+           pred_codebook: torch.Tensor, succ_codebook: torch.Tensor, params: SelectorParams,
+           sampling: SamplingBatch, u_walk: torch.Tensor) -> SelectorOut:
+    """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], u_walk [R, γ] → SelectorOut."""
+    r, gamma, v = logits.shape
+    k = params.top_k
+    if not 1 <= k <= v:
+        raise InvalidInputError(f"selector top_k={k} must be in [1, vocab={v}]")
+    if proj.shape[:2] != (r, gamma) or pred_codebook.shape != succ_codebook.shape \
+            or pred_codebook.shape[1] != proj.shape[2] or u_walk.shape != (r, gamma):
+        raise InvalidInputError(
+            f"selector shapes disagree: logits {tuple(logits.shape)}, proj {tuple(proj.shape)}, "
+            f"codebooks {tuple(pred_codebook.shape)}/{tuple(succ_codebook.shape)}, "
+            f"u_walk {tuple(u_walk.shape)}")
+    bad = bad_rows(logits).any(dim=-1)                                    # [R]
+    vals, cand = topk_lowest_index(logits, k)                             # [R, γ, K]
+    unary = unary_scores(vals, params)                                    # [R, γ, K]
+    proj = proj.float()
+    temp = torch.where(sampling.greedy, 1.0, sampling.temperature).view(r, 1)
+    prev = anchor.to(torch.int64)                                         # [R]
+    draft, q_all = [], []
+    for e in range(gamma):
+        pair = pred_codebook[prev].float() * proj[:, e]                   # [R, r]
+        succ = succ_codebook[cand[:, e]].float()                          # [R, K, r]
+        row = unary[:, e] + torch.einsum("rd,rkd->rk", pair, succ)        # [R, K]
+        idx = torch.argmax(row, dim=-1)                                   # greedy, lowest on ties
+        q = torch.nn.functional.one_hot(idx, k).float()
+        if sampling.any_sampled:
+            q_s = torch.softmax(row / temp, dim=-1)                       # [R, K] float32
+            idx_s = inverse_cdf(q_s.double(), u_walk[:, e])
+            idx = torch.where(sampling.greedy, idx, idx_s)
+            q = torch.where(sampling.greedy.view(r, 1), q, q_s)
+        prev = cand[:, e].gather(-1, idx.view(r, 1)).view(r)
+        draft.append(prev)
+        q_all.append(q)
+    return SelectorOut(torch.stack(draft, 1), cand, torch.stack(q_all, 1), bad)

@@ -1,0 +1,69 @@
+"""Logit processing (temperature, top-k, top-p), parameter checks, and the induced law."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2rt.errors import SamplingParamsError
+from dflash2rt.ops.batch import BlockNoise, SamplingBatch
+from dflash2rt.ops.sampling import check_sampling_params, inverse_cdf, target_probs
+from dflash2rt.ops.verify import verify
+
+
+def _probs(logits, t=1.0, k=0, p=1.0):
+    return target_probs(logits.view(1, 1, -1), torch.tensor([t]), torch.tensor([k]),
+                        torch.tensor([p]))[0, 0]
+
+
+def test_temperature_top_k_top_p():
+    x = torch.tensor([2.0, 1.0, 1.0, 0.0, -1.0])
+    torch.testing.assert_close(_probs(x, t=0.5), torch.softmax(x / 0.5, -1))
+    p = _probs(x, k=2)   # ties with the k-th value are kept
+    assert bool((p[:3] > 0).all()) and bool((p[3:] == 0).all())
+    full = torch.softmax(x, -1)
+    p = _probs(x, p=float(full[0]))        # mass of the top token alone reaches top_p
+    assert p.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    p = _probs(x, p=float(full[0]) + 1e-3)  # needs the next token (lower id wins the tie)
+    assert bool(p[1] > 0) and float(p[2]) == 0.0
+    assert bool((_probs(x, p=1.0) > 0).all())
+
+
+@pytest.mark.parametrize("t,k,p", [(-0.1, 0, 1.0), (float("nan"), 0, 1.0), (float("inf"), 0, 1.0),
+                                   (1.0, -1, 1.0), (1.0, 1.5, 1.0), (1.0, 0, 0.0),
+                                   (1.0, 0, 1.01)])
+def test_bad_sampling_values_raise(t, k, p):
+    with pytest.raises(SamplingParamsError):
+        check_sampling_params(t, k, p)
+    with pytest.raises(SamplingParamsError):
+        SamplingBatch.build([t], [k], [p])
+
+
+def test_inverse_cdf_skips_zero_weights_and_clamps():
+    w = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0], dtype=torch.float64)
+    assert int(inverse_cdf(w, torch.tensor(1e-9))) == 1
+    assert int(inverse_cdf(w, torch.tensor(0.25))) == 3
+    assert int(inverse_cdf(w, torch.tensor(1.0))) == 3   # clamped to the last positive weight
+
+
+def test_induced_law_of_draft_then_verify_is_p():
+    """Enumerate walk, accept and residual uniforms on a lattice: the output law is p."""
+    n = 48
+    grid = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+    uw, ua, ur = (t.reshape(-1).float() for t in torch.meshgrid(grid, grid, grid, indexing="ij"))
+    rows = uw.numel()
+    logits = torch.tensor([[0.4, -0.3, 1.2, 0.1], [0.0, 0.0, 0.0, 0.0]]).expand(rows, 2, 4)
+    q_law = torch.tensor([0.1, 0.5, 0.15, 0.25])
+    draft = inverse_cdf(q_law.double().expand(rows, 4), uw).view(rows, 1)
+    cand = torch.arange(4).expand(rows, 1, 4)
+    q = q_law.expand(rows, 1, 4)
+    sampling = SamplingBatch.build([1.0] * rows, [0] * rows, [1.0] * rows)
+    noise = BlockNoise(uw.view(rows, 1), ua.view(rows, 1), ur.view(rows, 1), ua)
+    out = verify(logits, draft, cand, q, sampling, noise)
+    first = out.tokens[:, 0]
+    law = torch.bincount(first, minlength=4).double() / rows
+    p = torch.softmax(torch.tensor([0.4, -0.3, 1.2, 0.1], dtype=torch.float64), -1)
+    assert float((law - p).abs().sum()) / 2 < 3 / n   # lattice resolution
+    accept = float((out.accept_len == 1).double().mean())
+    tv_pq = float((p - q_law.double()).abs().sum()) / 2
+    assert abs(accept - (1 - tv_pq)) < 3 / n

@@ -1,0 +1,109 @@
+"""The candidate selector: deterministic top-K, the lattice, greedy and sampled walks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2rt.errors import InvalidInputError
+from dflash2rt.ops.batch import SamplingBatch
+from dflash2rt.ops.selector import SelectorParams, select, topk_lowest_index, unary_scores
+
+
+def _inputs(r=3, gamma=5, v=50, rank=4, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(r, gamma, v, generator=g).to(dtype)
+    proj = torch.randn(r, gamma, rank, generator=g).to(dtype)
+    a = torch.randn(v, rank, generator=g).to(dtype)
+    b = torch.randn(v, rank, generator=g).to(dtype)
+    anchor = torch.randint(0, v, (r,), generator=g)
+    u = torch.rand(r, gamma, generator=g)
+    return logits, proj, anchor, a, b, u
+
+
+def test_topk_breaks_ties_by_lowest_index():
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0, 2.0, 3.0]])
+    vals, ids = topk_lowest_index(x, 3)
+    assert ids.tolist() == [[1, 2, 4]] and vals.tolist() == [[3.0, 3.0, 3.0]]
+    vals, ids = topk_lowest_index(x, 6)
+    assert ids.tolist() == [[1, 2, 4, 6, 5, 0]]
+
+
+def test_zero_successor_codebook_walk_is_per_slot_argmax():
+    logits, proj, anchor, a, _, u = _inputs()
+    logits[0, 1, [3, 9]] = logits[0, 1].max() + 1  # a tie: the lower id must win
+    zero = torch.zeros_like(a)
+    params = SelectorParams(top_k=8, output_multiplier=0.3, softcap=2.0)
+    out = select(logits, proj, anchor, a, zero, params, SamplingBatch.greedy_batch(3), u)
+    assert torch.equal(out.draft, torch.argmax(logits, dim=-1))
+    assert out.draft[0, 1] == 3
+    assert torch.equal(out.q, torch.nn.functional.one_hot(torch.zeros_like(out.draft), 8).float())
+    assert not bool(out.bad.any())
+
+
+def test_greedy_walk_follows_the_lattice():
+    logits, proj, anchor, a, b, u = _inputs(r=2, gamma=4, v=30, seed=3)
+    params = SelectorParams(top_k=5, output_multiplier=0.7, softcap=None)
+    out = select(logits, proj, anchor, a, b, params, SamplingBatch.greedy_batch(2), u)
+    for r in range(2):
+        prev = int(anchor[r])
+        for e in range(4):
+            cand = out.candidates[r, e]
+            unary = unary_scores(logits[r, e, cand], params)
+            row = [float(unary[c]) + float((a[prev] * proj[r, e] * b[int(cand[c])]).sum())
+                   for c in range(5)]
+            best = max(range(5), key=lambda c: (row[c], -c))
+            assert int(out.draft[r, e]) == int(cand[best])
+            prev = int(cand[best])
+
+
+def test_sampled_walk_uses_inverse_cdf_and_reports_its_law():
+    logits, proj, anchor, a, b, _ = _inputs(r=2, gamma=3, v=40, seed=5)
+    params = SelectorParams(top_k=6, output_multiplier=1.0, softcap=5.0)
+    sampling = SamplingBatch.build([0.8, 0.8], [0, 0], [1.0, 1.0])
+    lo = select(logits, proj, anchor, a, b, params, sampling, torch.full((2, 3), 2.0 ** -24))
+    assert torch.equal(lo.draft, lo.candidates[..., 0])
+    hi = select(logits, proj, anchor, a, b, params, sampling, torch.full((2, 3), 1 - 2.0 ** -24))
+    assert torch.equal(hi.draft, hi.candidates[..., -1])
+    for out in (lo, hi):
+        torch.testing.assert_close(out.q.sum(-1), torch.ones(2, 3))
+        mass = (out.q * (out.candidates == out.draft.unsqueeze(-1))).sum(-1)
+        assert bool((mass > 0).all())
+    # q at slot 0 is softmax(row / T) of the anchor's lattice row.
+    cand = lo.candidates[0, 0]
+    row = unary_scores(logits[0, 0, cand], params) + (a[anchor[0]] * proj[0, 0] * b[cand]).sum(-1)
+    torch.testing.assert_close(lo.q[0, 0], torch.softmax(row / 0.8, -1))
+
+
+def test_masked_candidates_are_never_drawn():
+    logits, proj, anchor, a, b, _ = _inputs(r=1, gamma=2, v=10, seed=2)
+    logits[:, :, 3:] = float("-inf")  # only 3 finite logits, K = 5
+    params = SelectorParams(top_k=5, softcap=3.0)
+    out = select(logits, proj, anchor, a, b, params, SamplingBatch.build([1.0], [0], [1.0]),
+                 torch.full((1, 2), 1 - 2.0 ** -24))
+    assert bool((out.q[..., 3:] == 0).all())
+    assert bool((out.draft < 3).all())
+
+
+def test_mixed_batch_rows_equal_their_solo_runs():
+    logits, proj, anchor, a, b, u = _inputs(r=3, gamma=4, v=25, seed=9)
+    params = SelectorParams(top_k=4, output_multiplier=0.5)
+    temps = [0.0, 1.3, 0.7]
+    both = select(logits, proj, anchor, a, b, params, SamplingBatch.build(temps, [0] * 3,
+                                                                          [1.0] * 3), u)
+    for r in range(3):
+        solo = select(logits[r:r + 1], proj[r:r + 1], anchor[r:r + 1], a, b, params,
+                      SamplingBatch.build([temps[r]], [0], [1.0]), u[r:r + 1])
+        assert torch.equal(solo.draft[0], both.draft[r])
+        assert torch.equal(solo.q[0], both.q[r])
+
+
+def test_nan_rows_are_flagged_and_bad_args_raise():
+    logits, proj, anchor, a, b, u = _inputs(r=2, gamma=2, v=12)
+    logits[1, 1, 4] = float("nan")
+    out = select(logits, proj, anchor, a, b, SelectorParams(top_k=3),
+                 SamplingBatch.greedy_batch(2), u)
+    assert out.bad.tolist() == [False, True]
+    with pytest.raises(InvalidInputError, match="top_k"):
+        select(logits, proj, anchor, a, b, SelectorParams(top_k=13),
+               SamplingBatch.greedy_batch(2), u)
