@@ -119,3 +119,18 @@ def _verify_sampled(logits: torch.Tensor, draft: torch.Tensor, candidates: torch
     u = torch.where(rejected, noise.residual.gather(1, acc.clamp(max=gamma - 1).view(r, 1))
                     .view(r), noise.bonus)
     return acc, inverse_cdf(weights, u)
+
+
+def sample_next(logits: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per request from target logits [R, V] (greedy rows: argmax) with uniforms u [R].
+
+    Used after prefill and by target-only decoding. Returns (token [R], bad [R]).
+    """
+    bad = bad_rows(logits)
+    token = torch.argmax(logits, dim=-1)
+    if sampling.any_sampled:
+        p = target_probs(logits.unsqueeze(1), sampling.temperature, sampling.top_k,
+                         sampling.top_p)[:, 0]
+        token = torch.where(sampling.greedy, token, inverse_cdf(p.double(), u))
+    return token, bad

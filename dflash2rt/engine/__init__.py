@@ -1,0 +1,1 @@
+"""The decode engine: prefill, then draft → select → verify → accept → commit per step."""

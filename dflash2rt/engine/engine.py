@@ -1,0 +1,165 @@
+"""The engine: batches requests, runs prefill and the decode loop, streams tokens, keeps stats."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from ..backend import Backend
+from ..errors import InvalidInputError, NonFiniteLogitsError
+from ..models.pair import ModelPair
+from ..ops.batch import SamplingBatch
+from ..registry import Registry
+from . import steps
+from .output import Collector
+from .request import Request, RequestOutput
+from .state import BatchState
+from .stats import RunStats
+
+OnTokens = Callable[[int, list[int]], None]
+# Flag bits in the one per-step host transfer.
+BAD_TARGET, BAD_Q, BAD_DRAFT = 1, 2, 4
+
+
+class Engine:
+    """Speculative (or target-only) decoding of a batch of requests on one backend."""
+
+    def __init__(self, pair: ModelPair, backend: Backend | str | None = None) -> None:
+        if backend is None or isinstance(backend, str):
+            selection = Registry.discover().select(backend)
+            backend = selection.backend
+        self.pair, self.backend = pair, backend
+        if pair.device.type != backend.device.type:
+            raise InvalidInputError(f"models are on {pair.device} but backend {backend.name!r} "
+                                    f"runs on {backend.device}; load the models there")
+
+    def _to_host(self, t: torch.Tensor, stats: RunStats) -> list:
+        """The step's single device→host synchronisation."""
+        stats.syncs += 1
+        return t.tolist()
+
+    def _new_state(self, requests: Sequence[Request], block: int, spec: bool) -> BatchState:
+        pair, dev, r = self.pair, self.backend.device, len(requests)
+        max_len = max(len(q.prompt_ids) + q.params.max_new_tokens for q in requests) + block + 1
+        a = pair.target.cfg
+        if max_len > a.max_position_embeddings + block + 1:
+            raise InvalidInputError(f"prompt + max_new_tokens ({max_len - block - 1}) exceeds the "
+                                    f"target's max_position_embeddings={a.max_position_embeddings}")
+        cache = lambda m: m.empty_cache(r, max_len, pair.dtype, dev)  # noqa: E731
+        from ..models.kv_cache import KVCache
+        target_cache = KVCache.empty(a.num_hidden_layers, r, max_len, a.num_key_value_heads,
+                                     a.head_dim, pair.dtype, dev)
+        ps = [q.params for q in requests]
+        i64 = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
+        return BatchState(
+            target_cache, cache(pair.draft) if spec else None, i64([0] * r), i64([0] * r),
+            i64([p.seed for p in ps]), i64([q.key for q in requests]),
+            SamplingBatch.build([p.temperature for p in ps], [p.top_k for p in ps],
+                                [p.top_p for p in ps], dev),
+            [0] * r, list(range(r)))
+
+    def generate(self, requests: Sequence[Request], spec: bool = True,
+                 block_size: int | None = None, on_tokens: OnTokens | None = None
+                 ) -> tuple[list[RequestOutput], RunStats]:
+        """Decode every request to completion; ``on_tokens(i, ids)`` streams new tokens."""
+        pair = self.pair
+        if not requests:
+            raise InvalidInputError("no requests: give at least one prompt")
+        if spec and pair.draft is None:
+            raise InvalidInputError("speculative decoding needs a draft model (or use spec=False)")
+        block = block_size or (pair.draft.cfg.block_size if pair.draft is not None else 1)
+        if spec and block < 2:
+            raise InvalidInputError(f"block_size must be >= 2 for speculative decoding, got {block}")
+        for q in requests:
+            q.validate(pair.target.cfg.vocab_size)
+        stats = RunStats("spec" if spec else "target-only", self.backend.name,
+                         str(self.backend.device), block if spec else 1, requests=len(requests))
+        fallbacks_before = len(self.backend.fallbacks)
+        out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            st = self._new_state(requests, block, spec)
+            first = steps.prefill(pair, st, [q.prompt_ids for q in requests])
+            host = self._to_host(torch.stack([first.token, first.bad.long() * BAD_TARGET], 1),
+                                 stats)
+            stats.syncs -= 1                      # prefill's transfer is not a decode step's
+            self._raise_flags([h[1] for h in host], st.rows)
+            for i, (tok, _) in enumerate(host):
+                out.add(st.rows[i], [tok])
+                st.host_lens[i] = len(requests[i].prompt_ids)   # mirrors st.lens = n
+            stats.time["prefill"] = time.perf_counter() - start
+            st = self._drop_finished(st, out)
+            while st.size:
+                st = self._spec_step(st, block, stats, out) if spec else \
+                    self._target_step(st, stats, out)
+        stats.wall_s = time.perf_counter() - start
+        stats.generated = sum(len(o.token_ids) for o in out.outputs)
+        stats.fallbacks = list(self.backend.fallbacks[fallbacks_before:])
+        return out.finish(), stats
+
+    def _spec_step(self, st: BatchState, block: int, stats: RunStats, out: Collector
+                   ) -> BatchState:
+        pair, be, t0 = self.pair, self.backend, time.perf_counter()
+        pos = steps.block_positions(st, block)                             # [R, B]
+        ctx = max(st.host_lens)
+        h_e = steps.draft_block(pair, st, be, pos, ctx)                    # [R, γ, H]
+        t1 = time.perf_counter()
+        noise = be.noise(st.seed, st.key, st.lens, block - 1)
+        sel = steps.select_block(pair, st, be, h_e, noise)
+        t2 = time.perf_counter()
+        tgt, ver = steps.verify_block(pair, st, be, sel, noise, pos, ctx)
+        t3 = time.perf_counter()
+        acc = ver.accept_len
+        steps.commit(pair, st, tgt, pos, acc + 1, ver.tokens.gather(1, acc.view(-1, 1))[:, 0])
+        flags = ver.bad.long() * BAD_TARGET + ver.bad_q.long() * BAD_Q \
+            + sel.bad.long() * BAD_DRAFT
+        host = self._to_host(torch.cat([acc.view(-1, 1), flags.view(-1, 1), ver.tokens], 1),
+                             stats)
+        self._raise_flags([h[1] for h in host], st.rows)
+        stats.steps += 1
+        stats.record_accepts([h[0] for h in host])
+        for i, h in enumerate(host):
+            out.add(st.rows[i], h[2:3 + h[0]])
+            st.host_lens[i] += h[0] + 1
+        st = self._drop_finished(st, out)
+        t4 = time.perf_counter()
+        for k, dt in (("draft", t1 - t0), ("select", t2 - t1), ("verify", t3 - t2),
+                      ("host", t4 - t3)):
+            stats.time[k] += dt
+        return st
+
+    def _target_step(self, st: BatchState, stats: RunStats, out: Collector) -> BatchState:
+        t0 = time.perf_counter()
+        token, bad = steps.target_only_step(self.pair, st, max(st.host_lens))
+        t1 = time.perf_counter()
+        host = self._to_host(torch.stack([token, bad.long() * BAD_TARGET], 1), stats)
+        self._raise_flags([h[1] for h in host], st.rows)
+        stats.steps += 1
+        stats.record_accepts([0] * len(host))
+        for i, (tok, _) in enumerate(host):
+            out.add(st.rows[i], [tok])
+            st.host_lens[i] += 1
+        st = self._drop_finished(st, out)
+        stats.time["verify"] += t1 - t0
+        stats.time["host"] += time.perf_counter() - t1
+        return st
+
+    @staticmethod
+    def _raise_flags(flags: list[int], rows: list[int]) -> None:
+        for bit, what in ((BAD_TARGET, "target logits"), (BAD_DRAFT, "draft logits")):
+            bad = [rows[i] for i, f in enumerate(flags) if f & bit]
+            if bad:
+                raise NonFiniteLogitsError(
+                    f"{what} of request(s) {bad} contain NaN/+inf or no finite entry; check the "
+                    "model weights and dtype (the step was abandoned, no token returned)")
+        bad = [rows[i] for i, f in enumerate(flags) if f & BAD_Q]
+        if bad:
+            raise InvalidInputError(f"request(s) {bad}: a draft token has q = 0 under the law it "
+                                    "was drawn from (selector bug)")
+
+    @staticmethod
+    def _drop_finished(st: BatchState, out: Collector) -> BatchState:
+        alive = [i for i, row in enumerate(st.rows) if not out.done(row)]
+        return st if len(alive) == st.size else st.keep(alive)

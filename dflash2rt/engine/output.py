@@ -1,0 +1,55 @@
+"""Collects generated tokens per request on the host: stop tokens, stop strings, streaming."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..models.tokenizer import TextTokenizer
+from .request import Request, RequestOutput, stop_at
+
+
+class Collector:
+    def __init__(self, requests: Sequence[Request], tokenizer: TextTokenizer | None,
+                 eos: Sequence[int], on_tokens: Callable[[int, list[int]], None] | None) -> None:
+        self.requests, self.tokenizer, self.eos = requests, tokenizer, tuple(eos)
+        self.on_tokens = on_tokens
+        self.outputs = [RequestOutput(q.prompt_ids) for q in requests]
+        if tokenizer is None and any(q.params.stop_strings for q in requests):
+            from ..errors import InvalidInputError
+            raise InvalidInputError("stop_strings need a tokenizer; this model pair has none")
+
+    def done(self, i: int) -> bool:
+        return bool(self.outputs[i].finish_reason)
+
+    def add(self, i: int, tokens: list[int]) -> None:
+        """Append a step's committed tokens to request i, truncating at any stop condition."""
+        o, params = self.outputs[i], self.requests[i].params
+        before = len(o.token_ids)
+        o.token_ids.extend(tokens)
+        hit = stop_at(o.token_ids, params, self.eos)
+        if hit is not None:
+            del o.token_ids[hit[0]:]
+            o.finish_reason = hit[1]
+        if params.stop_strings:
+            self._stop_strings(o, params.stop_strings, before)
+        if self.on_tokens is not None and len(o.token_ids) > before:
+            self.on_tokens(i, o.token_ids[before:])
+
+    def _stop_strings(self, o: RequestOutput, stops: Sequence[str], before: int) -> None:
+        text = self.tokenizer.decode(o.token_ids)
+        if not any(s in text for s in stops):
+            return
+        for k in range(max(before, 1), len(o.token_ids) + 1):   # shortest prefix with a stop
+            if any(s in self.tokenizer.decode(o.token_ids[:k]) for s in stops):
+                del o.token_ids[k:]
+                o.finish_reason = "stop_string"
+                return
+
+    def finish(self) -> list[RequestOutput]:
+        for o, q in zip(self.outputs, self.requests):
+            if self.tokenizer is not None:
+                o.text = self.tokenizer.decode(o.token_ids)
+                for s in q.params.stop_strings:
+                    if o.finish_reason == "stop_string" and s in o.text:
+                        o.text = o.text[:o.text.index(s)]
+        return self.outputs

@@ -1,0 +1,47 @@
+"""Run statistics: τ, accept-length histogram, throughput, time split, and every fallback."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunStats:
+    mode: str                      # "spec" or "target-only"
+    backend: str
+    device: str
+    block_size: int
+    requests: int = 0
+    steps: int = 0                 # decode steps (each covers every active request)
+    request_steps: int = 0         # Σ over steps of active requests
+    committed: int = 0             # tokens committed by decode steps (before truncation)
+    generated: int = 0             # tokens returned to the caller
+    accept_hist: list[int] = field(default_factory=list)   # index = accepted drafts per step
+    time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("prefill", "draft", "select", "verify", "host"), 0.0))
+    wall_s: float = 0.0
+    syncs: int = 0                 # device→host synchronisations in decode steps
+    fallbacks: list[str] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        """Mean committed tokens per request per step (1 for target-only decoding)."""
+        return self.committed / self.request_steps if self.request_steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated / self.wall_s if self.wall_s > 0 else 0.0
+
+    def record_accepts(self, accepted: list[int]) -> None:
+        for a in accepted:
+            while len(self.accept_hist) <= a:
+                self.accept_hist.append(0)
+            self.accept_hist[a] += 1
+        self.request_steps += len(accepted)
+        self.committed += sum(a + 1 for a in accepted)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d.update(tau=self.tau, tokens_per_s=self.tokens_per_s)
+        return d

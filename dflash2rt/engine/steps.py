@@ -1,0 +1,121 @@
+"""One decode step as named functions, in the order of DESIGN §1.1.
+
+prefill → (draft_block → select_block → verify_block → commit) per step. Nothing here reads a
+device value on the host: the engine does exactly one device→host transfer per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..backend import Backend
+from ..models.pair import ModelPair
+from ..models.target import TargetOutput
+from ..ops.batch import BlockNoise
+from ..ops.rng import Stream, uniforms
+from ..ops.selector import SelectorOut, SelectorParams
+from ..ops.verify import VerifyOut, sample_next
+from .state import BatchState
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    token: torch.Tensor   # [R] first generated token (the first anchor)
+    bad: torch.Tensor     # [R] bool
+
+
+def prefill(pair: ModelPair, st: BatchState, prompts: list[tuple[int, ...]]) -> Prefilled:
+    """Run the prompts through the target, commit their KV (and draft context), sample token 1."""
+    dev = st.lens.device
+    r, t = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros(r, t, dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = torch.tensor(p)
+    ids = ids.to(dev)                                                    # [R, T] right-padded
+    n = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)
+    pos = torch.arange(t, device=dev).expand(r, t)                       # [R, T]
+    valid = pos < n.view(r, 1)
+    out = pair.target(ids, pos, st.target_cache, st.lens, valid, ctx_len=0)
+    st.target_cache.commit(out.new_kv, st.lens, n)
+    if st.draft_cache is not None:
+        st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, n)
+    last = out.logits.gather(1, (n - 1).view(r, 1, 1).expand(r, 1, out.logits.shape[-1]))[:, 0]
+    u = uniforms(st.seed, st.key, n, Stream.BONUS)                        # decides position n
+    token, bad = sample_next(last, st.sampling, u)
+    st.lens.copy_(n)
+    st.anchor.copy_(token)
+    return Prefilled(token, bad)
+
+
+def block_positions(st: BatchState, block: int) -> torch.Tensor:
+    """[R, B] absolute positions n .. n+γ of the block rows."""
+    return st.lens.view(-1, 1) + torch.arange(block, device=st.lens.device)
+
+
+def draft_block(pair: ModelPair, st: BatchState, backend: Backend, pos: torch.Tensor,
+                ctx_len: int) -> torch.Tensor:
+    """One draft forward over [anchor, MASK × γ] → draft hidden of rows 1..γ: [R, γ, H]."""
+    cfg = pair.draft.cfg
+    r, b = pos.shape
+    ids = torch.full((r, b), cfg.mask_token_id, dtype=torch.int64, device=pos.device)
+    ids[:, 0] = st.anchor
+    h = pair.draft(pair.target.embed(ids), pos, st.draft_cache, st.lens, backend, ctx_len)
+    return h[:, 1:]
+
+
+def selector_params(pair: ModelPair) -> SelectorParams:
+    cfg = pair.draft.cfg
+    if cfg.variant == "dflash1":
+        return SelectorParams(top_k=1)                                   # per-slot argmax
+    return SelectorParams(cfg.selector_top_k, cfg.output_multiplier, cfg.final_logit_softcapping)
+
+
+def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.Tensor,
+                 noise: BlockNoise) -> SelectorOut:
+    """Draft logits through the target's LM head, then the candidate selector's walk."""
+    logits = pair.target.lm_head(h_e)                                    # [R, γ, V]
+    sel = pair.draft.candidate_selector
+    if sel is None:                                                      # DFlash v1: no lattice
+        zero = logits.new_zeros(logits.shape[-1], 0)
+        proj = logits.new_zeros(*logits.shape[:2], 0)
+        return backend.select(logits, proj, st.anchor, zero, zero, selector_params(pair),
+                              st.sampling, noise.walk)
+    return backend.select(logits, sel.hidden_projection(h_e), st.anchor,
+                          sel.predecessor_codebook, sel.successor_codebook,
+                          selector_params(pair), st.sampling, noise.walk)
+
+
+def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: SelectorOut,
+                 noise: BlockNoise, pos: torch.Tensor, ctx_len: int
+                 ) -> tuple[TargetOutput, VerifyOut]:
+    """Target forward over [anchor, d_1..d_γ] (causal), then lossless acceptance."""
+    ids = torch.cat([st.anchor.view(-1, 1), sel.draft], dim=1)           # [R, B]
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    out = pair.target(ids, pos, st.target_cache, st.lens, valid, ctx_len=ctx_len)
+    return out, backend.verify(out.logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
+                               check=False)
+
+
+def commit(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor,
+           count: torch.Tensor, next_anchor: torch.Tensor) -> None:
+    """Write target KV and draft context KV of the first ``count`` rows; advance n and anchor."""
+    st.target_cache.commit(out.new_kv, st.lens, count)
+    if st.draft_cache is not None:
+        st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, count)
+    st.lens.add_(count)
+    st.anchor.copy_(next_anchor)
+
+
+def target_only_step(pair: ModelPair, st: BatchState, ctx_len: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Baseline: one target token per request on the same engine → (token [R], bad [R])."""
+    pos = st.lens.view(-1, 1)
+    ids = st.anchor.view(-1, 1)
+    out = pair.target(ids, pos, st.target_cache, st.lens, torch.ones_like(ids, dtype=torch.bool),
+                      ctx_len=ctx_len)
+    u = uniforms(st.seed, st.key, st.lens + 1, Stream.BONUS)              # decides position n+1
+    token, bad = sample_next(out.logits[:, 0], st.sampling, u)
+    commit(pair, st, out, pos, torch.ones_like(st.lens), token)
+    return token, bad

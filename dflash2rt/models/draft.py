@@ -1,0 +1,125 @@
+"""The DFlash2 draft: context injection, non-causal block attention, conv-wrapped sublayers.
+
+One forward proposes a whole block: rows ``[anchor, MASK × γ]`` embedded with the *target's*
+embedding attend (non-causally) to each other and to the draft context KV of committed tokens,
+``k_proj/v_proj(hidden_norm(fc(target taps)))``. In DFlash2 every attention and MLP sublayer is
+wrapped by the grouped dynamic conv (``prepare`` on its normed input, ``finish`` on its output);
+DFlash v1 drafts have no conv and no selector.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash2rt.backend import Backend
+from dflash2rt.models.draft_config import DraftConfig
+from dflash2rt.models.kv_cache import KVCache
+from dflash2rt.models.layers import Attention, RMSNorm, SwiGLU
+from dflash2rt.models.rope import inv_freq, rope_cos_sin
+
+
+class DynamicConv(nn.Module):
+    """Weights of one conv wrapper: base taps per side and the δ projection."""
+
+    def __init__(self, hidden: int, taps: int, groups: int) -> None:
+        super().__init__()
+        self.taps, self.groups = taps, groups
+        self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden))        # [side, Tk, H]
+        self.kernel_projection = nn.Linear(hidden, 2 * taps * groups, bias=False)
+
+    def deltas(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, H] → δ [N, 2, Tk, G] (side 0: input, side 1: output)."""
+        return self.kernel_projection(x).view(x.shape[0], 2, self.taps, self.groups)
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        a = cfg.arch
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.self_attn = Attention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
+                                   a.head_dim, a.attention_bias, a.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias)
+        conv = cfg.variant == "dflash2"
+        mk = lambda: DynamicConv(a.hidden_size, cfg.conv_kernel_size, cfg.conv_groups)  # noqa: E731
+        self.attention_conv = mk() if conv else None
+        self.mlp_conv = mk() if conv else None
+
+    def _sublayer(self, h, norm, conv, fn, backend: Backend, block: int) -> torch.Tensor:
+        r, b, hid = h.shape
+        x = norm(h)                                                           # [R, B, H]
+        if conv is None:
+            return h + fn(x)
+        flat = x.reshape(r * b, hid)
+        delta = conv.deltas(flat)                                             # [N, 2, Tk, G]
+        x = backend.conv_prepare(flat, conv.base_kernel[0], delta[:, 0], block)
+        a = fn(x.view(r, b, hid)).reshape(r * b, hid)
+        out = backend.conv_finish(h.reshape(r * b, hid), a, conv.base_kernel[1], delta[:, 1], block)
+        return out.view(r, b, hid)
+
+    def forward(self, h, cos, sin, ctx_k, ctx_v, mask, backend: Backend, block: int):
+        attn = lambda x: self.self_attn(x, cos, sin, ctx_k, ctx_v, mask)[0]  # noqa: E731
+        h = self._sublayer(h, self.input_layernorm, self.attention_conv, attn, backend, block)
+        return self._sublayer(h, self.post_attention_layernorm, self.mlp_conv, self.mlp,
+                              backend, block)
+
+
+class CandidateSelector(nn.Module):
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        v, r = cfg.arch.vocab_size, cfg.selector_rank
+        self.hidden_projection = nn.Linear(cfg.arch.hidden_size, r, bias=False)
+        self.predecessor_codebook = nn.Parameter(torch.zeros(v, r))
+        self.successor_codebook = nn.Parameter(torch.zeros(v, r))
+
+
+class DraftModel(nn.Module):
+    """A DFlash2 / DFlash v1 draft; it borrows the target's embedding and LM head at run time."""
+
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        a = cfg.arch
+        self.cfg = cfg
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * a.hidden_size, a.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(a.num_hidden_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.candidate_selector = CandidateSelector(cfg) if cfg.variant == "dflash2" else None
+        inv, self.attention_scaling = inv_freq(a.rope, a.head_dim)
+        self.register_buffer("rope_inv_freq_bits", inv.view(torch.int32), persistent=False)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        return rope_cos_sin(self.rope_inv_freq_bits.view(torch.float32), self.attention_scaling,
+                            positions, dtype)
+
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor):
+        """Target taps [R, T, n_taps, H] at positions [R, T] → per layer (k, v) [R, T, n_kv, hd]."""
+        ctx = self.hidden_norm(self.fc(taps.flatten(-2)))                    # [R, T, H]
+        cos, sin = self.rope(positions, ctx.dtype)
+        return tuple(layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers)
+
+    def empty_cache(self, batch: int, max_len: int, dtype: torch.dtype, device) -> KVCache:
+        a = self.cfg.arch
+        return KVCache.empty(a.num_hidden_layers, batch, max_len, a.num_key_value_heads,
+                             a.head_dim, dtype, device)
+
+    def forward(self, block_emb: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                lens: torch.Tensor, backend: Backend, ctx_len: int | None = None) -> torch.Tensor:
+        """block_emb [R, B, H] at positions [R, B]; context rows [0, lens[r]) → hidden [R, B, H]."""
+        r, b, _ = block_emb.shape
+        ctx = cache.max_len if ctx_len is None else ctx_len
+        h = block_emb * self.cfg.input_embedding_scale
+        cos, sin = self.rope(positions, h.dtype)
+        kpos = torch.arange(ctx, device=lens.device)
+        past = kpos.view(1, 1, ctx) < lens.view(r, 1, 1)                      # [R, 1, ctx]
+        for i, layer in enumerate(self.layers):
+            window = self.cfg.sliding_windows[i]
+            seen = past
+            if window is not None:
+                seen = past & (positions.unsqueeze(-1) - kpos.view(1, 1, ctx) < window)
+            mask = torch.cat([seen.expand(r, b, ctx),
+                              torch.ones(r, b, b, dtype=torch.bool, device=h.device)], dim=-1)
+            h = layer(h, cos, sin, cache.k[i][:, :ctx], cache.v[i][:, :ctx], mask, backend, b)
+        return self.norm(h)

@@ -1,0 +1,72 @@
+"""A target / draft pair with its tokenizer, loaded from directories or built in memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dflash2rt.errors import CheckpointError, InvalidInputError
+from dflash2rt.models.config import TargetConfig
+from dflash2rt.models.draft import DraftModel
+from dflash2rt.models.draft_loader import load_draft
+from dflash2rt.models.hf_loader import load_target, load_tokenizer, read_config
+from dflash2rt.models.target import TargetModel
+from dflash2rt.models.draft_config import DraftConfig
+from dflash2rt.models.tokenizer import TextTokenizer
+
+
+@dataclass
+class ModelPair:
+    """The target (with taps at the draft's ``target_layer_ids``), the draft, and a tokenizer."""
+
+    target: TargetModel
+    draft: DraftModel | None
+    tokenizer: TextTokenizer | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.draft is not None:
+            self.draft.cfg.check_target(self.target.cfg)
+            if tuple(self.target.tap_layer_ids) != tuple(self.draft.cfg.target_layer_ids):
+                raise InvalidInputError(
+                    f"target taps {self.target.tap_layer_ids} differ from the draft's "
+                    f"target_layer_ids {self.draft.cfg.target_layer_ids}; build the target with "
+                    "tap_layer_ids=draft.cfg.target_layer_ids")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.target.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.lm_head.weight.device
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        eos = set(self.target.cfg.eos_token_ids)
+        if self.tokenizer is not None:
+            eos |= set(self.tokenizer.eos_token_ids)
+        return tuple(sorted(eos))
+
+
+def load_pair(target_dir: str | Path, draft_dir: str | Path | None,
+              dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+              name: str = "") -> ModelPair:
+    """Load a HF target directory and a DFlash draft directory (``None``: target only)."""
+    draft_cfg = None
+    if draft_dir is not None:
+        draft_cfg = DraftConfig.from_dict(read_config(draft_dir))
+        draft_cfg.check_target(TargetConfig.from_dict(read_config(target_dir)))
+    taps = draft_cfg.target_layer_ids if draft_cfg else ()
+    target, target_cfg = load_target(target_dir, dtype, device, taps)
+    draft = None
+    if draft_dir is not None:
+        draft, _ = load_draft(draft_dir, dtype, device, target=target_cfg)
+    tok = None
+    if (Path(target_dir) / "tokenizer.json").is_file():
+        tok = load_tokenizer(target_dir)
+    elif not Path(target_dir).is_dir():
+        raise CheckpointError(f"{target_dir} is not a directory")
+    return ModelPair(target, draft, tok, name or Path(target_dir).name)

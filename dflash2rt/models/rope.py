@@ -1,0 +1,185 @@
+"""Rotary position embeddings: HF-compatible inverse frequencies (default, linear, llama3, yarn) and rotation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dflash2rt.errors import CheckpointError
+
+# Keys each rope type may carry in `rope_parameters` / `rope_scaling` (besides rope_type/type/rope_theta).
+_TYPE_KEYS: dict[str, frozenset[str]] = {
+    "default": frozenset(),
+    "linear": frozenset({"factor"}),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}),
+    "yarn": frozenset(
+        {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+         "mscale", "mscale_all_dim", "truncate"}
+    ),
+}
+_UNSUPPORTED = {
+    "dynamic": "its frequencies depend on the longest sequence of each forward call (stateful, batch-dependent)",
+    "longrope": "it switches frequency sets on sequence length",
+}
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """One rope variant; fields that a type does not use stay None."""
+
+    rope_type: str = "default"
+    theta: float = 10000.0
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    attention_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in _TYPE_KEYS:
+            raise CheckpointError(f"rope type {self.rope_type!r} is not supported (supported: {sorted(_TYPE_KEYS)})")
+        if self.rope_type != "default" and self.factor is None:
+            raise CheckpointError(f"rope type {self.rope_type!r} needs rope_parameters.factor")
+        if self.rope_type == "llama3" and (self.low_freq_factor is None or self.high_freq_factor is None):
+            raise CheckpointError("rope type 'llama3' needs rope_parameters.low_freq_factor and high_freq_factor")
+
+    def to_hf_dict(self) -> dict[str, Any] | None:
+        """The `rope_scaling` dict HF reads (None for plain rope); rope_theta is written separately."""
+        if self.rope_type == "default":
+            return None
+        out: dict[str, Any] = {"rope_type": self.rope_type}
+        for key in sorted(_TYPE_KEYS[self.rope_type] - {"truncate"}):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.rope_type == "yarn" and not self.truncate:
+            out["truncate"] = False
+        return out
+
+
+def rope_from_hf(d: dict[str, Any], max_position_embeddings: int) -> RopeConfig:
+    """Parse a config.json's rope keys the way transformers does (`rope_scaling` wins over `rope_parameters`)."""
+    raw = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"rope_parameters must be a dict, got {type(raw).__name__}")
+    raw = dict(raw)
+    rope_type = raw.pop("rope_type", None) or raw.pop("type", "default")
+    raw.pop("type", None)
+    if rope_type in _UNSUPPORTED:
+        raise CheckpointError(f"rope type {rope_type!r} is not supported: {_UNSUPPORTED[rope_type]}")
+    if rope_type not in _TYPE_KEYS:
+        raise CheckpointError(f"rope type {rope_type!r} is not supported (supported: {sorted(_TYPE_KEYS)})")
+    theta = raw.pop("rope_theta", None)
+    theta = d.get("rope_theta", 10000.0) if theta is None else theta
+    partial = raw.pop("partial_rotary_factor", d.get("partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise CheckpointError(f"partial_rotary_factor={partial} is not supported (only 1.0)")
+    for key in raw:
+        if key not in _TYPE_KEYS[rope_type]:
+            raise CheckpointError(f"unknown key rope_parameters.{key} for rope type {rope_type!r}")
+    if rope_type in ("llama3", "yarn"):
+        # transformers: a top-level original_max_position_embeddings overrides, else default to max_position.
+        if d.get("original_max_position_embeddings") is not None:
+            raw["original_max_position_embeddings"] = d["original_max_position_embeddings"]
+        raw.setdefault("original_max_position_embeddings", max_position_embeddings)
+    if rope_type == "yarn" and raw.get("factor") is None:
+        raw["factor"] = max_position_embeddings / raw["original_max_position_embeddings"]
+    raw["truncate"] = bool(raw.get("truncate", True))
+    try:
+        return RopeConfig(rope_type=rope_type, theta=float(theta), **raw)
+    except TypeError as exc:  # a value of the wrong type reaches the dataclass
+        raise CheckpointError(f"bad rope parameters {raw}: {exc}") from exc
+
+
+def inv_freq(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim // 2] (float32, CPU, bit-identical to transformers) and attention scaling."""
+    dim = head_dim
+    base = rope.theta
+    if rope.rope_type == "yarn":
+        return _yarn(rope, dim)
+    exps = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(dtype=torch.float32) / dim  # [hd/2]
+    inv = 1.0 / (base**exps)  # [hd/2]
+    if rope.rope_type == "linear":
+        inv = inv / rope.factor
+    elif rope.rope_type == "llama3":
+        inv = _llama3(rope, inv)
+    return inv, 1.0
+
+
+def _llama3(rope: RopeConfig, inv: torch.Tensor) -> torch.Tensor:
+    factor, lo, hi = rope.factor, rope.low_freq_factor, rope.high_freq_factor
+    old_ctx = rope.original_max_position_embeddings
+    low_freq_wavelen = old_ctx / lo
+    high_freq_wavelen = old_ctx / hi
+    wavelen = 2 * math.pi / inv
+    inv_llama = torch.where(wavelen > low_freq_wavelen, inv / factor, inv)
+    smooth = (old_ctx / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_llama)
+
+
+def _yarn(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
+    base, factor = rope.theta, rope.factor
+    orig = rope.original_max_position_embeddings
+
+    def get_mscale(scale: float, mscale: float = 1) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention_factor = rope.attention_factor
+    if attention_factor is None:
+        if rope.mscale and rope.mscale_all_dim:
+            attention_factor = float(get_mscale(factor, rope.mscale) / get_mscale(factor, rope.mscale_all_dim))
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast = rope.beta_fast or 32
+    beta_slow = rope.beta_slow or 1
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(orig / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers: prevent a singular ramp
+    idx = torch.arange(dim // 2, dtype=torch.float32, device="cpu")  # [hd/2]
+    ramp = torch.clamp((idx - low) / (high - low), 0, 1)  # [hd/2]
+    pos_freqs = base ** (torch.arange(0, dim, 2, device="cpu").to(dtype=torch.float32) / dim)  # [hd/2]
+    extrapolation = 1.0 / pos_freqs
+    interpolation = 1.0 / (factor * pos_freqs)
+    extra_factor = 1 - ramp
+    inv = interpolation * (1 - extra_factor) + extrapolation * extra_factor
+    return inv, attention_factor
+
+
+def rope_cos_sin(
+    inv: torch.Tensor, attention_scaling: float, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [*positions.shape, head_dim] in `dtype`; angles in float32, or float64 when dtype is float64."""
+    cdt = torch.promote_types(dtype, torch.float32)
+    freqs = positions[..., None].to(cdt) * inv.to(device=positions.device, dtype=cdt)  # [R, T, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [R, T, hd]
+    cos = emb.cos() * attention_scaling
+    sin = emb.sin() * attention_scaling
+    return cos.to(dtype), sin.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[x1, x2] -> [-x2, x1] over the last dimension (the HF convention)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [R, T, heads, hd] by cos/sin [R, T, hd]."""
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [R, T, 1, hd]
+    return (x * cos) + (rotate_half(x) * sin)

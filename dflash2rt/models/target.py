@@ -1,0 +1,184 @@
+"""TargetModel: a native Qwen3/Llama decoder whose one forward serves prefill, decode and block verify."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dflash2rt.errors import InvalidInputError
+from dflash2rt.models.config import TargetConfig
+from dflash2rt.models.kv_cache import KVCache
+from dflash2rt.models.layers import Attention, RMSNorm, SwiGLU
+from dflash2rt.models.rope import inv_freq, rope_cos_sin
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    """What one target forward returns; nothing is written to the cache."""
+
+    logits: torch.Tensor  # [R, T, V]
+    taps: torch.Tensor  # [R, T, n_taps, H]: output of decoder layer tap_layer_ids[i]
+    new_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer: k (rotated), v [R, T, n_kv, hd]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: h + attn(norm(h)), then h + mlp(norm(h))."""
+
+    def __init__(self, cfg: TargetConfig) -> None:
+        super().__init__()
+        qk_eps = cfg.rms_norm_eps if cfg.qk_norm else None
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.attention_bias, qk_eps
+        )
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_k: torch.Tensor,
+        past_v: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a, k, v = self.self_attn(self.input_layernorm(h), cos, sin, past_k, past_v, mask)
+        h = h + a  # [R, T, H]
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, k, v
+
+
+class _Backbone(nn.Module):
+    """Holds the modules under HF's `model.` prefix so state_dict names equal checkpoint names."""
+
+    def __init__(self, cfg: TargetConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+def attention_mask(lens: torch.Tensor, valid: torch.Tensor, ctx_len: int) -> torch.Tensor:
+    """Bool [R, T, ctx_len + T]: cache rows [0, lens[r]) plus new rows j' <= j that are valid (and j itself).
+
+    Letting every row see itself keeps padded rows finite; valid rows never see padded ones.
+    """
+    r, t = valid.shape
+    past = torch.arange(ctx_len, device=lens.device) < lens[:, None]  # [R, ctx]
+    j = torch.arange(t, device=valid.device)
+    causal = j[None, :] <= j[:, None]  # [T, T]
+    new = causal & (valid[:, None, :] | (j[None, :] == j[:, None]))  # [R, T, T]
+    return torch.cat((past[:, None, :].expand(r, t, ctx_len), new), dim=-1)  # [R, T, ctx + T]
+
+
+class TargetModel(nn.Module):
+    """Qwen3 or Llama causal LM with a static external KV cache and hidden-state taps."""
+
+    def __init__(self, cfg: TargetConfig, tap_layer_ids: Sequence[int] = ()) -> None:
+        super().__init__()
+        taps = tuple(int(i) for i in tap_layer_ids)
+        if len(set(taps)) != len(taps) or any(not 0 <= i < cfg.num_hidden_layers for i in taps):
+            raise InvalidInputError(
+                f"tap_layer_ids {list(taps)} must be distinct layer indices in [0, {cfg.num_hidden_layers})"
+            )
+        self.cfg = cfg
+        self.tap_layer_ids = taps
+        self.model = _Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.tie_weights()
+        inv, self.attention_scaling = inv_freq(cfg.rope, cfg.head_dim)  # [hd/2] float32 on CPU
+        # Stored as int32 bits so that model.to(dtype) cannot round the frequencies; .to(device) moves it.
+        self.register_buffer("rope_inv_freq_bits", inv.view(torch.int32), persistent=False)
+
+    def tie_weights(self) -> None:
+        """Share the embedding matrix with the LM head (tie_word_embeddings)."""
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def final_norm(self) -> RMSNorm:
+        return self.model.norm
+
+    @property
+    def rope_inv_freq(self) -> torch.Tensor:
+        """Inverse frequencies [hd/2], float32, bit-identical to transformers'."""
+        return self.rope_inv_freq_bits.view(torch.float32)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [...] -> embeddings [..., H]."""
+        return self.model.embed_tokens(ids)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [*positions.shape, hd] of this model's rope at integer positions."""
+        return rope_cos_sin(self.rope_inv_freq, self.attention_scaling, positions, dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        lens: torch.Tensor,
+        valid: torch.Tensor,
+        ctx_len: int | None = None,
+    ) -> TargetOutput:
+        """Run T new rows per request against cache rows [0, lens[r]); the cache is not written.
+
+        input_ids, positions [R, T] int64; lens [R] int64; valid [R, T] bool (padded rows may give
+        garbage but never affect valid rows). `ctx_len` (host int, default cache.max_len) bounds the
+        cache rows read: pass it only when every lens[r] <= ctx_len. No device->host sync.
+        """
+        self._check(input_ids, positions, cache, lens, valid, ctx_len)
+        ctx = cache.max_len if ctx_len is None else ctx_len
+        h = self.embed(input_ids)  # [R, T, H]
+        cos, sin = self.rope(positions, h.dtype)  # [R, T, hd]
+        mask = attention_mask(lens, valid, ctx)  # [R, T, ctx + T]
+        taps: dict[int, torch.Tensor] = {}
+        new_kv = []
+        for i, layer in enumerate(self.model.layers):
+            h, k, v = layer(h, cos, sin, cache.k[i][:, :ctx], cache.v[i][:, :ctx], mask)
+            new_kv.append((k, v))
+            if i in self.tap_layer_ids:
+                taps[i] = h
+        logits = self.lm_head(self.model.norm(h))  # [R, T, V]
+        if self.tap_layer_ids:
+            tapped = torch.stack([taps[i] for i in self.tap_layer_ids], dim=2)  # [R, T, n_taps, H]
+        else:
+            tapped = h.new_zeros(*h.shape[:2], 0, h.shape[-1])
+        return TargetOutput(logits=logits, taps=tapped, new_kv=tuple(new_kv))
+
+    def _check(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        lens: torch.Tensor,
+        valid: torch.Tensor,
+        ctx_len: int | None,
+    ) -> None:
+        """Host-side checks of shapes and dtypes only (no tensor values are read)."""
+        if input_ids.dim() != 2 or input_ids.dtype != torch.int64:
+            raise InvalidInputError(f"input_ids must be [R, T] int64, got {tuple(input_ids.shape)} {input_ids.dtype}")
+        r, t = input_ids.shape
+        if positions.shape != (r, t) or positions.dtype != torch.int64:
+            raise InvalidInputError(
+                f"positions must be [{r}, {t}] int64, got {tuple(positions.shape)} {positions.dtype}"
+            )
+        if valid.shape != (r, t) or valid.dtype != torch.bool:
+            raise InvalidInputError(f"valid must be [{r}, {t}] bool, got {tuple(valid.shape)} {valid.dtype}")
+        if lens.shape != (r,) or lens.dtype != torch.int64:
+            raise InvalidInputError(f"lens must be [{r}] int64, got {tuple(lens.shape)} {lens.dtype}")
+        if cache.num_layers != self.cfg.num_hidden_layers or cache.batch_size != r:
+            raise InvalidInputError(
+                f"cache has {cache.num_layers} layers x {cache.batch_size} requests; "
+                f"the model needs {self.cfg.num_hidden_layers} layers x {r} requests"
+            )
+        if cache.k[0].shape[2:] != (self.cfg.num_key_value_heads, self.cfg.head_dim):
+            raise InvalidInputError(f"cache heads {tuple(cache.k[0].shape[2:])} do not match the model")
+        if cache.dtype != self.lm_head.weight.dtype:
+            raise InvalidInputError(f"cache dtype {cache.dtype} differs from the model's {self.lm_head.weight.dtype}")
+        if ctx_len is not None and not 0 <= ctx_len <= cache.max_len:
+            raise InvalidInputError(f"ctx_len {ctx_len} must be in [0, {cache.max_len}]")

@@ -1,0 +1,76 @@
+"""KVCache: masked commits write exactly the accepted rows; reset, select and compact keep the layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2rt.errors import InvalidInputError
+from dflash2rt.models.kv_cache import KVCache
+
+LAYERS, R, MAX_LEN, NKV, HD = 2, 4, 11, 2, 3  # prime max_len, batch includes a full-length request
+
+
+def _random_cache(seed: int = 0) -> KVCache:
+    cache = KVCache.empty(LAYERS, R, MAX_LEN, NKV, HD, torch.float64, "cpu")
+    g = torch.Generator().manual_seed(seed)
+    for buf in (*cache.k, *cache.v):
+        buf.copy_(torch.randn(buf.shape, generator=g, dtype=torch.float64))
+    return cache
+
+
+def _new_kv(t: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randn(R, t, NKV, HD, generator=g, dtype=torch.float64) for _ in range(2))
+            for _ in range(LAYERS)]
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_commit_writes_accepted_rows_and_leaves_everything_else_bit_identical(t):
+    cache = _random_cache()
+    before = [b.clone() for b in (*cache.k, *cache.v)]
+    lens = torch.tensor([0, 3, 9, 10])  # lens + T runs past max_len for the last two requests
+    counts = torch.tensor([t, 0, min(t, 2), 1])
+    new = _new_kv(t)
+    cache.commit(new, lens, counts)
+    for i, (buf, old) in enumerate(zip((*cache.k, *cache.v), before)):
+        layer, side = i % LAYERS, i // LAYERS
+        expect = old.clone()
+        for r in range(R):
+            n, start = int(counts[r]), int(lens[r])
+            expect[r, start : start + n] = new[layer][side][r, :n]
+        assert torch.equal(buf, expect), f"layer {layer} side {'kv'[side]}: cache differs outside accepted rows"
+
+
+def test_commit_with_zero_counts_is_a_no_op():
+    cache = _random_cache()
+    before = [b.clone() for b in (*cache.k, *cache.v)]
+    cache.commit(_new_kv(4), torch.tensor([1, 7, 10, 0]), torch.zeros(R, dtype=torch.int64))
+    assert all(torch.equal(a, b) for a, b in zip((*cache.k, *cache.v), before))
+
+
+def test_commit_rejects_bad_shapes():
+    cache = _random_cache()
+    lens = torch.zeros(R, dtype=torch.int64)
+    with pytest.raises(InvalidInputError, match="layers"):
+        cache.commit(_new_kv(2)[:1], lens, lens)
+    with pytest.raises(InvalidInputError, match="int64"):
+        cache.commit(_new_kv(2), lens.int(), lens)
+    with pytest.raises(InvalidInputError, match="exceed max_len"):
+        cache.commit(_new_kv(MAX_LEN + 1), lens, lens)
+
+
+def test_reset_select_and_compact():
+    cache = _random_cache()
+    before = [b.clone() for b in cache.k]
+    cache.reset_rows(torch.tensor([2]))
+    assert all(torch.equal(b[2], torch.zeros_like(b[2])) for b in (*cache.k, *cache.v))
+    assert all(torch.equal(b[[0, 1, 3]], o[[0, 1, 3]]) for b, o in zip(cache.k, before))
+    idx = torch.tensor([3, 0])
+    picked = cache.select(idx)
+    assert picked.batch_size == 2 and torch.equal(picked.k[1], cache.k[1][idx])
+    ptr = cache.k[0].data_ptr()
+    expect = [b[idx].clone() for b in cache.v]
+    cache.compact_(idx)
+    assert cache.k[0].data_ptr() == ptr, "compact_ must keep the static storage"
+    assert all(torch.equal(b[:2], e) for b, e in zip(cache.v, expect))
