@@ -1,18 +1,27 @@
 """dflash2rt: DFlash2 speculative decoding, verified losslessly, on CPU, CUDA, ROCm and XPU.
 
-Importing this package does no work: backends are discovered when first asked for.
+Importing this package does no work: ``run`` and the registry load on first use.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["get_backend", "list_backends", "__version__"]
+__all__ = ["run", "get_backend", "list_backends", "__version__"]
 
 if TYPE_CHECKING:
+    from .api import run
     from .backend import Backend
     from .registry import BackendStatus
+
+
+def __getattr__(name: str) -> Any:
+    if name == "run":
+        from .api import run
+
+        return run
+    raise AttributeError(f"module 'dflash2rt' has no attribute {name!r}")
 
 
 def get_backend(name: str | None = None) -> "Backend":

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from dflash2rt.ops.batch import BlockNoise
-from dflash2rt.ops.rng import Stream, bits_to_uniform, philox4x32, random_bits, uniforms
+from dflash2rt.ops.rng import (Stream, bits_to_uniform, philox4x32, philox_np, random_bits,
+                               uniforms)
 
 
 def _t(*vals):
@@ -23,6 +24,19 @@ def test_philox_known_answers():
     for ctr, key, want in cases:
         got = tuple(int(x) for x in philox4x32(_t(*ctr), _t(*key)))
         assert got == want
+        got = tuple(int(x[0]) for x in philox_np(tuple(t.numpy() for t in _t(*ctr)),
+                                                 tuple(t.numpy() for t in _t(*key))))
+        assert got == want
+
+
+def test_numpy_and_tensor_paths_agree():
+    g = torch.Generator().manual_seed(0)
+    ctr = tuple(torch.randint(0, 2**32, (5000,), generator=g) for _ in range(4))
+    key = tuple(torch.randint(0, 2**32, (5000,), generator=g) for _ in range(2))
+    fast = philox_np(tuple(c.numpy() for c in ctr), tuple(k.numpy() for k in key))
+    limbs = philox4x32(ctr, key)
+    for a, b in zip(fast, limbs):
+        assert (a.astype("int64") == b.numpy()).all()
 
 
 def test_same_key_same_uniform_regardless_of_batch_composition_and_order():
@@ -48,6 +62,10 @@ def test_block_noise_is_keyed_by_absolute_position():
     for i in range(3):
         for j in range(i + 1, 3):
             assert not torch.equal(streams[i], streams[j])
+    # The bonus of row 0 decides position 15 = row 1's slot 2 position: same block, other word.
+    assert float(a.bonus[0]) == float(uniforms(seed[0], req[0], torch.tensor(15), Stream.BONUS))
+    assert float(a.accept[1, 2]) == float(uniforms(seed[0], req[0], torch.tensor(15),
+                                                   Stream.ACCEPT))
 
 
 def test_uniforms_are_open_interval_exact_float32():

@@ -106,3 +106,31 @@ def oracle_pair(block: int = 8, dtype: torch.dtype = torch.float64, alpha: float
     target.requires_grad_(False)
     draft.requires_grad_(False)
     return ModelPair(target.eval(), draft.eval())
+
+
+def char_tokenizer_json(vocab: int = VOCAB) -> str:
+    """A character-level tokenizer.json over ``vocab`` ids (letters, digits, punctuation)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;()=+-*/\n_'\"[]{}<>!?#@"
+    chars = {c: i for i, c in enumerate(alphabet[:vocab - 2])}
+    chars["<unk>"], chars["<eos>"] = vocab - 2, vocab - 1
+    tok = Tokenizer(models.WordLevel(vocab=chars, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return tok.to_str()
+
+
+def save_pair_dir(root, pair: ModelPair, with_tokenizer: bool = True):
+    """Write ``root/target`` (HF format, optional tokenizer.json) and ``root/draft``."""
+    from pathlib import Path
+
+    from dflash2rt.models.draft_loader import save_draft
+    from dflash2rt.models.hf_loader import save_target
+
+    root = Path(root)
+    save_target(pair.target, None, root / "target")
+    save_draft(pair.draft, root / "draft")
+    if with_tokenizer:
+        (root / "target" / "tokenizer.json").write_text(char_tokenizer_json())
+    return root

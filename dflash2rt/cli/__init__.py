@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..errors import DFlash2Error
-from . import backends_cmd
+from . import backends_cmd, bench_cmd, run_cmd
 
-COMMANDS = (backends_cmd,)
+COMMANDS = (backends_cmd, run_cmd, bench_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

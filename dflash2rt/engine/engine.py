@@ -10,7 +10,7 @@ import torch
 from ..backend import Backend
 from ..errors import InvalidInputError, NonFiniteLogitsError
 from ..models.pair import ModelPair
-from ..ops.batch import SamplingBatch
+from ..ops.batch import BlockNoise, SamplingBatch
 from ..registry import Registry
 from . import steps
 from .output import Collector
@@ -106,7 +106,8 @@ class Engine:
         ctx = max(st.host_lens)
         h_e = steps.draft_block(pair, st, be, pos, ctx)                    # [R, γ, H]
         t1 = time.perf_counter()
-        noise = be.noise(st.seed, st.key, st.lens, block - 1)
+        noise = be.noise(st.seed, st.key, st.lens, block - 1) if st.sampling.any_sampled \
+            else BlockNoise.unused(st.size, block - 1, be.device)
         sel = steps.select_block(pair, st, be, h_e, noise)
         t2 = time.perf_counter()
         tgt, ver = steps.verify_block(pair, st, be, sel, noise, pos, ctx)

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from .rng import Stream, uniforms
+from .rng import Stream, bits_to_uniform, philox_words
 from .sampling import check_sampling_params
 
 
@@ -64,12 +64,19 @@ class BlockNoise:
     @staticmethod
     def draw(seed: torch.Tensor, request: torch.Tensor, anchor_pos: torch.Tensor,
              gamma: int) -> "BlockNoise":
-        """seed, request, anchor_pos: [R] int64 device tensors (anchor_pos = committed length n)."""
-        pos = anchor_pos.view(-1, 1) + 1 + torch.arange(gamma, device=anchor_pos.device)
-        s, q = seed.view(-1, 1), request.view(-1, 1)
-        return BlockNoise(
-            walk=uniforms(s, q, pos, Stream.WALK),
-            accept=uniforms(s, q, pos, Stream.ACCEPT),
-            residual=uniforms(s, q, pos, Stream.RESIDUAL),
-            bonus=uniforms(seed, request, anchor_pos + 1 + gamma, Stream.BONUS),
-        )
+        """seed, request, anchor_pos: [R] int64 device tensors (anchor_pos = committed length n).
+
+        One Philox block per (request, position) for positions n+1 .. n+1+γ; its four words are
+        the four streams.
+        """
+        pos = anchor_pos.view(-1, 1) + 1 + torch.arange(gamma + 1, device=anchor_pos.device)
+        words = philox_words(seed.view(-1, 1), request.view(-1, 1), pos)   # 4 × [R, γ+1]
+        u = [bits_to_uniform(w) for w in words]
+        return BlockNoise(walk=u[Stream.WALK][:, :gamma], accept=u[Stream.ACCEPT][:, :gamma],
+                          residual=u[Stream.RESIDUAL][:, :gamma], bonus=u[Stream.BONUS][:, gamma])
+
+    @staticmethod
+    def unused(r: int, gamma: int, device: torch.device | str) -> "BlockNoise":
+        """Placeholder noise for an all-greedy batch, whose ops never read noise."""
+        half = torch.full((r, gamma + 1), 0.5, dtype=torch.float32, device=device)
+        return BlockNoise(half[:, :gamma], half[:, :gamma], half[:, :gamma], half[:, gamma])

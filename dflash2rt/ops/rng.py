@@ -1,8 +1,10 @@
 """Counter-based random numbers: Philox-4x32-10 keyed by (seed, request, position, stream).
 
 Every random number dflash2rt uses is a pure function of its key, so the same seed gives the same
-uniforms on every device, in every batch composition and order. The arithmetic uses int64 tensors
-with 16-bit limbs for the 32x32-bit products, which is exact on every torch device.
+uniforms on every device, in every batch composition and order. Key = the 64-bit seed; counter =
+(position lo, position hi, request, 0); the block's four output words are the four streams. On
+CPU tensors the arithmetic is exact uint64 NumPy; elsewhere int64 tensors with 16-bit limbs for
+the 32x32-bit products, which is exact on every torch device (both paths are tested equal).
 
 Uniforms are ``(2k + 1) * 2**-24`` for a 23-bit ``k``: exactly representable in float32, never 0
 or 1, and ``u * q`` with float32 ``q`` is exact in float64 (24 + 24 < 53 bits).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import enum
 
+import numpy as np
 import torch
 
 _M32 = 0xFFFFFFFF
@@ -21,12 +24,13 @@ ROUNDS = 10
 
 
 class Stream(enum.IntEnum):
-    """Independent streams; draft randomness never shares a stream with verification."""
+    """Independent streams = the four output words of one Philox block per (seed, request,
+    position); draft randomness never shares a word with verification."""
 
-    WALK = 1        # selector walk, one uniform per draft slot
-    ACCEPT = 2      # acceptance coin u in u*q < p
-    RESIDUAL = 3    # residual sample after the first rejection
-    BONUS = 4       # bonus sample after a fully accepted block
+    WALK = 0        # selector walk, one uniform per draft slot
+    ACCEPT = 1      # acceptance coin u in u*q < p
+    RESIDUAL = 2    # residual sample after the first rejection
+    BONUS = 3       # bonus sample after a fully accepted block (and the token after prefill)
 
 
 def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,23 +62,42 @@ def _split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x & _M32, (x >> 32) & _M32
 
 
-def random_bits(seed: torch.Tensor, request: torch.Tensor, position: torch.Tensor,
-                stream: int, index: torch.Tensor | int = 0) -> torch.Tensor:
-    """32 random bits (int64 in [0, 2**32)) for each broadcast (seed, request, position, index).
+def philox_np(counter: tuple[np.ndarray, ...], key: tuple[np.ndarray, np.ndarray]
+              ) -> tuple[np.ndarray, ...]:
+    """Philox-4x32-10 in exact uint64 NumPy arithmetic (the fast path for CPU tensors)."""
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in counter)
+    k0, k1 = (np.asarray(k, dtype=np.uint64) for k in key)
+    m32 = np.uint64(_M32)
+    for _ in range(ROUNDS):
+        p0, p1 = c0 * np.uint64(_MUL0), c2 * np.uint64(_MUL1)   # < 2**64, exact
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & m32, \
+            (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & m32
+        k0, k1 = (k0 + np.uint64(_W0)) & m32, (k1 + np.uint64(_W1)) & m32
+    return c0, c1, c2, c3
 
-    Key = seed (64 bit); counter = (position lo, position hi, request, stream << 24 | index).
-    ``index`` (< 2**24) numbers several draws that share one (request, position, stream).
-    """
+
+def philox_words(seed: torch.Tensor, request: torch.Tensor, position: torch.Tensor
+                 ) -> tuple[torch.Tensor, ...]:
+    """The four 32-bit words (int64 tensors) of the Philox block keyed by seed (64 bit) at
+    counter (position lo, position hi, request, 0), for each broadcast element."""
     seed, request, position = (torch.as_tensor(t) for t in (seed, request, position))
     device = position.device
-    seed, request = seed.to(device), request.to(device)
-    index = torch.as_tensor(index, device=device, dtype=torch.int64)
-    seed, request, position, index = torch.broadcast_tensors(seed, request, position, index)
+    seed, request, position = torch.broadcast_tensors(
+        seed.to(device, torch.int64), request.to(device, torch.int64), position.to(torch.int64))
     k0, k1 = _split(seed)
     p0, p1 = _split(position)
-    c2 = request.to(torch.int64) & _M32
-    c3 = ((int(stream) & 0xFF) << 24) | (index & 0xFFFFFF)
-    return philox4x32((p0, p1, c2, c3), (k0, k1))[0]
+    c2 = request & _M32
+    if device.type == "cpu":
+        words = philox_np((p0.numpy(), p1.numpy(), c2.numpy(), np.zeros(p0.shape, np.uint64)),
+                          (k0.numpy(), k1.numpy()))
+        return tuple(torch.from_numpy(np.asarray(w, dtype=np.int64)) for w in words)
+    return philox4x32((p0, p1, c2, torch.zeros_like(p0)), (k0, k1))
+
+
+def random_bits(seed: torch.Tensor, request: torch.Tensor, position: torch.Tensor,
+                stream: int) -> torch.Tensor:
+    """32 random bits (int64 in [0, 2**32)) of ``stream`` for each broadcast key element."""
+    return philox_words(seed, request, position)[int(stream)]
 
 
 def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
@@ -84,6 +107,6 @@ def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
 
 
 def uniforms(seed: torch.Tensor, request: torch.Tensor, position: torch.Tensor,
-             stream: int, index: torch.Tensor | int = 0) -> torch.Tensor:
-    """float32 uniforms in (0, 1) for each broadcast key element; see ``random_bits``."""
-    return bits_to_uniform(random_bits(seed, request, position, stream, index))
+             stream: int) -> torch.Tensor:
+    """float32 uniforms in (0, 1) of ``stream`` for each broadcast key element."""
+    return bits_to_uniform(random_bits(seed, request, position, stream))

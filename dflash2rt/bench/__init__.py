@@ -1,0 +1,1 @@
+"""Benchmarks that measure side by side in one run: target-only, speculative, and transformers."""

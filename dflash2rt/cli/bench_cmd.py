@@ -1,0 +1,56 @@
+"""``dflash2rt bench``: speculative vs target-only vs transformers, side by side in one run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark spec vs target-only vs transformers generate()")
+    p.add_argument("--backend", default=None)
+    p.add_argument("--model", default="stdlib-code", help="bundled model name or a directory "
+                   "with target/, draft/ and heldout_prompts.json")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per configuration")
+    p.add_argument("--prompts", type=int, default=8, help="held-out prompts for batch 1")
+    p.add_argument("--blocks", default="2,4,8,16", help="block sizes for the sweep")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..api import resolve_model
+    from ..bench.suite import run_bench
+    from ..registry import Registry
+
+    backend = Registry.discover().select(args.backend).backend
+    path = Path(args.model)
+    if not path.is_dir():
+        from ..bundled import bundled_path
+
+        path = bundled_path(args.model)
+    pair = resolve_model(path, backend.device)
+    log = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    res = run_bench(pair, path, backend, args.max_new_tokens, args.repeats,
+                    tuple(int(b) for b in args.blocks.split(",")), args.prompts, not args.no_hf,
+                    log)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"\n{'':24}{'tokens/s b1':>12}{'tokens/s b8':>12}")
+    for key, name in (("ar", "target-only (ours)"), ("spec", "DFlash2 spec (ours)"),
+                      ("hf", "transformers generate")):
+        b1, b8 = res["batch1"][f"{key}_tokens_per_s"], res["batch8"][f"{key}_tokens_per_s"]
+        fmt = lambda x: f"{x:12.1f}" if x is not None else f"{'n/a':>12}"  # noqa: E731
+        print(f"{name:24}{fmt(b1)}{fmt(b8)}")
+    print(f"tau {res['tau']:.2f} (T=0), {res['tau_t1']:.2f} (T=1); speedup x"
+          f"{res['speedup_vs_ar']:.2f} vs target-only, "
+          + (f"x{res['speedup_vs_hf']:.2f} vs transformers; " if res["speedup_vs_hf"] else "")
+          + f"efficiency {res['efficiency']:.2f}; greedy spec == target-only: "
+          f"{res['greedy_equal']}")
+    return 0
