@@ -70,10 +70,29 @@ def try_allocate(device: str) -> str | None:
     return None
 
 
-EAGER_KERNELS = "torch eager ops on the device (Triton kernels: not built yet)"
 EAGER_GRAPHS = "none yet: eager (the graph runner is not built yet)"
 
 
-def eager_gpu_backend(name: str, probe: Probe, dtypes: tuple[torch.dtype, ...]) -> Backend:
-    """A GPU backend running the reference torch ops eagerly on the probed device."""
-    return TorchOpsBackend(name, probe.details["torch_device"], dtypes)
+def kernel_mode() -> tuple[bool, str]:
+    """(kernels usable, description): Triton kernels when triton imports, else torch eager ops."""
+    import importlib.util
+
+    from .kernels.tuning import KERNELS
+
+    if importlib.util.find_spec("triton") is None:
+        return False, "torch eager ops (triton not installed: pip install 'dflash2rt[triton]')"
+    return True, KERNELS
+
+
+def gpu_backend(name: str, probe: Probe, dtypes: tuple[torch.dtype, ...], tuning) -> Backend:
+    """The plugin's backend on the probed device: the Triton kernels with the vendor's tuning,
+    or, when triton cannot be imported, the reference torch ops, reported as a fallback."""
+    device = probe.details["torch_device"]
+    try:
+        from .kernels.backend import KernelBackend
+    except Exception as exc:  # noqa: BLE001 - becomes a reported fallback
+        backend = TorchOpsBackend(name, device, dtypes)
+        backend.report_fallback(f"triton kernels unavailable ({type(exc).__name__}: {exc}); "
+                                "DFlash2 ops run as torch eager ops")
+        return backend
+    return KernelBackend(name, device, dtypes, tuning)

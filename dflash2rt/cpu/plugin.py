@@ -9,6 +9,7 @@ import torch
 
 from ..backend import Backend, BackendSpec, Probe, TorchOpsBackend
 from ..hookspecs import hookimpl
+from . import interpret
 
 DTYPES = ("float32", "float64", "bfloat16")
 
@@ -32,4 +33,4 @@ def create(_: Probe) -> Backend:
 @hookimpl
 def dflash2rt_backends() -> list[BackendSpec]:
     return [BackendSpec(name="cpu", priority=0, probe=probe, create=create,
-                        summary="built-in CPU backend (embedded default)")]
+                        summary="built-in CPU backend (embedded default)"), interpret.SPEC]

@@ -31,6 +31,11 @@ class Engine:
             selection = Registry.discover().select(backend)
             backend = selection.backend
         self.pair, self.backend = pair, backend
+        if pair.dtype not in backend.dtypes:
+            raise InvalidInputError(
+                f"backend {backend.name!r} does not run {pair.dtype} models (it supports "
+                f"{', '.join(str(d).replace('torch.', '') for d in backend.dtypes)}); "
+                "load the models in one of those dtypes")
         if pair.device.type != backend.device.type:
             raise InvalidInputError(f"models are on {pair.device} but backend {backend.name!r} "
                                     f"runs on {backend.device}; load the models there")

@@ -62,20 +62,28 @@ def unary_scores(vals: torch.Tensor, p: SelectorParams) -> torch.Tensor:
     return torch.where(torch.isneginf(vals), float("-inf"), x)
 
 
-def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
-           pred_codebook: torch.Tensor, succ_codebook: torch.Tensor, params: SelectorParams,
-           sampling: SamplingBatch, u_walk: torch.Tensor) -> SelectorOut:
-    """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], u_walk [R, γ] → SelectorOut."""
+def check_select_args(logits: torch.Tensor, proj: torch.Tensor, pred_codebook: torch.Tensor,
+                      succ_codebook: torch.Tensor, params: SelectorParams,
+                      u_walk: torch.Tensor) -> None:
+    """Validate shapes and K against the vocabulary."""
     r, gamma, v = logits.shape
-    k = params.top_k
-    if not 1 <= k <= v:
-        raise InvalidInputError(f"selector top_k={k} must be in [1, vocab={v}]")
+    if not 1 <= params.top_k <= v:
+        raise InvalidInputError(f"selector top_k={params.top_k} must be in [1, vocab={v}]")
     if proj.shape[:2] != (r, gamma) or pred_codebook.shape != succ_codebook.shape \
             or pred_codebook.shape[1] != proj.shape[2] or u_walk.shape != (r, gamma):
         raise InvalidInputError(
             f"selector shapes disagree: logits {tuple(logits.shape)}, proj {tuple(proj.shape)}, "
             f"codebooks {tuple(pred_codebook.shape)}/{tuple(succ_codebook.shape)}, "
             f"u_walk {tuple(u_walk.shape)}")
+
+
+def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
+           pred_codebook: torch.Tensor, succ_codebook: torch.Tensor, params: SelectorParams,
+           sampling: SamplingBatch, u_walk: torch.Tensor) -> SelectorOut:
+    """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], u_walk [R, γ] → SelectorOut."""
+    r, gamma, v = logits.shape
+    k = params.top_k
+    check_select_args(logits, proj, pred_codebook, succ_codebook, params, u_walk)
     bad = bad_rows(logits).any(dim=-1)                                    # [R]
     vals, cand = topk_lowest_index(logits, k)                             # [R, γ, K]
     unary = unary_scores(vals, params)                                    # [R, γ, K]

@@ -42,7 +42,7 @@ class VerifyOut:
                 "q must be the exact proposal law of the draft (selector bug)")
 
 
-def _assemble(draft: torch.Tensor, accept_len: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
+def assemble_tokens(draft: torch.Tensor, accept_len: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
     """[R, γ] drafts + [R] accept lengths + [R] emitted token → [R, γ+1], -1 past the end."""
     r, gamma = draft.shape
     col = torch.arange(gamma + 1, device=draft.device).view(1, -1)
@@ -62,11 +62,9 @@ def draft_mass(draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor) -
     return torch.where(hit, q.double(), 0.0).sum(dim=-1)
 
 
-def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor,
-           sampling: SamplingBatch, noise: BlockNoise, check: bool = True) -> VerifyOut:
-    """logits [R, γ+1, V] of the verify pass over [anchor, d_1..d_γ]; draft [R, γ];
-    candidates, q [R, γ, K]. With ``check`` a NaN row raises at once; the engine passes False
-    and checks ``bad`` at its one device→host synchronisation per step."""
+def check_verify_args(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
+                      q: torch.Tensor) -> tuple[int, int, int]:
+    """Validate shapes; return (R, γ+1, V)."""
     r, rows, v = logits.shape
     gamma = rows - 1
     if gamma < 1:
@@ -77,6 +75,16 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
             f"verify shapes disagree: logits {tuple(logits.shape)} needs draft [R={r}, γ={gamma}]"
             f", got draft {tuple(draft.shape)}, candidates {tuple(candidates.shape)}, "
             f"q {tuple(q.shape)}")
+    return r, rows, v
+
+
+def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor,
+           sampling: SamplingBatch, noise: BlockNoise, check: bool = True) -> VerifyOut:
+    """logits [R, γ+1, V] of the verify pass over [anchor, d_1..d_γ]; draft [R, γ];
+    candidates, q [R, γ, K]. With ``check`` a NaN row raises at once; the engine passes False
+    and checks ``bad`` at its one device→host synchronisation per step."""
+    r, rows, v = check_verify_args(logits, draft, candidates, q)
+    gamma = rows - 1
     bad = bad_rows(logits).any(dim=1)
     top = torch.argmax(logits, dim=-1)                                    # [R, γ+1]
     acc = _prefix_len(draft == top[:, :gamma])
@@ -88,7 +96,7 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
         acc = torch.where(sampling.greedy, acc, acc_s)
         emitted = torch.where(sampling.greedy, emitted, emitted_s)
         bad_q = ~sampling.greedy & (q_d <= 0).any(dim=1)
-    out = VerifyOut(acc, _assemble(draft, acc, emitted), bad, bad_q)
+    out = VerifyOut(acc, assemble_tokens(draft, acc, emitted), bad, bad_q)
     if check:
         out.raise_if_bad()
     return out

@@ -7,10 +7,13 @@ import torch
 from dflash2rt import plugin_kit as kit
 from dflash2rt.backend import Backend, BackendSpec, Probe
 from dflash2rt.hookspecs import hookimpl
+from dflash2rt.kernels.tuning import Tuning
 
 NAME = "cuda"
 PRIORITY = 100
 PCI_VENDOR = 0x10DE
+# Initial launch parameters; to be tuned on hardware (qualification reports the latency).
+TUNING = Tuning(block_h=128, block_v=2048, num_warps=4)   # 32-lane warps
 NODES = ("/dev/nvidia[0-9]*",)
 
 
@@ -33,14 +36,14 @@ def probe() -> Probe:
         available=True,
         device=f"cuda:0 {props.name} (sm_{props.major}{props.minor}, "
                f"{props.total_memory / 2**30:.0f} GiB)",
-        kernels=kit.EAGER_KERNELS, dtypes=dtypes, graphs=kit.EAGER_GRAPHS,
+        kernels=kit.kernel_mode()[1], dtypes=dtypes, graphs=kit.EAGER_GRAPHS,
         details={"torch": torch.__version__, "cuda": torch.version.cuda or "",
                  "torch_device": "cuda:0"},
     )
 
 
 def create(p: Probe) -> Backend:
-    return kit.eager_gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes))
+    return kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING)
 
 
 @hookimpl

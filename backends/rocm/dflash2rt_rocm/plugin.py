@@ -7,10 +7,13 @@ import torch
 from dflash2rt import plugin_kit as kit
 from dflash2rt.backend import Backend, BackendSpec, Probe
 from dflash2rt.hookspecs import hookimpl
+from dflash2rt.kernels.tuning import Tuning
 
 NAME = "rocm"
 PRIORITY = 90
 PCI_VENDOR = 0x1002
+# Initial launch parameters; to be tuned on hardware (qualification reports the latency).
+TUNING = Tuning(block_h=256, block_v=2048, num_warps=4)   # 64-lane wavefronts
 NODES = ("/dev/kfd",)
 
 
@@ -30,7 +33,7 @@ def probe() -> Probe:
     return Probe(
         available=True,
         device=f"cuda:0 {props.name} ({arch}, {props.total_memory / 2**30:.0f} GiB)",
-        kernels=kit.EAGER_KERNELS, dtypes=("float32", "float16", "bfloat16"),
+        kernels=kit.kernel_mode()[1], dtypes=("float32", "float16", "bfloat16"),
         graphs=kit.EAGER_GRAPHS,
         details={"torch": torch.__version__, "hip": torch.version.hip or "",
                  "torch_device": "cuda:0"},
@@ -38,7 +41,7 @@ def probe() -> Probe:
 
 
 def create(p: Probe) -> Backend:
-    return kit.eager_gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes))
+    return kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING)
 
 
 @hookimpl

@@ -9,10 +9,13 @@ import torch
 from dflash2rt import plugin_kit as kit
 from dflash2rt.backend import Backend, BackendSpec, Probe
 from dflash2rt.hookspecs import hookimpl
+from dflash2rt.kernels.tuning import Tuning
 
 NAME = "xpu"
 PRIORITY = 80
 PCI_VENDOR = 0x8086
+# Initial launch parameters; to be tuned on hardware (qualification reports the latency).
+TUNING = Tuning(block_h=128, block_v=1024, num_warps=8)    # 16/32-wide sub-groups
 NODES = ("/dev/dri/renderD*",)
 IPEX = "intel-extension-for-pytorch"
 
@@ -50,7 +53,7 @@ def probe() -> Probe:
     return Probe(
         available=True,
         device=f"xpu:0 {props.name} ({props.total_memory / 2**30:.0f} GiB)",
-        kernels=kit.EAGER_KERNELS, dtypes=dtypes,
+        kernels=kit.kernel_mode()[1], dtypes=dtypes,
         graphs=kit.EAGER_GRAPHS + " (XPU graphs will be opt-in, gated by replay == eager)",
         details={"torch": torch.__version__, "xpu": getattr(torch.version, "xpu", "") or "",
                  "ipex": ipex, "torch_device": "xpu:0"},
@@ -58,7 +61,7 @@ def probe() -> Probe:
 
 
 def create(p: Probe) -> Backend:
-    return kit.eager_gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes))
+    return kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING)
 
 
 @hookimpl
