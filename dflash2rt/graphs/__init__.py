@@ -1,0 +1,1 @@
+"""Graph capture, backend-agnostic: adapters per vendor API and a bucketed runner."""

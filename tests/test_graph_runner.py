@@ -1,0 +1,122 @@
+"""The bucketed graph runner with a fake graph adapter (no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash2rt.errors import InvalidInputError
+from dflash2rt.graphs.adapter import GraphCaptureError
+from dflash2rt.graphs.runner import GraphRunner
+
+
+class FakeGraph:
+    def __init__(self, fn, log):
+        self.fn, self.log = fn, log
+
+    def replay(self):
+        self.log.append("replay")
+        self.fn()
+
+
+class FakeAdapter:
+    """Records the order of events; 'replays' by re-running the captured function."""
+
+    name = "fake-graph"
+
+    def __init__(self, fail_sizes=()):
+        self.log, self.fail_sizes = [], set(fail_sizes)
+
+    def new_pool(self):
+        return object()
+
+    def capture(self, fn, pool):
+        size = self.current
+        if size in self.fail_sizes:
+            raise GraphCaptureError(f"fake capture refused for bucket {size}")
+        self.log.append(f"capture {size}")
+        fn()
+        return FakeGraph(fn, self.log)
+
+
+def make_runner(adapter, state, fallbacks, buckets=(1, 2, 4, 8)):
+    """Body: scores = 2·x + slot; writes x into the shared per-request ``state`` at ``slot``
+    for rows whose ``write`` flag is set (padded rows get write = False)."""
+    def make_inputs(size):
+        adapter.current = size
+        return {"x": torch.zeros(size), "slot": torch.zeros(size, dtype=torch.long),
+                "write": torch.zeros(size, dtype=torch.bool)}
+
+    def body(inp):
+        adapter.log.append(f"body {inp['x'].shape[0]}")
+        idx = inp["slot"][inp["write"]]
+        state.index_copy_(0, idx, inp["x"][inp["write"]])
+        return {"score": 2 * inp["x"] + inp["slot"]}
+
+    return GraphRunner(adapter, buckets, make_inputs, body,
+                       pad={"x": float("nan"), "slot": 0, "write": False},
+                       on_fallback=fallbacks.append)
+
+
+def live(rows):
+    return {"x": torch.arange(rows, dtype=torch.float32) + 10, "slot": torch.arange(rows),
+            "write": torch.ones(rows, dtype=torch.bool)}
+
+
+def test_bucket_choice_and_warm_up_before_capture():
+    adapter, fallbacks, state = FakeAdapter(), [], torch.full((8,), -1.0)
+    runner = make_runner(adapter, state, fallbacks)
+    assert [runner.bucket_for(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, None]
+    out = runner.run(live(3))
+    assert adapter.log == ["body 4", "body 4", "capture 4", "body 4", "replay", "body 4"]
+    assert out["score"].tolist() == [20.0, 23.0, 26.0]
+    runner.run(live(3))                       # captured once, replayed after
+    assert adapter.log.count("capture 4") == 1 and adapter.log.count("replay") == 2
+    assert not fallbacks
+
+
+def test_padded_rows_never_touch_live_requests():
+    adapter, fallbacks = FakeAdapter(), []
+    state = torch.full((8,), -1.0)
+    runner = make_runner(adapter, state, fallbacks)
+    runner.run(live(3))
+    # Slot 0 belongs to a live request; padded row 3 (slot pad 0) must not overwrite it.
+    assert state.tolist()[:4] == [10.0, 11.0, 12.0, -1.0]
+    assert torch.isnan(runner.state[4].inputs["x"][3])   # padding is inert, not stale data
+    out = runner.run({"x": torch.tensor([7.0]), "slot": torch.tensor([5]),
+                      "write": torch.tensor([True])})
+    assert out["score"].shape == (1,) and state[5] == 7.0 and state[0] == 10.0
+
+
+def test_capture_failure_falls_back_to_eager_and_is_reported():
+    adapter, fallbacks, state = FakeAdapter(fail_sizes={4}), [], torch.zeros(8)
+    runner = make_runner(adapter, state, fallbacks)
+    out = runner.run(live(3))
+    assert out["score"].tolist() == [20.0, 23.0, 26.0]
+    assert len(fallbacks) == 1 and "bucket 4" in fallbacks[0] and "refused" in fallbacks[0]
+    runner.run(live(4))
+    assert len(fallbacks) == 1 and "capture 4" not in adapter.log   # no second attempt
+    runner.run(live(2))                                              # other buckets still graph
+    assert "capture 2" in adapter.log
+
+
+def test_batch_above_the_largest_bucket_runs_eagerly_and_is_reported():
+    adapter, fallbacks, state = FakeAdapter(), [], torch.zeros(16)
+    runner = make_runner(adapter, state, fallbacks, buckets=(1, 2))
+    out = runner.run(live(5))
+    assert out["score"].tolist() == [20.0, 23.0, 26.0, 29.0, 32.0]
+    assert fallbacks and "exceeds the largest graph bucket" in fallbacks[0]
+
+
+def test_replay_equals_eager_across_buckets():
+    for rows in (1, 2, 3, 5, 8):
+        adapter, fallbacks = FakeAdapter(), []
+        graphed = make_runner(adapter, torch.zeros(8), fallbacks).run(live(rows))
+        eager = make_runner(FakeAdapter(fail_sizes={1, 2, 4, 8}), torch.zeros(8), []).run(
+            live(rows))
+        assert torch.equal(graphed["score"], eager["score"])
+
+
+def test_bad_buckets_raise():
+    with pytest.raises(InvalidInputError):
+        make_runner(FakeAdapter(), torch.zeros(1), [], buckets=(4, 2))
