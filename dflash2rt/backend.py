@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -55,6 +55,7 @@ class Backend(abc.ABC):
     name: str
     device: torch.device
     dtypes: tuple[torch.dtype, ...]
+    graph_adapter: Any = None            # a dflash2rt.graphs GraphAdapter, or None for eager
 
     def __init__(self) -> None:
         self.fallbacks: list[str] = []   # every alternative path taken, reported in run stats

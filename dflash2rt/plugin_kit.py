@@ -70,7 +70,19 @@ def try_allocate(device: str) -> str | None:
     return None
 
 
-EAGER_GRAPHS = "none yet: eager (the graph runner is not built yet)"
+GRAPHS_ENV = "DFLASH2RT_GRAPHS"
+
+
+def graphs_wanted() -> bool:
+    """Graphs are on unless DFLASH2RT_GRAPHS=0 (the probe and the run stats say which)."""
+    return os.environ.get(GRAPHS_ENV, "1") != "0"
+
+
+def cuda_graph_mode(vendor: str) -> str:
+    if not graphs_wanted():
+        return f"off ({GRAPHS_ENV}=0): eager launches"
+    return (f"{vendor} graphs via torch.cuda.CUDAGraph (side-stream capture), buckets 1-32: "
+            "draft+conv+selector+walk and verify+accept+commit")
 
 
 def kernel_mode() -> tuple[bool, str]:
@@ -84,15 +96,22 @@ def kernel_mode() -> tuple[bool, str]:
     return True, KERNELS
 
 
-def gpu_backend(name: str, probe: Probe, dtypes: tuple[torch.dtype, ...], tuning) -> Backend:
+def gpu_backend(name: str, probe: Probe, dtypes: tuple[torch.dtype, ...], tuning,
+                graph_adapter=None) -> Backend:
     """The plugin's backend on the probed device: the Triton kernels with the vendor's tuning,
-    or, when triton cannot be imported, the reference torch ops, reported as a fallback."""
+    or, when triton cannot be imported, the reference torch ops, reported as a fallback; with
+    ``graph_adapter`` the engine captures its steps into graphs."""
     device = probe.details["torch_device"]
     try:
         from .kernels.backend import KernelBackend
+
+        backend: Backend = KernelBackend(name, device, dtypes, tuning)
     except Exception as exc:  # noqa: BLE001 - becomes a reported fallback
         backend = TorchOpsBackend(name, device, dtypes)
         backend.report_fallback(f"triton kernels unavailable ({type(exc).__name__}: {exc}); "
                                 "DFlash2 ops run as torch eager ops")
-        return backend
-    return KernelBackend(name, device, dtypes, tuning)
+    if graph_adapter is not None and graphs_wanted():
+        backend.graph_adapter = graph_adapter
+    elif graph_adapter is not None:
+        backend.report_fallback(f"graphs disabled by {GRAPHS_ENV}=0: eager launches")
+    return backend

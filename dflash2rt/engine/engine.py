@@ -13,6 +13,8 @@ from ..models.pair import ModelPair
 from ..ops.batch import BlockNoise, SamplingBatch
 from ..registry import Registry
 from . import steps
+from ..models.kv_cache import KVCache
+from .graphed import BUCKETS, GraphedSpecSteps
 from .output import Collector
 from .request import Request, RequestOutput
 from .state import BatchState
@@ -45,21 +47,21 @@ class Engine:
         stats.syncs += 1
         return t.tolist()
 
-    def _new_state(self, requests: Sequence[Request], block: int, spec: bool) -> BatchState:
+    def _new_state(self, requests: Sequence[Request], block: int, spec: bool,
+                   capacity: int) -> BatchState:
         pair, dev, r = self.pair, self.backend.device, len(requests)
         max_len = max(len(q.prompt_ids) + q.params.max_new_tokens for q in requests) + block + 1
         a = pair.target.cfg
         if max_len > a.max_position_embeddings + block + 1:
             raise InvalidInputError(f"prompt + max_new_tokens ({max_len - block - 1}) exceeds the "
                                     f"target's max_position_embeddings={a.max_position_embeddings}")
-        cache = lambda m: m.empty_cache(r, max_len, pair.dtype, dev)  # noqa: E731
-        from ..models.kv_cache import KVCache
-        target_cache = KVCache.empty(a.num_hidden_layers, r, max_len, a.num_key_value_heads,
-                                     a.head_dim, pair.dtype, dev)
+        target_cache = KVCache.empty(a.num_hidden_layers, capacity, max_len,
+                                     a.num_key_value_heads, a.head_dim, pair.dtype, dev)
+        draft_cache = pair.draft.empty_cache(capacity, max_len, pair.dtype, dev) if spec else None
         ps = [q.params for q in requests]
         i64 = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
         return BatchState(
-            target_cache, cache(pair.draft) if spec else None, i64([0] * r), i64([0] * r),
+            target_cache, draft_cache, i64([0] * r), i64([0] * r),
             i64([p.seed for p in ps]), i64([q.key for q in requests]),
             SamplingBatch.build([p.temperature for p in ps], [p.top_k for p in ps],
                                 [p.top_p for p in ps], dev),
@@ -85,7 +87,13 @@ class Engine:
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens)
         start = time.perf_counter()
         with torch.inference_mode():
-            st = self._new_state(requests, block, spec)
+            graphs = spec and self.backend.graph_adapter is not None
+            capacity = len(requests)
+            if graphs:
+                capacity = max(capacity, next((b for b in BUCKETS if b >= capacity), capacity))
+            st = self._new_state(requests, block, spec, capacity)
+            graphed = GraphedSpecSteps(pair, self.backend, st, block,
+                                       self.backend.report_fallback) if graphs else None
             first = steps.prefill(pair, st, [q.prompt_ids for q in requests])
             host = self._to_host(torch.stack([first.token, first.bad.long() * BAD_TARGET], 1),
                                  stats)
@@ -97,32 +105,26 @@ class Engine:
             stats.time["prefill"] = time.perf_counter() - start
             st = self._drop_finished(st, out)
             while st.size:
-                st = self._spec_step(st, block, stats, out) if spec else \
+                st = self._spec_step(st, block, stats, out, graphed) if spec else \
                     self._target_step(st, stats, out)
         stats.wall_s = time.perf_counter() - start
         stats.generated = sum(len(o.token_ids) for o in out.outputs)
         stats.fallbacks = list(self.backend.fallbacks[fallbacks_before:])
         return out.finish(), stats
 
-    def _spec_step(self, st: BatchState, block: int, stats: RunStats, out: Collector
-                   ) -> BatchState:
-        pair, be, t0 = self.pair, self.backend, time.perf_counter()
-        pos = steps.block_positions(st, block)                             # [R, B]
-        ctx = max(st.host_lens)
-        h_e = steps.draft_block(pair, st, be, pos, ctx)                    # [R, γ, H]
-        t1 = time.perf_counter()
-        noise = be.noise(st.seed, st.key, st.lens, block - 1) if st.sampling.any_sampled \
-            else BlockNoise.unused(st.size, block - 1, be.device)
-        sel = steps.select_block(pair, st, be, h_e, noise)
-        t2 = time.perf_counter()
-        tgt, ver = steps.verify_block(pair, st, be, sel, noise, pos, ctx)
+    def _spec_step(self, st: BatchState, block: int, stats: RunStats, out: Collector,
+                   graphed: GraphedSpecSteps | None) -> BatchState:
+        t0 = time.perf_counter()
+        if graphed is None:
+            acc, tokens, flags, t1, t2 = self._eager_spec(st, block)
+        else:
+            v = graphed.step(st)
+            acc, tokens, t1 = v["acc"], v["tokens"], time.perf_counter()
+            t2 = t1
+            flags = v["bad"].long() * BAD_TARGET + v["bad_q"].long() * BAD_Q \
+                + v["draft_bad"].long() * BAD_DRAFT
         t3 = time.perf_counter()
-        acc = ver.accept_len
-        steps.commit(pair, st, tgt, pos, acc + 1, ver.tokens.gather(1, acc.view(-1, 1))[:, 0])
-        flags = ver.bad.long() * BAD_TARGET + ver.bad_q.long() * BAD_Q \
-            + sel.bad.long() * BAD_DRAFT
-        host = self._to_host(torch.cat([acc.view(-1, 1), flags.view(-1, 1), ver.tokens], 1),
-                             stats)
+        host = self._to_host(torch.cat([acc.view(-1, 1), flags.view(-1, 1), tokens], 1), stats)
         self._raise_flags([h[1] for h in host], st.rows)
         stats.steps += 1
         stats.record_accepts([h[0] for h in host])
@@ -135,6 +137,24 @@ class Engine:
                       ("host", t4 - t3)):
             stats.time[k] += dt
         return st
+
+    def _eager_spec(self, st: BatchState, block: int):
+        """draft → select → verify → accept → commit, eagerly; returns device results."""
+        pair, be, t0 = self.pair, self.backend, time.perf_counter()
+        pos = steps.block_positions(st, block)                             # [R, B]
+        ctx = max(st.host_lens)
+        h_e = steps.draft_block(pair, st, be, pos, ctx)                    # [R, γ, H]
+        t1 = time.perf_counter()
+        noise = be.noise(st.seed, st.key, st.lens, block - 1) if st.sampling.any_sampled \
+            else BlockNoise.unused(st.size, block - 1, be.device)
+        sel = steps.select_block(pair, st, be, h_e, noise)
+        t2 = time.perf_counter()
+        tgt, ver = steps.verify_block(pair, st, be, sel, noise, pos, ctx)
+        acc = ver.accept_len
+        steps.commit(pair, st, tgt, pos, acc + 1, ver.tokens.gather(1, acc.view(-1, 1))[:, 0])
+        flags = ver.bad.long() * BAD_TARGET + ver.bad_q.long() * BAD_Q \
+            + sel.bad.long() * BAD_DRAFT
+        return acc, ver.tokens, flags, t1, t2
 
     def _target_step(self, st: BatchState, stats: RunStats, out: Collector) -> BatchState:
         t0 = time.perf_counter()

@@ -12,12 +12,13 @@ from ..ops.batch import SamplingBatch
 
 @dataclass
 class BatchState:
-    """R active requests. Device: caches, committed lengths ``lens`` (= anchor position), anchor
-    tokens, RNG keys, sampling parameters. Host: ``host_lens`` (mirror of ``lens``, updated from
-    the one sync per step) and ``rows`` (index of each batch row in the caller's request list)."""
+    """R live requests in cache slots [0, R) of caches allocated for ``capacity`` slots (static
+    storage, so graphs can capture it). Device: committed lengths ``lens`` (= anchor position),
+    anchor tokens, RNG keys, sampling parameters. Host: ``host_lens`` (mirror of ``lens``,
+    updated from the one sync per step) and ``rows`` (each slot's index in the request list)."""
 
-    target_cache: KVCache
-    draft_cache: KVCache | None
+    target_full: KVCache
+    draft_full: KVCache | None
     lens: torch.Tensor          # [R] int64
     anchor: torch.Tensor        # [R] int64, last emitted token, its KV not yet computed
     seed: torch.Tensor          # [R] int64
@@ -30,14 +31,24 @@ class BatchState:
     def size(self) -> int:
         return len(self.rows)
 
+    @property
+    def target_cache(self) -> KVCache:
+        return self.target_full.rows(self.size)
+
+    @property
+    def draft_cache(self) -> KVCache | None:
+        return self.draft_full.rows(self.size) if self.draft_full is not None else None
+
     def keep(self, idx: list[int]) -> "BatchState":
-        """The batch reduced to rows ``idx`` (host-known: no device→host sync)."""
+        """The batch reduced to rows ``idx``, compacted into slots [0, len(idx)) in place
+        (host-known indices: no device→host sync; cache storage never moves)."""
         t = torch.tensor(idx, dtype=torch.int64, device=self.lens.device)
+        self.target_full.compact_(t)
+        if self.draft_full is not None:
+            self.draft_full.compact_(t)
         s = self.sampling
         sampling = SamplingBatch(s.temperature[t], s.top_k[t], s.top_p[t], s.greedy[t],
                                  s.any_sampled, s.any_filtered)
-        return BatchState(
-            self.target_cache.select(t),
-            self.draft_cache.select(t) if self.draft_cache is not None else None,
-            self.lens[t], self.anchor[t], self.seed[t], self.key[t], sampling,
-            [self.host_lens[i] for i in idx], [self.rows[i] for i in idx])
+        return BatchState(self.target_full, self.draft_full, self.lens[t], self.anchor[t],
+                          self.seed[t], self.key[t], sampling,
+                          [self.host_lens[i] for i in idx], [self.rows[i] for i in idx])

@@ -98,12 +98,19 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
                                check=False)
 
 
-def commit(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor,
-           count: torch.Tensor, next_anchor: torch.Tensor) -> None:
-    """Write target KV and draft context KV of the first ``count`` rows; advance n and anchor."""
+def commit_kv(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor,
+              count: torch.Tensor) -> None:
+    """Write target KV and draft context KV of the first ``count`` rows at ``st.lens``.
+    Idempotent for the same inputs (graph warm-up runs the step more than once)."""
     st.target_cache.commit(out.new_kv, st.lens, count)
     if st.draft_cache is not None:
         st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, count)
+
+
+def commit(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor,
+           count: torch.Tensor, next_anchor: torch.Tensor) -> None:
+    """commit_kv, then advance n by ``count`` and make ``next_anchor`` the anchor."""
+    commit_kv(pair, st, out, pos, count)
     st.lens.add_(count)
     st.anchor.copy_(next_anchor)
 

@@ -101,6 +101,10 @@ class KVCache:
         for buf in (*self.k, *self.v):
             buf.index_fill_(0, idx, 0)
 
+    def rows(self, n: int) -> KVCache:
+        """A view of slots [0, n): same storage, so commits through it land in this cache."""
+        return KVCache(tuple(b[:n] for b in self.k), tuple(b[:n] for b in self.v))
+
     def select(self, idx: torch.Tensor) -> KVCache:
         """A new cache holding requests `idx` [n] (int64) in that order (copies)."""
         return KVCache(tuple(b.index_select(0, idx) for b in self.k), tuple(b.index_select(0, idx) for b in self.v))

@@ -36,14 +36,17 @@ def probe() -> Probe:
         available=True,
         device=f"cuda:0 {props.name} (sm_{props.major}{props.minor}, "
                f"{props.total_memory / 2**30:.0f} GiB)",
-        kernels=kit.kernel_mode()[1], dtypes=dtypes, graphs=kit.EAGER_GRAPHS,
+        kernels=kit.kernel_mode()[1], dtypes=dtypes, graphs=kit.cuda_graph_mode("CUDA"),
         details={"torch": torch.__version__, "cuda": torch.version.cuda or "",
                  "torch_device": "cuda:0"},
     )
 
 
 def create(p: Probe) -> Backend:
-    return kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING)
+    from dflash2rt.graphs.adapter import CudaGraphAdapter
+
+    return kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING,
+                           CudaGraphAdapter(torch.device(p.details["torch_device"])))
 
 
 @hookimpl

@@ -34,14 +34,17 @@ def probe() -> Probe:
         available=True,
         device=f"cuda:0 {props.name} ({arch}, {props.total_memory / 2**30:.0f} GiB)",
         kernels=kit.kernel_mode()[1], dtypes=("float32", "float16", "bfloat16"),
-        graphs=kit.EAGER_GRAPHS,
+        graphs=kit.cuda_graph_mode("HIP"),
         details={"torch": torch.__version__, "hip": torch.version.hip or "",
                  "torch_device": "cuda:0"},
     )
 
 
 def create(p: Probe) -> Backend:
-    return kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING)
+    from dflash2rt.graphs.adapter import CudaGraphAdapter
+
+    return kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING,
+                           CudaGraphAdapter(torch.device(p.details["torch_device"])))
 
 
 @hookimpl

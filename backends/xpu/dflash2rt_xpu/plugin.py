@@ -33,6 +33,41 @@ def ipex_status() -> str:
     return f"{version} (compatible)"
 
 
+GRAPHS_OPT_IN = "DFLASH2RT_XPU_GRAPHS"
+
+
+def graph_self_test(device: str) -> str | None:
+    """Capture and replay a small step; None when replay == eager, else why not."""
+    import os
+
+    if os.environ.get(GRAPHS_OPT_IN) != "1":
+        return f"off by default: set {GRAPHS_OPT_IN}=1 to opt in (gated by replay == eager)"
+    if not kit.graphs_wanted():
+        return f"off ({kit.GRAPHS_ENV}=0)"
+    from dflash2rt.graphs.adapter import GraphCaptureError, XpuGraphAdapter
+
+    try:
+        adapter = XpuGraphAdapter(torch.device(device))
+        x = torch.arange(64, dtype=torch.float32, device=device)
+        out = {}
+
+        def step() -> None:
+            out["y"] = torch.cumsum(x * 2 + 1, 0)
+
+        step()
+        graph = adapter.capture(step, adapter.new_pool())
+        x.add_(1)
+        graph.replay()
+        torch.xpu.current_stream().synchronize()   # stream-level sync (device sync has crashed)
+        if not torch.equal(out["y"].cpu(), torch.cumsum((x * 2 + 1).cpu(), 0)):
+            return "self-test failed: XPU graph replay != eager"
+    except GraphCaptureError as exc:
+        return f"self-test failed: {exc}"
+    except Exception as exc:  # noqa: BLE001 - the reason is the result
+        return f"self-test failed: {type(exc).__name__}: {exc}"
+    return None
+
+
 def probe() -> Probe:
     hw = kit.hardware_summary("Intel", PCI_VENDOR, *NODES)
     build = kit.torch_build()
@@ -54,14 +89,23 @@ def probe() -> Probe:
         available=True,
         device=f"xpu:0 {props.name} ({props.total_memory / 2**30:.0f} GiB)",
         kernels=kit.kernel_mode()[1], dtypes=dtypes,
-        graphs=kit.EAGER_GRAPHS + " (XPU graphs will be opt-in, gated by replay == eager)",
+        graphs=graph_self_test("xpu:0") or "XPU graphs (torch.xpu.XPUGraph), self-test passed",
         details={"torch": torch.__version__, "xpu": getattr(torch.version, "xpu", "") or "",
                  "ipex": ipex, "torch_device": "xpu:0"},
     )
 
 
 def create(p: Probe) -> Backend:
-    return kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING)
+    adapter = None
+    if p.graphs.startswith("XPU graphs"):
+        from dflash2rt.graphs.adapter import XpuGraphAdapter
+
+        adapter = XpuGraphAdapter(torch.device(p.details["torch_device"]))
+    backend = kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING,
+                              adapter)
+    if adapter is None:
+        backend.report_fallback(f"XPU graphs not used: {p.graphs}")
+    return backend
 
 
 @hookimpl

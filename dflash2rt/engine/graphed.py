@@ -1,0 +1,123 @@
+"""Graph-captured decode steps: draft + conv + selector + walk in one graph, verify + accept +
+commit in another, per batch-size bucket, over the batch state's static cache storage.
+
+Per-request temperatures and greedy flags are static tensors (select, not branch); one graph set
+serves greedy-only batches and one serves batches with sampled requests. Padded rows are inert:
+greedy, length 0, and they commit nothing (count 0) into their own unused slots.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..backend import Backend
+from ..graphs.runner import GraphRunner
+from ..models.pair import ModelPair
+from ..ops.batch import BlockNoise, SamplingBatch
+from ..ops.selector import SelectorOut
+from . import steps
+from .state import BatchState
+
+BUCKETS = (1, 2, 4, 8, 16, 32)
+_PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.int64, 0),
+           "key": (torch.int64, 0), "temperature": (torch.float32, 0.0),
+           "top_k": (torch.int64, 0), "top_p": (torch.float32, 1.0), "greedy": (torch.bool, True)}
+_NOISE = ("walk", "accept", "residual", "bonus")
+
+
+class GraphedSpecSteps:
+    """Replays the two step graphs for the live rows of a BatchState."""
+
+    def __init__(self, pair: ModelPair, backend: Backend, state: BatchState, block: int,
+                 on_fallback) -> None:
+        self.pair, self.backend, self.block = pair, backend, block
+        self.full = (state.target_full, state.draft_full)
+        self.gamma, self.on_fallback = block - 1, on_fallback
+        self.runners: dict[tuple[str, bool], GraphRunner] = {}
+
+    def _bucket_state(self, inp: dict[str, torch.Tensor], sampled: bool) -> BatchState:
+        b = inp["anchor"].shape[0]
+        sampling = SamplingBatch(inp["temperature"], inp["top_k"], inp["top_p"], inp["greedy"],
+                                 any_sampled=sampled, any_filtered=sampled)
+        return BatchState(self.full[0], self.full[1], inp["lens"], inp["anchor"], inp["seed"],
+                          inp["key"], sampling, [0] * b, list(range(b)))
+
+    def _draft_body(self, sampled: bool):
+        def body(inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            st = self._bucket_state(inp, sampled)
+            pos = steps.block_positions(st, self.block)
+            ctx = st.draft_full.max_len
+            h_e = steps.draft_block(self.pair, st, self.backend, pos, ctx)
+            noise = (BlockNoise.draw(st.seed, st.key, st.lens, self.gamma) if sampled
+                     else BlockNoise.unused(st.size, self.gamma, st.lens.device))
+            sel = steps.select_block(self.pair, st, self.backend, h_e, noise)
+            return {"draft": sel.draft, "cand": sel.candidates, "q": sel.q,
+                    "bad": sel.bad, **{n: getattr(noise, n) for n in _NOISE}}
+        return body
+
+    def _verify_body(self, sampled: bool):
+        def body(inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            st = self._bucket_state(inp, sampled)
+            pos = steps.block_positions(st, self.block)
+            sel = SelectorOut(inp["draft"], inp["cand"], inp["q"], inp["bad"])
+            noise = BlockNoise(*(inp[n] for n in _NOISE))
+            tgt, ver = steps.verify_block(self.pair, st, self.backend, sel, noise, pos,
+                                          st.target_full.max_len)
+            acc = ver.accept_len
+            count = torch.where(inp["live"], acc + 1, 0)                  # padded rows: inert
+            steps.commit_kv(self.pair, st, tgt, pos, count)    # inputs stay unmodified
+            return {"acc": acc, "tokens": ver.tokens, "bad": ver.bad, "bad_q": ver.bad_q,
+                    "lens": st.lens + count,
+                    "anchor": ver.tokens.gather(1, acc.view(-1, 1))[:, 0]}
+        return body
+
+    def _runner(self, kind: str, sampled: bool) -> GraphRunner:
+        key = (kind, sampled)
+        if key not in self.runners:
+            self.runners[key] = GraphRunner(
+                self.backend.graph_adapter, BUCKETS, self._make_inputs(kind),
+                self._draft_body(sampled) if kind == "draft" else self._verify_body(sampled),
+                self._pads(kind), self.on_fallback)
+        return self.runners[key]
+
+    def _make_inputs(self, kind: str):
+        dev, g, k = self.full[0].device, self.gamma, self._top_k()
+
+        def make(size: int) -> dict[str, torch.Tensor]:
+            out = {n: torch.full((size,), v, dtype=d, device=dev) for n, (d, v) in _PARAMS.items()}
+            if kind == "verify":
+                out.update(draft=torch.zeros(size, g, dtype=torch.int64, device=dev),
+                           cand=torch.zeros(size, g, k, dtype=torch.int64, device=dev),
+                           q=torch.zeros(size, g, k, device=dev),
+                           bad=torch.zeros(size, dtype=torch.bool, device=dev),
+                           live=torch.zeros(size, dtype=torch.bool, device=dev),
+                           bonus=torch.full((size,), 0.5, device=dev),
+                           **{n: torch.full((size, g), 0.5, device=dev) for n in _NOISE[:3]})
+            return out
+        return make
+
+    def _pads(self, kind: str) -> dict[str, Any]:
+        pads = {n: v for n, (_, v) in _PARAMS.items()}
+        if kind == "verify":
+            pads.update(draft=0, cand=0, q=0.0, bad=False, live=False,
+                        **{n: 0.5 for n in _NOISE})
+        return pads
+
+    def _top_k(self) -> int:
+        return steps.selector_params(self.pair).top_k
+
+    def step(self, st: BatchState) -> dict[str, torch.Tensor]:
+        """Draft graph then verify graph for the live rows; updates st.lens / st.anchor."""
+        sampled = st.sampling.any_sampled
+        s = st.sampling
+        live = {"anchor": st.anchor, "lens": st.lens, "seed": st.seed, "key": st.key,
+                "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+                "greedy": s.greedy}
+        d = self._runner("draft", sampled).run(live)
+        v = self._runner("verify", sampled).run(
+            {**live, **d, "live": torch.ones(st.size, dtype=torch.bool, device=st.lens.device)})
+        st.lens.copy_(v["lens"])
+        st.anchor.copy_(v["anchor"])
+        return {**v, "draft_bad": d["bad"]}
