@@ -1,0 +1,38 @@
+"""``dflash2rt qualify`` and ``dflash2rt report merge``: device qualification reports."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("qualify", help="qualify a device: conformance, benchmarks, report")
+    p.add_argument("--backend", required=True)
+    p.add_argument("--model", default="stdlib-code")
+    p.add_argument("--quick", action="store_true", help="fewer prompts, sizes and repeats")
+    p.add_argument("--out", required=True, help="directory for report.json, junit.xml, "
+                   "report.html")
+    p.set_defaults(func=run_qualify)
+    r = sub.add_parser("report", help="work with qualification reports")
+    rs = r.add_subparsers(dest="report_command", required=True)
+    m = rs.add_parser("merge", help="backends × checks matrix from several report directories")
+    m.add_argument("dirs", nargs="+")
+    m.add_argument("--out", required=True)
+    m.set_defaults(func=run_merge)
+
+
+def run_qualify(args: argparse.Namespace) -> int:
+    from ..qualify.run import qualify
+
+    report = qualify(args.backend, args.out, args.model, args.quick)
+    conf = report["sections"].get("conformance", {}).get("status")
+    return 0 if report.get("complete") and conf in ("pass", "not run") else 1
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from ..qualify.merge import merge
+
+    matrix = merge(args.dirs, args.out)
+    print(f"{len(matrix['rows'])} checks × {len(matrix['backends'])} backends -> "
+          f"{args.out}/matrix.html, matrix.md")
+    return 0

@@ -1,0 +1,46 @@
+"""Runs the conformance suite (a separate package, reached only as a pytest subprocess)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape
+
+
+def run_conformance(backend: str, out: Path, quick: bool, timeout_s: int = 900
+                    ) -> dict[str, Any]:
+    """→ the suite's JSON (levels, ops) plus the exit code; writes out/junit.xml."""
+    junit, report = out / "junit.xml", out / "conformance.json"
+    if importlib.util.find_spec("dflash2rt_conformance") is None:
+        reason = "dflash2rt-conformance is not installed (pip install ./conformance)"
+        _skipped_junit(junit, backend, reason)
+        return {"status": "not run", "reason": reason}
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs",
+           "dflash2rt_conformance", "--dflash2rt-backend", backend, "--junitxml", str(junit),
+           "--dflash2rt-json", str(report)] + (["--dflash2rt-quick"] if quick else [])
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "reason": f"the suite ran past {timeout_s} s"}
+    if not report.is_file():
+        tail = (proc.stdout + proc.stderr)[-2000:]
+        if not junit.is_file():
+            _skipped_junit(junit, backend, f"the suite did not run: {tail[-300:]}")
+        return {"status": "error", "exit_code": proc.returncode, "reason": tail}
+    data = json.loads(report.read_text())
+    data["status"] = data.get("result", "error")
+    data["exit_code"] = proc.returncode
+    data["summary_line"] = (proc.stdout.strip().splitlines() or [""])[-1]
+    return data
+
+
+def _skipped_junit(path: Path, backend: str, reason: str) -> None:
+    path.write_text(
+        '<?xml version="1.0" encoding="utf-8"?>\n<testsuites><testsuite name="dflash2rt-'
+        f'conformance" tests="1" skipped="1" failures="0" errors="0"><testcase classname='
+        f'"qualify" name="conformance[{escape(backend)}]"><skipped message="{escape(reason)}"/>'
+        "</testcase></testsuite></testsuites>\n")

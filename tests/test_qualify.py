@@ -1,0 +1,78 @@
+"""``dflash2rt qualify --quick`` writes report.json (schema-valid), junit.xml and report.html
+with its plots; ``dflash2rt report merge`` builds the cross-backend matrix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from importlib import resources
+
+import pytest
+import torch
+
+from tiny_models import save_pair_dir, tiny_pair
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qualify")
+    model = save_pair_dir(root / "model", tiny_pair(dtype=torch.float32))
+    (model / "heldout_prompts.json").write_text(json.dumps(["def f(x):", "import os", "x = 1",
+                                                            "class a:"]))
+    out = root / "cpu"
+    proc = subprocess.run([sys.executable, "-m", "dflash2rt", "qualify", "--backend", "cpu",
+                           "--quick", "--model", str(model), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[5/5] block_sweep" in proc.stderr          # the progress display
+    return out
+
+
+def test_report_json_matches_schema(report_dir):
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a dev dependency")
+    schema = json.loads(resources.files("dflash2rt.qualify").joinpath(
+        "report.schema.json").read_text())
+    report = json.loads((report_dir / "report.json").read_text())
+    jsonschema.validate(report, schema)
+    assert report["complete"] and report["sections"]["conformance"]["status"] == "pass"
+    assert report["sections"]["graphs"]["applicable"] is False
+
+
+def test_junit_parses_with_properties(report_dir):
+    root = ET.parse(report_dir / "junit.xml").getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    tests = sum(int(s.get("tests", 0)) for s in suites)
+    failures = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+    assert tests > 10 and failures == 0
+    props = {p.get("name") for p in root.iter("property")}
+    assert any("device" in p for p in props), props
+
+
+def test_html_is_self_contained_with_plots(report_dir):
+    html = (report_dir / "report.html").read_text()
+    assert html.count("<svg") >= 3
+    for title in ("tau and speedup vs block size", "op error vs tolerance", "latency breakdown"):
+        assert title in html
+    assert "<script src" not in html and "<link" not in html
+
+
+def test_merge_builds_the_matrix_and_highlights_differences(report_dir, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    report = json.loads((report_dir / "report.json").read_text())
+    report["backend"] = "triton-interpret"
+    report["sections"]["block_sweep"]["recommended_block_size"] = 99
+    (other / "report.json").write_text(json.dumps(report))
+    out = tmp_path / "matrix"
+    proc = subprocess.run([sys.executable, "-m", "dflash2rt", "report", "merge",
+                           str(report_dir), str(other), "--out", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    matrix = json.loads((out / "matrix.json").read_text())
+    assert matrix["backends"] == ["cpu", "triton-interpret"]
+    rows = {r["check"]: r for r in matrix["rows"]}
+    assert rows["recommended block size"]["differs"] and not rows["conformance"]["differs"]
+    assert "**recommended block size**" in (out / "matrix.md").read_text()
+    assert 'class="diff"' in (out / "matrix.html").read_text()
