@@ -86,23 +86,40 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
     check_select_args(logits, proj, pred_codebook, succ_codebook, params, u_walk)
     bad = bad_rows(logits).any(dim=-1)                                    # [R]
     vals, cand = topk_lowest_index(logits, k)                             # [R, γ, K]
-    unary = unary_scores(vals, params)                                    # [R, γ, K]
-    proj = proj.float()
-    temp = torch.where(sampling.greedy, 1.0, sampling.temperature).view(r, 1)
-    prev = anchor.to(torch.int64)                                         # [R]
-    draft, q_all = [], []
+    score = lattice(unary_scores(vals, params), cand, anchor, proj, pred_codebook,
+                    succ_codebook)                                        # [R, γ, K, K]
+    choice = torch.argmax(score, dim=-1)                                  # greedy, lowest on ties
+    law = None
+    if sampling.any_sampled:
+        temp = torch.where(sampling.greedy, 1.0, sampling.temperature).view(r, 1, 1, 1)
+        law = torch.softmax(score / temp, dim=-1)                         # [R, γ, K, K] float32
+        drawn = inverse_cdf(law.double(), u_walk.view(r, gamma, 1).expand(r, gamma, k))
+        choice = torch.where(sampling.greedy.view(r, 1, 1), choice, drawn)
+    # The walk: slot 0 reads the anchor's row (every row of slot 0 is that row), slot e the row
+    # of the candidate taken at slot e-1.
+    prev = torch.zeros(r, dtype=torch.int64, device=logits.device)
+    picks, rows_taken = [], []
     for e in range(gamma):
-        pair = pred_codebook[prev].float() * proj[:, e]                   # [R, r]
-        succ = succ_codebook[cand[:, e]].float()                          # [R, K, r]
-        row = unary[:, e] + torch.einsum("rd,rkd->rk", pair, succ)        # [R, K]
-        idx = torch.argmax(row, dim=-1)                                   # greedy, lowest on ties
-        q = torch.nn.functional.one_hot(idx, k).float()
-        if sampling.any_sampled:
-            q_s = torch.softmax(row / temp, dim=-1)                       # [R, K] float32
-            idx_s = inverse_cdf(q_s.double(), u_walk[:, e])
-            idx = torch.where(sampling.greedy, idx, idx_s)
-            q = torch.where(sampling.greedy.view(r, 1), q, q_s)
-        prev = cand[:, e].gather(-1, idx.view(r, 1)).view(r)
-        draft.append(prev)
-        q_all.append(q)
-    return SelectorOut(torch.stack(draft, 1), cand, torch.stack(q_all, 1), bad)
+        rows_taken.append(prev)
+        prev = choice[:, e].gather(1, prev.view(r, 1)).view(r)
+        picks.append(prev)
+    pick = torch.stack(picks, 1)                                          # [R, γ]
+    q = torch.nn.functional.one_hot(pick, k).float()
+    if law is not None:
+        row = torch.stack(rows_taken, 1).view(r, gamma, 1, 1).expand(r, gamma, 1, k)
+        q_s = law.gather(2, row).squeeze(2)                               # [R, γ, K]
+        q = torch.where(sampling.greedy.view(r, 1, 1), q, q_s)
+    return SelectorOut(cand.gather(-1, pick.unsqueeze(-1)).squeeze(-1), cand, q, bad)
+
+
+def lattice(unary: torch.Tensor, cand: torch.Tensor, anchor: torch.Tensor, proj: torch.Tensor,
+            pred_codebook: torch.Tensor, succ_codebook: torch.Tensor) -> torch.Tensor:
+    """S[r, e, p, c] = unary[e, c] + Σ_d A[pred(e, p), d] · P_e[d] · Bc[cand[e, c], d], float32.
+
+    pred(0, p) = anchor for every p; pred(e, p) = cand[e-1, p].
+    """
+    r, gamma, k = cand.shape
+    pred = torch.cat([anchor.to(torch.int64).view(r, 1, 1).expand(r, 1, k), cand[:, :-1]], 1)
+    left = pred_codebook[pred].float() * proj.float().unsqueeze(2)       # [R, γ, K, r]
+    right = succ_codebook[cand].float()                                   # [R, γ, K, r]
+    return unary.unsqueeze(2) + left @ right.transpose(-1, -2)            # [R, γ, K, K]
