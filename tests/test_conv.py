@@ -71,3 +71,12 @@ def test_bad_shapes_raise_typed_errors():
         grouped_dynamic_conv(x, torch.zeros(2, 6), torch.zeros(8, 2, 4), block_size=4)
     with pytest.raises(InvalidInputError, match="base"):
         grouped_dynamic_conv(x, torch.zeros(2, 5), torch.zeros(8, 2, 2), block_size=4)
+
+
+def test_taps_reaching_past_the_block_start_read_zero():
+    block, taps, h = 3, 5, 4                      # taps t = 3, 4 reach before every block
+    x = torch.randn(2 * block, h, dtype=torch.float64)
+    base = torch.randn(taps, h, dtype=torch.float64)
+    delta = torch.randn(2 * block, taps, 2, dtype=torch.float64)
+    got = grouped_dynamic_conv(x, base, delta, block)
+    torch.testing.assert_close(got, naive_conv(x, base, delta, block), rtol=0, atol=1e-12)

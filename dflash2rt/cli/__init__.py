@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..errors import DFlash2Error
-from . import backends_cmd, bench_cmd, run_cmd
+from . import backends_cmd, bench_cmd, qualify_cmd, run_cmd
 
-COMMANDS = (backends_cmd, run_cmd, bench_cmd)
+COMMANDS = (backends_cmd, run_cmd, bench_cmd, qualify_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,7 +16,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_parser(sub)
+    _add_plugin_commands(sub)
     return parser
+
+
+def _add_plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """Subcommands other distributions register in the entry-point group ``dflash2rt.commands``
+    (e.g. ``conformance`` from dflash2rt-conformance): a module with ``add_parser(sub)``. Core
+    never imports them by name; one that fails to load is reported on stderr, never fatal."""
+    from importlib import metadata
+
+    for ep in sorted(metadata.entry_points(group="dflash2rt.commands"), key=lambda e: e.name):
+        try:
+            ep.load().add_parser(sub)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the CLI
+            print(f"dflash2rt: warning: command plugin {ep.name!r} ({ep.value}) failed to load: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

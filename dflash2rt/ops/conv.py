@@ -49,7 +49,7 @@ def grouped_dynamic_conv(x: torch.Tensor, base: torch.Tensor, delta: torch.Tenso
             shifted = x                                                     # [N, H]
         else:  # row i reads row i - t of its own block, zero before the block starts
             pad = x.new_zeros(xb.shape[0], min(t, block_size), h)
-            shifted = torch.cat([pad, xb[:, :block_size - t]], dim=1).reshape(n, h)
+            shifted = torch.cat([pad, xb[:, :max(block_size - t, 0)]], dim=1).reshape(n, h)
         out = w * shifted if out is None else out + w * shifted
     return out
 

@@ -1,0 +1,36 @@
+"""Fixtures of the conformance tests: the backend under test (from the registry), the results
+recorder, the quick flag, and the JUnit system properties."""
+
+from __future__ import annotations
+
+import pytest
+
+from .plugin import STATE, make_state
+
+
+@pytest.fixture(scope="session")
+def conformance(pytestconfig):
+    if STATE not in pytestconfig.stash:
+        pytestconfig.stash[STATE] = make_state(pytestconfig)
+    return pytestconfig.stash[STATE]
+
+
+@pytest.fixture(scope="session")
+def backend(conformance):
+    return conformance.backend
+
+
+@pytest.fixture(scope="session")
+def results(conformance):
+    return conformance.results
+
+
+@pytest.fixture(scope="session")
+def quick(conformance) -> bool:
+    return conformance.quick
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _junit_properties(record_testsuite_property, conformance):
+    for key, value in conformance.environment.items():
+        record_testsuite_property(key, value)

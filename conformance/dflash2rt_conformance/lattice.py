@@ -1,0 +1,180 @@
+"""Exact induced laws of a backend's select + verify over uniform lattices (levels L2 and L3).
+
+A lattice coordinate with m points takes the midpoints (2k+1)/(2m), each with weight 1/m; the
+backend runs once per lattice point (all points batched as rows), so its law is exact for the
+lattice. With quarter tables every breakpoint (walk CDF, acceptance ratio min(1, p/q)) is a
+multiple of 1/4 (the tables keep the residual mass in {0, 1/4, 1/2, 1}), at least 1/8 away
+from a midpoint: float32 rounding of p and q cannot move a decision, and the lattice law is the
+continuous law. Residual and bonus share one coordinate (a correct verifier reads
+exactly one of them per round).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+
+from dflash2rt.ops.batch import BlockNoise, SamplingBatch
+from dflash2rt.ops.selector import SelectorParams
+
+NEG = -1.0e4            # log 0 for lattice scores: exp underflows to exactly 0 in float32
+M_WALK = M_ACCEPT = 4
+M_RESIDUAL = 4
+
+
+def midpoints(m: int) -> np.ndarray:
+    return (2 * np.arange(m) + 1) / (2 * m)
+
+
+def grid(*sizes: int) -> np.ndarray:
+    """All index combinations [Π sizes, len(sizes)]."""
+    return np.array(list(itertools.product(*[range(s) for s in sizes])), dtype=np.int64)
+
+
+def log_or_neg(p: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(p > 0, np.log(np.where(p > 0, p, 1.0)), -np.inf)
+
+
+class SelectorTables:
+    """Encodes draft laws q(· | ctx, slot e, prev) exactly in the selector's low-rank lattice:
+    rank V², A[x] = one-hot block of x, Bc[c] = e_{i·V+c} for every i, P_e[prev·V + c] =
+    log q(c | ctx, e, prev); the draft logits make the candidate set C(ctx, e) (equal logits,
+    so unary scores cancel in the softmax)."""
+
+    def __init__(self, v: int, k: int, q_fn, cand_fn) -> None:
+        self.v, self.k, self.q_fn, self.cand_fn = v, k, q_fn, cand_fn
+        self.a = np.zeros((v, v * v))
+        self.b = np.zeros((v, v * v))
+        for x in range(v):
+            self.a[x, x * v:(x + 1) * v] = 1.0
+            self.b[x, x::v] = 1.0
+
+    def inputs(self, ctx: tuple, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+        """→ draft logits [γ, V], proj [γ, V²] for a round starting at ``ctx``."""
+        v = self.v
+        logits = np.full((gamma, v), -2.0)
+        proj = np.full((gamma, v * v), NEG)
+        for e in range(gamma):
+            cset = self.cand_fn(ctx, e)
+            logits[e, cset] = 2.0
+            for prev in range(v):
+                q = np.asarray(self.q_fn(ctx, e, prev), float)
+                assert set(np.flatnonzero(q > 0)) <= set(cset), "q outside its candidates"
+                proj[e, prev * v:(prev + 1) * v] = np.maximum(log_or_neg(q), NEG)
+        return logits, proj
+
+
+def target_logits(p_fn, ctx: tuple, draft: np.ndarray, v: int) -> np.ndarray:
+    """Verify logits [R, γ+1, V]: row j = log p(· | ctx + d_1..d_j), per lattice row."""
+    r, gamma = draft.shape
+    out = np.zeros((r, gamma + 1, v))
+    for j in range(gamma + 1):
+        prefixes, inv = np.unique(draft[:, :j], axis=0, return_inverse=True)
+        rows = np.stack([log_or_neg(np.asarray(p_fn(ctx + tuple(int(x) for x in pre)), float))
+                         for pre in prefixes])
+        out[:, j] = rows[inv.reshape(-1)]
+    return out
+
+
+def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int,
+                      dtype: torch.dtype, temperature: float = 1.0) -> dict:
+    """The backend's exact law of one round's emitted tokens from ``ctx`` (select + verify)."""
+    dev, v = backend.device, sel.v
+    greedy = temperature == 0
+    sizes = (1,) * (2 * gamma + 1) if greedy else \
+        (M_WALK,) * gamma + (M_ACCEPT,) * gamma + (M_RESIDUAL,)
+    idx = grid(*sizes)
+    r = idx.shape[0]
+    u_walk = midpoints(M_WALK)[idx[:, :gamma]]
+    u_acc = midpoints(M_ACCEPT)[idx[:, gamma:2 * gamma]]
+    u_res = midpoints(M_RESIDUAL)[idx[:, 2 * gamma]]
+    logits, proj = sel.inputs(ctx, gamma)
+    t = lambda x, dt=dtype: torch.tensor(np.asarray(x), dtype=torch.float64).to(dt).to(dev)  # noqa: E731
+    sampling = SamplingBatch.build([temperature] * r, [0] * r, [1.0] * r, dev)
+    out = backend.select(t(np.broadcast_to(logits, (r, gamma, v))),
+                         t(np.broadcast_to(proj, (r, gamma, v * v))),
+                         torch.full((r,), ctx[-1], dtype=torch.int64, device=dev),
+                         t(sel.a), t(sel.b), SelectorParams(sel.k), sampling,
+                         t(u_walk, torch.float32))
+    draft = out.draft.cpu().numpy()
+    vlog = t(target_logits(p_fn, ctx, draft, v))
+    res = t(np.repeat(u_res[:, None], gamma, 1), torch.float32)
+    noise = BlockNoise(t(u_walk, torch.float32), t(u_acc, torch.float32), res,
+                       t(u_res, torch.float32))
+    ver = backend.verify(vlog, out.draft, out.candidates, out.q, sampling, noise, check=True)
+    tokens = ver.tokens.cpu().numpy()                      # −1 after the emitted token
+    uniq, counts = np.unique(tokens, axis=0, return_counts=True)
+    return {tuple(int(x) for x in row if x >= 0): c / r for row, c in zip(uniq, counts)}
+
+
+def worst(law: dict, target: dict, n: int = 5) -> str:
+    keys = sorted(set(law) | set(target), key=lambda k: -abs(law.get(k, 0) - target.get(k, 0)))
+    return "; ".join(f"{k}: backend {law.get(k, 0):.6g} vs expected "
+                     f"{float(target.get(k, 0)):.6g}" for k in keys[:n])
+
+
+def verify_rows(cand: np.ndarray, q: np.ndarray, m_acc: int, m_res: int):
+    """Every (draft, accept coins, residual coin) of one block: drafts over each slot's
+    candidates weighted by q (duplicates summed), coins on midpoint lattices →
+    (draft [R, γ], u_accept [R, γ], u_residual [R], weight [R])."""
+    gamma = cand.shape[0]
+    choices = []
+    for j in range(gamma):
+        toks = sorted({int(c) for c, w in zip(cand[j], q[j]) if w > 0})
+        choices.append([(t, float(q[j][cand[j] == t].sum())) for t in toks])
+    drafts = list(itertools.product(*choices))
+    coins = grid(*(m_acc,) * gamma, m_res)
+    rows_d, rows_a, rows_r, weight = [], [], [], []
+    for d in drafts:
+        w = float(np.prod([x[1] for x in d])) / len(coins)
+        rows_d.append(np.tile([x[0] for x in d], (len(coins), 1)))
+        rows_a.append(midpoints(m_acc)[coins[:, :gamma]])
+        rows_r.append(midpoints(m_res)[coins[:, gamma]])
+        weight.append(np.full(len(coins), w))
+    return (np.concatenate(rows_d), np.concatenate(rows_a), np.concatenate(rows_r),
+            np.concatenate(weight))
+
+
+def law_of(tokens: np.ndarray, weight: np.ndarray) -> dict:
+    law: dict = {}
+    for row, w in zip(tokens, weight):
+        key = tuple(int(x) for x in row if x >= 0)
+        law[key] = law.get(key, 0.0) + w
+    return law
+
+
+def verify_law_backend(backend, logits, cand, q, temperature, top_k, top_p, dtype,
+                       m_acc: int, m_res: int) -> dict:
+    """The backend verifier's exact law of emitted tokens on the lattice (one request)."""
+    draft, ua, ur, w = verify_rows(cand, q, m_acc, m_res)
+    r, gamma = draft.shape
+    dev = backend.device
+    f32 = lambda x: torch.tensor(np.asarray(x), dtype=torch.float32, device=dev)  # noqa: E731
+    rep = lambda x: np.broadcast_to(x, (r, *np.shape(x))).copy()  # noqa: E731
+    sampling = SamplingBatch.build([temperature] * r, [top_k] * r, [top_p] * r, dev)
+    noise = BlockNoise(f32(ua), f32(ua), f32(np.repeat(ur[:, None], gamma, 1)), f32(ur))
+    out = backend.verify(torch.tensor(rep(logits), dtype=torch.float64).to(dtype).to(dev),
+                         torch.tensor(draft, device=dev), torch.tensor(rep(cand), device=dev),
+                         f32(rep(q)), sampling, noise, check=True)
+    return law_of(out.tokens.cpu().numpy(), w)
+
+
+def verify_law_reference(logits, cand, q, temperature, top_k, top_p, m_acc: int,
+                         m_res: int) -> dict:
+    """The float64 reference verifier's law on the same lattice."""
+    from .reference.sampling import target_probs
+    from .reference.verify import verify_sampled_row
+
+    draft, ua, ur, w = verify_rows(cand, q, m_acc, m_res)
+    p = target_probs(logits[None], np.array([temperature]), np.array([top_k]),
+                     np.array([top_p]))[0]
+    toks = np.full((len(draft), draft.shape[1] + 1), -1)
+    for i in range(len(draft)):
+        acc, tok = verify_sampled_row(p, draft[i], cand, q, ua[i], [ur[i]] * draft.shape[1],
+                                      [ur[i]])
+        toks[i, :acc] = draft[i, :acc]
+        toks[i, acc] = tok
+    return law_of(toks, w)

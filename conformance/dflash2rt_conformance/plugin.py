@@ -1,0 +1,193 @@
+"""The pytest plugin (entry point ``pytest11``): options, the backend header, level bookkeeping
+and the JSON / Markdown reports.
+
+Run ``pytest --pyargs dflash2rt_conformance --dflash2rt-backend NAME``. The backend comes only
+from ``dflash2rt.registry``. The plugin is inert in other pytest sessions (it only adds its
+options) unless ``--dflash2rt-backend`` is given or the conformance package is being collected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from .results import LEVELS, Results
+
+STATE = pytest.StashKey["State"]()
+DEFAULT_BACKEND = "cpu"
+
+
+@dataclass
+class State:
+    """The session's backend selection, options, environment and results."""
+
+    backend_name: str
+    model: str
+    quick: bool
+    json_path: str | None
+    markdown_path: str | None
+    statuses: list = field(default_factory=list)
+    selection: Any = None
+    status: Any = None
+    error: str | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    results: Results = field(default_factory=Results)
+
+    @property
+    def backend(self):
+        if self.error:
+            pytest.fail(f"dflash2rt conformance: {self.error}", pytrace=False)
+        return self.selection.backend
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("dflash2rt", "dflash2rt conformance suite")
+    g.addoption("--dflash2rt-backend", default=None, metavar="NAME",
+                help=f"backend under test, by registry name (default: {DEFAULT_BACKEND})")
+    g.addoption("--dflash2rt-model", default="auto", metavar="MODEL",
+                help="L4 model: auto (bundled pair if installed, else the suite's tiny pair), "
+                     "tiny, a bundled name, or a directory with target/ and draft/")
+    g.addoption("--dflash2rt-quick", action="store_true",
+                help="small samples and smaller laws only (a fast smoke run)")
+    g.addoption("--dflash2rt-json", default=None, metavar="FILE", help="write the JSON report")
+    g.addoption("--dflash2rt-markdown", default=None, metavar="FILE",
+                help="write the Markdown summary")
+
+
+def _active(config: pytest.Config) -> bool:
+    if config.getoption("dflash2rt_backend") is not None:
+        return True
+    args = list(config.args) + list(config.invocation_params.args)
+    return any("dflash2rt_conformance" in str(a) for a in args)
+
+
+def make_state(config: pytest.Config) -> State:
+    """Discover backends and select the one under test (registry only, never a direct import)."""
+    from dflash2rt.errors import DFlash2Error
+    from dflash2rt.registry import Registry
+
+    from . import env
+
+    st = State(config.getoption("dflash2rt_backend") or DEFAULT_BACKEND,
+               config.getoption("dflash2rt_model"), config.getoption("dflash2rt_quick"),
+               config.getoption("dflash2rt_json"), config.getoption("dflash2rt_markdown"))
+    reg = Registry.discover()
+    st.statuses = reg.statuses()
+    try:
+        st.selection = reg.select(st.backend_name)
+    except DFlash2Error as exc:
+        st.error = f"{type(exc).__name__}: {exc}"
+        return st
+    st.status = next((s for s in st.statuses if s.name == st.selection.name), None)
+    st.environment = env.properties(st.selection, st.status)
+    st.environment["dflash2rt.quick"] = str(st.quick)
+    return st
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "dflash2rt_level(name): conformance level L0..L4/graphs")
+    config.addinivalue_line("markers", "dflash2rt_exhaustive: deselected by --dflash2rt-quick")
+    if _active(config):
+        config.stash[STATE] = make_state(config)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    st = config.stash.get(STATE, None)
+    if st is None:
+        return None
+    lines = ["dflash2rt conformance — backends (registry):",
+             f"  {'name':<16} {'available':<9} {'plugin':<26} device / reason"]
+    for s in st.statuses:
+        where = s.device if s.available else s.reason
+        lines.append(f"  {s.name:<16} {'yes' if s.available else 'no':<9} "
+                     f"{(s.distribution + ' ' + s.version):<26} {where}")
+    if st.error:
+        lines.append(f"selected: {st.backend_name}: UNAVAILABLE — {st.error}")
+        return lines
+    e = st.environment
+    lines += [f"selected: {st.selection.name} ({st.selection.how}); device {e['device']} "
+              f"[{e['device.torch']}]; driver {e['driver']}; runtime {e['runtime']}",
+              f"versions: torch {e['torch']}, numpy {e['numpy']}, triton {e['triton']}; plugin "
+              f"{e['plugin.distribution']} {e['plugin.version']}; dflash2rt-conformance "
+              f"{e['dflash2rt-conformance']}; commit {e['git.commit']}",
+              f"mode: {'quick' if st.quick else 'full'}; L4 model: {st.model}"]
+    return lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    st = config.stash.get(STATE, None)
+    if st is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        m = item.get_closest_marker("dflash2rt_level")
+        if m is not None:
+            item.extra_keyword_matches.add(m.args[0])
+            item.user_properties.append(("dflash2rt_level", m.args[0]))
+        (drop if st.quick and item.get_closest_marker("dflash2rt_exhaustive") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Count each test once per level: its call phase, or a setup that failed or skipped."""
+    st = getattr(report, "_dflash2rt_state", None)
+    level = dict(report.user_properties).get("dflash2rt_level")
+    if st is None or level is None:
+        return
+    if report.when != "call" and (report.outcome == "passed" or report.when == "teardown"):
+        return
+    outcome, msg = report.outcome, ""
+    if hasattr(report, "wasxfail"):
+        outcome, msg = ("xfailed" if report.skipped else "xpassed"), report.wasxfail
+    elif report.failed:
+        msg = _failure_message(report)
+    elif report.skipped and isinstance(report.longrepr, tuple):
+        msg = str(report.longrepr[-1])
+    st.results.outcome(level, report.nodeid, outcome, msg)
+
+
+def _failure_message(report: pytest.TestReport) -> str:
+    text = report.longreprtext or ""
+    lines = [ln[2:] if ln.startswith("E ") else ln for ln in text.splitlines()
+             if ln.startswith("E ")]
+    return "\n".join(ln.strip() for ln in lines) or text[-500:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    st = item.config.stash.get(STATE, None)
+    if st is not None:
+        outcome.get_result()._dflash2rt_state = st
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    st = config.stash.get(STATE, None)
+    if st is None or st.error:
+        return
+    tr = terminalreporter
+    tr.section("dflash2rt conformance")
+    d = st.results.as_dict(st.environment)
+    for lv in LEVELS:
+        r = d["levels"].get(lv)
+        if r and (r["passed"] or r["failed"] or r["skipped"]):
+            tr.write_line(f"{lv:<6} {r['result'].upper():<7} passed {r['passed']}, failed "
+                          f"{r['failed']}, skipped {r['skipped']}  — {r['title']}")
+            for k, v in r["metrics"].items():
+                tr.write_line(f"         {k}: {v}")
+    if d["exemptions"]:
+        tr.write_line(f"near-tie exemptions: {len(d['exemptions'])} (listed in the reports)")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    st = session.config.stash.get(STATE, None)
+    if st is None or st.error:
+        return
+    if st.json_path:
+        st.results.write_json(st.json_path, st.environment)
+    if st.markdown_path:
+        st.results.write_markdown(st.markdown_path, st.environment)

@@ -1,0 +1,62 @@
+"""Logit processing in float64: temperature → top-k (ties kept) → top-p, inverse-CDF sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def bad_rows(logits: np.ndarray) -> np.ndarray:
+    """[..., V] → bool [...]: NaN or +inf anywhere, or no finite entry (−inf is a mask)."""
+    return (np.isnan(logits) | np.isposinf(logits)).any(-1) | ~np.isfinite(logits).any(-1)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; −inf entries get exactly 0."""
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / e.sum(-1, keepdims=True)
+
+
+def probs_row(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """One row [V] → probabilities [V]. temperature 0 is computed at 1 (the caller uses argmax)."""
+    v = logits.shape[-1]
+    x = logits.astype(np.float64) / (temperature if temperature > 0 else 1.0)
+    order = np.lexsort((np.arange(v), -x))              # descending value, lower id first on ties
+    srt = x[order]
+    k = v if top_k <= 0 else min(int(top_k), v)
+    keep = srt >= srt[k - 1]                            # top-k, ties with the k-th value kept
+    srt = np.where(keep, srt, -np.inf)
+    if top_p < 1.0:
+        p = softmax(srt)
+        before = np.cumsum(p) - p                       # mass strictly ahead of each token
+        keep_p = before < top_p
+        keep_p[0] = True
+        srt = np.where(keep_p, srt, -np.inf)
+    out = np.full(v, -np.inf)
+    out[order] = srt
+    return softmax(out)
+
+
+def target_probs(logits: np.ndarray, temperature, top_k, top_p) -> np.ndarray:
+    """logits [R, T, V]; per-request temperature / top_k / top_p [R] → float64 [R, T, V]."""
+    r, t, _ = logits.shape
+    return np.stack([np.stack([probs_row(logits[i, j], float(temperature[i]), int(top_k[i]),
+                                         float(top_p[i])) for j in range(t)])
+                     for i in range(r)])
+
+
+def inverse_cdf(weights: np.ndarray, u: float) -> int:
+    """First index whose cumulative weight exceeds u·total, clamped to the last positive weight.
+
+    float64 weights, or an object array of Fractions for exact arithmetic."""
+    w = np.asarray(weights)
+    cdf = np.cumsum(w)
+    idx = int(np.sum(cdf <= u * cdf[-1]))
+    positive = np.nonzero(w > 0)[0]
+    last = int(positive[-1]) if positive.size else 0
+    return min(idx, last)
+
+
+def argmax_lowest(x: np.ndarray) -> int:
+    """Index of the maximum, the lowest one on ties (NaN-free input)."""
+    return int(np.flatnonzero(x == np.max(x))[0])

@@ -1,0 +1,71 @@
+"""The candidate selector in float64: top-K (lowest index on ties), unary, lattice, walk.
+
+    unary[e, c] = softcap(val[e, c] · output_multiplier)       softcap(l) = cap · tanh(l / cap)
+    S[e, p, c]  = unary[e, c] + Σ_r A[pred(e, p), r] · P_e[r] · Bc[cand[e, c], r]
+    pred(0, ·)  = anchor,  pred(e, p) = cand[e-1, p]
+
+Walk: greedy → argmax (lowest index on ties), q one-hot; sampled → q = softmax(row / T), index
+by inverse CDF with the slot's walk uniform.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .sampling import argmax_lowest, bad_rows, inverse_cdf, softmax
+
+
+def topk_lowest_index(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[..., V] → (values, ids) [..., k]: descending value, lower id first among equal values."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    ids = np.stack([np.lexsort((np.arange(row.size), -row))[:k] for row in flat])
+    vals = np.take_along_axis(flat, ids, -1)
+    return vals.reshape(*logits.shape[:-1], k), ids.reshape(*logits.shape[:-1], k)
+
+
+def unary(vals: np.ndarray, output_multiplier: float, softcap: float | None) -> np.ndarray:
+    """softcap(val · multiplier); −inf candidates stay −inf."""
+    x = np.asarray(vals, dtype=np.float64) * output_multiplier
+    if softcap is not None:
+        x = softcap * np.tanh(x / softcap)
+    return np.where(np.isneginf(vals), -np.inf, x)
+
+
+def lattice_row(unary_e: np.ndarray, pred_vec: np.ndarray, proj_e: np.ndarray,
+                succ: np.ndarray) -> np.ndarray:
+    """One row of S: unary_e [K] + Σ_r A[prev, r] · P_e[r] · Bc[cand_c, r] (succ = Bc[cand] [K, r])."""
+    return unary_e + succ @ (pred_vec * proj_e)
+
+
+def walk_step(row: np.ndarray, greedy: bool, temperature: float, u: float
+              ) -> tuple[int, np.ndarray]:
+    """(chosen candidate index, q [K]) for one slot."""
+    if greedy:
+        idx = argmax_lowest(row)
+        q = np.zeros(row.shape[0])
+        q[idx] = 1.0
+        return idx, q
+    q = softmax(row / temperature)
+    return inverse_cdf(q, u), q
+
+
+def select(logits, proj, anchor, pred_codebook, succ_codebook, top_k: int,
+           output_multiplier: float, softcap: float | None, temperature, greedy, u_walk) -> dict:
+    """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], per-request temperature,
+    greedy [R], u_walk [R, γ] → dict(draft [R, γ], candidates [R, γ, K], q [R, γ, K], bad [R])."""
+    logits = np.asarray(logits, dtype=np.float64)
+    r, gamma, _ = logits.shape
+    vals, cand = topk_lowest_index(logits, top_k)
+    un = unary(vals, output_multiplier, softcap)
+    draft = np.zeros((r, gamma), dtype=np.int64)
+    q_all = np.zeros((r, gamma, top_k))
+    for i in range(r):
+        prev = int(anchor[i])
+        for e in range(gamma):
+            row = lattice_row(un[i, e], pred_codebook[prev], proj[i, e], succ_codebook[cand[i, e]])
+            idx, q_all[i, e] = walk_step(row, bool(greedy[i]), float(temperature[i]),
+                                         float(u_walk[i, e]))
+            prev = int(cand[i, e, idx])
+            draft[i, e] = prev
+    return {"draft": draft, "candidates": cand, "q": q_all,
+            "bad": bad_rows(logits).any(-1)}

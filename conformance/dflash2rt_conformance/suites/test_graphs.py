@@ -1,0 +1,99 @@
+"""Graph conformance: replay == eager bit for bit — across batch buckets, after the pool is
+reused, on a second stream, and with mixed greedy / sampled batches (DESIGN §3.1).
+
+These tests run when the backend captures graphs (``backend.graph_adapter`` is set; the engine
+then replays its steps per batch-size bucket of ``dflash2rt.engine.graphed.BUCKETS``). Eager mode
+is the same backend with the adapter removed. They compare Engine outputs (token ids, accept
+lengths) of graph mode with eager mode; a backend without graphs skips them with that reason.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from dflash2rt.engine.engine import Engine
+from dflash2rt.engine.graphed import BUCKETS
+from dflash2rt.engine.request import Request, SamplingParams
+from dflash2rt_conformance import models
+
+pytestmark = pytest.mark.dflash2rt_level("graphs")
+
+
+class _Graphs:
+    """The backend's graph mode: its buckets, and eager() to run without replay."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.buckets = backend, BUCKETS
+
+    @contextmanager
+    def eager(self):
+        adapter, self.backend.graph_adapter = self.backend.graph_adapter, None
+        try:
+            yield
+        finally:
+            self.backend.graph_adapter = adapter
+
+
+@pytest.fixture(scope="module")
+def graphs(backend):
+    if getattr(backend, "graph_adapter", None) is None:
+        pytest.skip(f"backend {backend.name} captures no graphs (backend.graph_adapter is None)"
+                    ", nothing to replay")
+    return _Graphs(backend)
+
+
+@pytest.fixture(scope="module")
+def pair(backend):
+    dtype = torch.float32 if torch.float32 in backend.dtypes else backend.dtypes[0]
+    return models.ModelPair(*models._to(models.tiny_pair(11, dtype, vocab=61), backend.device))
+
+
+def _requests(n, sampled=lambda i: i % 2 == 1):
+    return [Request((1 + i % 7, 2 + i % 5, 3), SamplingParams(
+        max_new_tokens=10, temperature=1.0 if sampled(i) else 0.0, seed=i, ignore_eos=True),
+        key=i) for i in range(n)]
+
+
+def _run(pair, backend, reqs):
+    outs, stats = Engine(pair, backend).generate(reqs)
+    return [o.token_ids for o in outs], list(stats.accept_hist)
+
+
+def _eager(pair, backend, graphs, reqs):
+    with graphs.eager():
+        return _run(pair, backend, reqs)
+
+
+def test_replay_equals_eager_across_buckets(graphs, pair, backend):
+    for n in sorted({1, *[int(b) for b in graphs.buckets], max(graphs.buckets) + 1}):
+        reqs = _requests(n)
+        assert _run(pair, backend, reqs) == _eager(pair, backend, graphs, reqs), \
+            f"[graphs case=bucket-{n}] replay differs from eager"
+
+
+def test_replay_equals_eager_after_pool_reuse(graphs, pair, backend):
+    big, small = _requests(max(graphs.buckets)), _requests(1)
+    first = _run(pair, backend, small)
+    _run(pair, backend, big)                      # other buckets reuse the shared pool
+    assert _run(pair, backend, small) == first == _eager(pair, backend, graphs, small), \
+        "[graphs case=pool-reuse] a replay after other buckets ran differs"
+
+
+def test_replay_on_a_second_stream(graphs, pair, backend):
+    mod = torch.get_device_module(backend.device) if backend.device.type != "cpu" else None
+    if mod is None or not hasattr(mod, "Stream"):
+        pytest.skip(f"device {backend.device} has no streams")
+    reqs = _requests(3)
+    with mod.stream(mod.Stream()):
+        side = _run(pair, backend, reqs)
+    assert side == _eager(pair, backend, graphs, reqs), "[graphs case=second-stream] differs"
+
+
+def test_mixed_greedy_and_sampled_batch(graphs, pair, backend):
+    for pattern in (lambda i: False, lambda i: True, lambda i: i % 3 == 0):
+        reqs = _requests(5, pattern)
+        assert _run(pair, backend, reqs) == _eager(pair, backend, graphs, reqs), \
+            "[graphs case=mixed-greedy-sampled] replay differs from eager"

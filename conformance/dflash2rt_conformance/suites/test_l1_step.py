@@ -1,0 +1,87 @@
+"""L1 step: one full speculative step (prefill token, draft forward with context KV, rope,
+RMSNorm, GQA attention and conv-wrapped sublayers, selector, target verify, acceptance) on a
+small model, backend vs the float64 reference from the model's NumPy weights.
+
+Floats compare within ``tolerances`` (spec_step.*); token ids exactly — unless the reference's
+own margin at the deciding point is within the dtype's decision noise, in which case the
+near-tie is listed as an exemption and the step stops there (its inputs then differ)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dflash2rt_conformance import models
+from dflash2rt_conformance.compare import ConformanceFailure, Context, check
+from dflash2rt_conformance.harness import DTYPES
+from dflash2rt_conformance.reference.step import spec_step
+from dflash2rt_conformance.stepper import run_step
+from dflash2rt_conformance.tolerances import decision_noise
+
+pytestmark = pytest.mark.dflash2rt_level("L1")
+
+CASES = [  # name, model type, seed, prompt, T, top_k, top_p, block, conv taps, vocab, tier
+    ("qwen3_greedy", "qwen3", 0, (3, 14, 15, 9, 26, 5, 35), 0.0, 0, 1.0, 8, 2, 61, "small"),
+    ("qwen3_sampled_v11", "qwen3", 3, (2, 7, 8, 10), 1.0, 0, 1.0, 8, 3, 11, "small"),
+    ("llama_filtered_v13", "llama", 2, (11, 5, 8, 12, 1, 2, 3, 4, 5, 6, 7), 0.8, 6, 0.9, 5, 2,
+     13, "small"),
+    ("qwen3_prompt1_b3", "qwen3", 3, (42,), 1.3, 0, 0.95, 3, 3, 61, "exhaustive"),
+    ("llama_greedy_b16", "llama", 4, (1, 1, 2, 3, 5, 8, 13), 0.0, 0, 1.0, 16, 2, 61,
+     "exhaustive"),
+    ("qwen3_sampled_v7_b16", "qwen3", 4, (1, 2, 3), 2.0, 0, 1.0, 16, 2, 7, "small"),
+]
+
+
+def _params():
+    for c in CASES:
+        for dtype in ("float64", "float32"):
+            marks = [pytest.mark.dflash2rt_exhaustive] if c[-1] == "exhaustive" else []
+            yield pytest.param(c, dtype, id=f"{c[0]}-{dtype}", marks=marks)
+
+
+@pytest.mark.parametrize("case,dtype", list(_params()))
+def test_spec_step(case, dtype, backend, results):
+    name, mtype, seed, prompt, temp, top_k, top_p, block, taps, vocab, _ = case
+    if DTYPES[dtype] not in backend.dtypes:
+        pytest.skip(f"backend {backend.name} does not declare {dtype}")
+    pair = models.tiny_pair(seed, DTYPES[dtype], mtype, block, taps, vocab=vocab)
+    pair = models.ModelPair(*models._to(pair, backend.device))
+    got = run_step(pair, backend, prompt, seed, 7, temp, top_k, top_p)
+    tw, tcfg = models.target_reference(pair.target)
+    dw, dcfg = models.draft_reference(pair.draft)
+    want = spec_step(tw, tcfg, dw, dcfg, prompt, seed, 7, temp, top_k, top_p)
+    ctx = Context("L1", "spec_step", dtype, name, seed,
+                  {"prompt": f"[{len(prompt)}]", "block": str(block), "T": str(temp)})
+    scale = float(np.abs(want["verify_logits"]).max())
+    margins = want["margins"]
+
+    def ints(what, g, w, deciding):
+        if repr(np.asarray(g, dtype=object).tolist()) == repr(np.asarray(w, dtype=object)
+                                                              .tolist()):
+            return True
+        m = min(margins.get(k, np.inf) for k in deciding)
+        noise = decision_noise(dtype, scale)
+        if m <= noise:
+            results.exempt("L1", f"spec_step {name} {dtype}: {what} differs at a near-tie",
+                           got=str(g), want=str(w), margin=m, noise=noise)
+            return False
+        raise ConformanceFailure(f"{ctx.head()}\n  {what}: got {g}, want {w}; the reference "
+                                 f"margin {m:.3g} is above the {dtype} decision noise "
+                                 f"{noise:.3g}, so this is not a near-tie")
+
+    if not ints("anchor (prefill token)", got["anchor"], want["anchor"],
+                ["prefill_argmax", "prefill_cdf"]):
+        return
+    for key, op in (("draft_hidden", "hidden"), ("draft_logits", "logits")):
+        check(ctx, op, got[key], want[key], recorder=results)
+    if not ints("candidates", got["candidates"].cpu().numpy(), want["candidates"],
+                ["topk_boundary"]):
+        return
+    if not ints("draft", got["draft"].cpu().numpy(), want["draft"], ["walk"]):
+        return
+    check(ctx, "q", got["q"], want["q"], recorder=results)
+    check(ctx, "logits", got["verify_logits"], want["verify_logits"], recorder=results)
+    ints("accept_len / tokens", [got["accept_len"]] + got["tokens"].cpu().numpy().tolist(),
+         [want["accept_len"]] + [int(x) for x in want["tokens"]],
+         ["verify_argmax", "accept_threshold", "emit_cdf"])
+    results.metric("L1", f"spec_step {name} {dtype} accept_len", got["accept_len"])

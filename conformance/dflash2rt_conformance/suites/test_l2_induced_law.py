@@ -1,0 +1,95 @@
+"""L2: the exact law the backend's verifier induces over a uniform lattice equals the float64
+reference's on the same lattice (≤ 1e-12) and puts zero mass on p = 0 tokens. On quarter
+tables the lattice law is the continuous law, so it also equals the closed-form law."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from dflash2rt_conformance import lattice
+from dflash2rt_conformance.harness import DTYPES
+from dflash2rt_conformance.reference import laws
+from dflash2rt_conformance.reference.sampling import target_probs
+
+pytestmark = pytest.mark.dflash2rt_level("L2")
+
+
+def _quarter_block(salt, v=5, gamma=3, k=3):
+    """Slot rows p_j on the quarter lattice (zeros included) and q_j with lattice-exact
+    residuals; logits = log p (−inf for p = 0)."""
+    g = np.random.default_rng(zlib.crc32(salt.encode()))
+    p = np.stack([laws.quarter_row((salt, j), v, False) for j in range(gamma + 1)])
+    q = np.stack([laws.draft_row((salt, j), v, False, p[j], k) for j in range(gamma)])
+    cand = np.stack([np.concatenate([np.flatnonzero(q[j] > 0), g.permutation(
+        np.flatnonzero(q[j] == 0))])[:k] for j in range(gamma)])   # support first, then fillers
+    return lattice.log_or_neg(p), p, cand, np.take_along_axis(q, cand, 1)
+
+
+def _float_block(salt, v=7, gamma=2, k=3):
+    g = np.random.default_rng(zlib.crc32(salt.encode()))
+    logits = g.normal(0, 1.5, (gamma + 1, v))
+    cand = np.stack([g.choice(v, k, replace=False) for _ in range(gamma)])
+    cand[0, 1] = cand[0, 0]                                     # a duplicated candidate
+    q = g.dirichlet(np.ones(k), gamma).astype(np.float32).astype(np.float64)
+    return logits, cand, q
+
+
+def _zero_mass(law, p):
+    return [(s, w) for s, w in law.items() if w > 0 and any(p[j, t] == 0 for j, t in
+                                                          enumerate(s))]
+
+
+@pytest.mark.parametrize("salt", ["q1", pytest.param("q2", marks=pytest.mark.dflash2rt_exhaustive)])
+def test_quarter_tables_exact_law(salt, backend, results):
+    logits, p, cand, q = _quarter_block(salt)
+    law = lattice.verify_law_backend(backend, logits, cand, q, 1.0, 0, 1.0, DTYPES["float32"],
+                                     4, 4)
+    ref = lattice.verify_law_reference(logits, cand, q, 1.0, 0, 1.0, 4, 4)
+    exact = laws.closed_form_round((), lambda c: p[len(c)], lambda c, e: _dense(cand, q, e, 5),
+                                   cand.shape[0])
+    tv_ref, tv_exact = float(laws.tv(law, ref)), float(laws.tv(law, exact))
+    results.metric("L2", f"TV backend vs reference, quarter [{salt}]", tv_ref)
+    results.metric("L2", f"TV backend vs exact law, quarter [{salt}]", tv_exact)
+    assert not _zero_mass(law, p), f"[L2 law case=quarter-{salt}] mass on p = 0 tokens: " \
+                                   f"{_zero_mass(law, p)[:5]}"
+    assert tv_ref <= 1e-12, f"[L2 law case=quarter-{salt}] TV(backend, reference) = " \
+                            f"{tv_ref:.3g}; worst: {lattice.worst(law, ref)}"
+    assert tv_exact <= 1e-12, f"[L2 law case=quarter-{salt}] TV(backend, exact) = " \
+                              f"{tv_exact:.3g}; worst: {lattice.worst(law, exact)}"
+
+
+def _dense(cand, q, e, v):
+    out = np.zeros(v)
+    np.add.at(out, cand[e], q[e])
+    return out
+
+
+FLOAT_CASES = [("plain", 1.0, 0, 1.0, "float32"), ("filtered", 0.8, 4, 0.9, "float32"),
+               ("filtered_bf16", 1.3, 5, 0.85, "bfloat16"),
+               ("filtered_f64", 0.7, 3, 1.0, "float64")]
+
+
+@pytest.mark.parametrize("name,temp,top_k,top_p,dtype", [
+    pytest.param(*c, id=c[0], marks=[pytest.mark.dflash2rt_exhaustive] if i > 1 else [])
+    for i, c in enumerate(FLOAT_CASES)])
+def test_float_tables_law_equals_reference(name, temp, top_k, top_p, dtype, backend, results):
+    if DTYPES[dtype] not in backend.dtypes:
+        pytest.skip(f"backend {backend.name} does not declare {dtype}")
+    logits, cand, q = _float_block(name)
+    rounded = np.asarray(__import__("torch").tensor(logits).to(DTYPES[dtype]).double())
+    law = lattice.verify_law_backend(backend, logits, cand, q, temp, top_k, top_p,
+                                     DTYPES[dtype], 8, 8)
+    t32 = float(np.float32(temp))
+    ref = lattice.verify_law_reference(rounded, cand, q, t32, top_k, float(np.float32(top_p)),
+                                       8, 8)
+    p = target_probs(rounded[None], np.array([t32]), np.array([top_k]),
+                     np.array([float(np.float32(top_p))]))[0]
+    tv = float(laws.tv(law, ref))
+    results.metric("L2", f"TV backend vs reference, {name} {dtype}", tv)
+    assert not _zero_mass(law, p), f"[L2 law case={name} dtype={dtype}] mass on p = 0 " \
+                                   f"tokens: {_zero_mass(law, p)[:5]}"
+    assert tv <= 1e-12, f"[L2 law case={name} dtype={dtype}] TV(backend, reference) = " \
+                        f"{tv:.3g} on the 8-point lattice; worst: {lattice.worst(law, ref)}"

@@ -1,0 +1,232 @@
+"""The conformance suite tested with pytester: its header, its reports, its CLI, and that each
+seeded mutation in an out-of-tree backend makes it fail with a message naming level and case."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+BASE = '''
+import torch
+from dflash2rt.backend import BackendSpec, Probe, TorchOpsBackend
+from dflash2rt.hookspecs import hookimpl
+from dflash2rt.ops.batch import BlockNoise, SamplingBatch
+from dflash2rt.ops.selector import SelectorOut
+from dflash2rt.ops.sampling import inverse_cdf, target_probs
+from dflash2rt.ops.verify import VerifyOut
+
+
+class Mutant(TorchOpsBackend):
+{body}
+
+@hookimpl
+def dflash2rt_backends():
+    probe = lambda: Probe(True, device="cpu (mutant fixture)", dtypes=("float32", "float64"))
+    return [BackendSpec("{name}", 1, probe, lambda p: Mutant("{name}", "cpu",
+                        (torch.float32, torch.float64, torch.bfloat16)), opt_in=True)]
+'''
+
+MUTANTS = {
+    # The acceptance coin reuses the draft's walk uniform (the classic stream-reuse bug).
+    "shared-noise": '''
+    def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
+        noise = BlockNoise(noise.walk, noise.walk, noise.residual, noise.bonus)
+        return super().verify(logits, draft, candidates, q, sampling, noise, check)
+''',
+    # Slot j is verified against target row j + 1.
+    "off-by-one": '''
+    def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
+        shifted = torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)
+        return super().verify(shifted, draft, candidates, q, sampling, noise, check)
+''',
+    # Non-strict acceptance u*q <= p: accepts at u*q == p, and p = 0 drafts when u -> 0.
+    # (The <= decisions are fed to the real verifier as coins -1 / 2, which its strict test
+    # turns into the same accept / reject; residual and bonus then run unchanged.)
+    "le-accept": '''
+    def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
+        g = logits.shape[1] - 1
+        if g < 1 or draft.shape != logits.shape[:1] + (g,):     # let the real checks raise
+            return super().verify(logits, draft, candidates, q, sampling, noise, check)
+        p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+        p_d = p[:, :g].gather(-1, draft.unsqueeze(-1)).squeeze(-1).double()
+        q_d = torch.where(candidates == draft.unsqueeze(-1), q.double(), 0.0).sum(-1)
+        ok = noise.accept.double() * q_d <= p_d
+        coin = torch.where(ok, -1.0, 2.0).to(noise.accept.dtype)
+        return super().verify(logits, draft, candidates, q, sampling,
+                              BlockNoise(noise.walk, coin, noise.residual, noise.bonus), check)
+''',
+    # The draft takes the argmax walk but reports the softmax q, as if it had sampled.
+    "onehot-q": '''
+    def select(self, logits, proj, anchor, pred, succ, params, sampling, u_walk):
+        real = super().select(logits, proj, anchor, pred, succ, params, sampling, u_walk)
+        greedy = super().select(logits, proj, anchor, pred, succ, params,
+                                SamplingBatch.greedy_batch(logits.shape[0], logits.device), u_walk)
+        return SelectorOut(greedy.draft, greedy.candidates, real.q, real.bad)
+''',
+}
+
+
+def install(root: Path, name: str, source: str, group: str = "dflash2rt.backends") -> None:
+    """A real distribution (dist-info + entry point) on the sys.path entry ``root``."""
+    module = "fixture_" + name.replace("-", "_")
+    (root / f"{module}.py").write_text(source)
+    dist = root / f"{module}-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{name} = {module}\n")
+
+
+@pytest.fixture
+def suite(pytester, monkeypatch, tmp_path):
+    """Run ``pytest --pyargs dflash2rt_conformance ARGS`` in a subprocess, with the mutant
+    backends installed on PYTHONPATH."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    for name, body in MUTANTS.items():
+        install(plugins, f"mut-{name}", BASE.format(body=body, name=f"mut-{name}"))
+    monkeypatch.setenv("PYTHONPATH", str(plugins))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("DFLASH2RT_BACKEND", raising=False)
+
+    def run(*args):
+        return pytester.runpytest_subprocess("--pyargs", "dflash2rt_conformance",
+                                             "-p", "no:cacheprovider", *args)
+    return run
+
+
+def test_unknown_backend_fails_with_the_registry_reason(suite):
+    res = suite("--dflash2rt-backend", "nope", "--dflash2rt-quick", "-k", "noise")
+    assert res.ret != 0
+    res.stdout.fnmatch_lines(["*UnknownBackendError: unknown backend 'nope'*"])
+
+
+def test_cpu_run_header_and_junit_json_markdown_reports(suite, tmp_path):
+    junit, js, md = tmp_path / "r.xml", tmp_path / "r.json", tmp_path / "r.md"
+    res = suite("--dflash2rt-backend", "cpu", "--dflash2rt-quick",
+                "-k", "noise or verify or L2 or graphs",
+                f"--junitxml={junit}", f"--dflash2rt-json={js}", f"--dflash2rt-markdown={md}")
+    out = res.stdout.str()
+    assert res.ret == 0, out[-3000:]
+    assert "dflash2rt conformance — backends (registry):" in out
+    assert "mut-off-by-one" in out and "fixture_mut_off_by_one 1.0" in out
+    assert "selected: cpu (explicit); device cpu (" in out
+    assert "versions: torch" in out and "numpy" in out and "triton" in out
+    assert "plugin dflash2rt 0.1.0" in out
+    props = {p.get("name"): p.get("value")
+             for p in ET.parse(junit).getroot().iter("property")}
+    for key in ("device", "driver", "runtime", "torch", "triton", "numpy", "git.commit",
+                "plugin.distribution", "plugin.version", "dflash2rt.backend"):
+        assert props.get(key), f"JUnit property {key} missing"
+    assert props["dflash2rt.backend"] == "cpu" and props["plugin.distribution"] == "dflash2rt"
+    rep = json.loads(js.read_text())
+    assert rep["result"] == "pass" and rep["environment"]["dflash2rt.backend"] == "cpu"
+    ops = {(o["op"], o["dtype"]): o for o in rep["ops"]}
+    assert ops[("noise.walk", "float32")]["kind"] == "exact"
+    assert ops[("verify.tokens", "bfloat16")]["passed"]
+    assert rep["levels"]["L1"]["result"] == "pass" and rep["levels"]["L2"]["result"] == "pass"
+    assert rep["levels"]["graphs"]["skipped"] == 4
+    assert any(k.startswith("TV backend vs reference") for k in rep["levels"]["L2"]["metrics"])
+    assert md.read_text().startswith("# dflash2rt conformance: backend `cpu` — **PASS**")
+
+
+SELECT = "(L1 and (verify or select)) or L3"
+
+
+@pytest.mark.parametrize("mutant,expected", [
+    ("shared-noise", ["[L1 verify case=mixed_v37", "[L3 joint law case=V4-g3-K3-L4"]),
+    ("off-by-one", ["[L1 verify case=", "[L3 joint law case=V4-g3-K3-L4"]),
+    ("le-accept", ["[L1 verify case=u_at_threshold", "[L1 verify case=p_zero_u_to_0"]),
+    ("onehot-q", ["[L1 select case=mixed_v37_k8_r6", "[L3 joint law case=V4-g3-K3-L4"]),
+])
+def test_each_mutation_fails_naming_level_and_case(suite, mutant, expected):
+    res = suite("--dflash2rt-backend", f"mut-{mutant}", "--dflash2rt-quick", "-k", SELECT)
+    out = res.stdout.str()
+    assert res.ret == 1, out[-3000:]
+    for text in expected:
+        assert text in out, f"{mutant}: {text!r} not in the failure output\n{out[-4000:]}"
+
+
+def test_cli_runs_the_suite_and_a_broken_command_plugin_is_not_fatal(tmp_path):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    install(plugins, "broken-cmd", "raise RuntimeError('boom')\n", group="dflash2rt.commands")
+    env = {**os.environ, "PYTHONPATH": str(plugins), "OMP_NUM_THREADS": "1"}
+    env.pop("DFLASH2RT_BACKEND", None)
+    js = tmp_path / "cli.json"
+    out = subprocess.run([sys.executable, "-m", "dflash2rt", "conformance", "--backend", "cpu",
+                          "--quick", "-k", "noise", "--json", str(js)], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "command plugin 'broken-cmd'" in out.stderr and "boom" in out.stderr
+    assert json.loads(js.read_text())["levels"]["L1"]["passed"] > 0
+
+
+def test_plugin_is_inert_outside_the_suite(pytester):
+    pytester.makepyfile("def test_x():\n    assert True\n")
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert res.ret == 0
+    assert "dflash2rt conformance" not in res.stdout.str()
+
+
+GRAPHS = '''
+import torch
+from dflash2rt.backend import BackendSpec, Probe, TorchOpsBackend
+from dflash2rt.hookspecs import hookimpl
+
+
+class Adapter:
+    """Fake graphs: replay re-runs the captured step over the static buffers{note}."""
+    name = "fake-graph"
+
+    def new_pool(self):
+        return None
+
+    def capture(self, fn, pool):
+        fn()
+        stale = {stale}
+
+        class Graph:
+            def replay(self):
+                if not stale:
+                    fn()
+        return Graph()
+
+
+def create(p):
+    be = TorchOpsBackend("{name}", "cpu", (torch.float32, torch.float64))
+    be.graph_adapter = Adapter()
+    return be
+
+
+@hookimpl
+def dflash2rt_backends():
+    return [BackendSpec("{name}", 1, lambda: Probe(True, device="cpu (fake graphs)"), create,
+                        opt_in=True)]
+'''
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_graph_conformance_with_fake_graphs(pytester, monkeypatch, tmp_path, stale):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    name = "stale-graphs" if stale else "fake-graphs"
+    install(plugins, name, GRAPHS.format(name=name, stale=stale,
+                                         note=" (stale: replay does nothing)" if stale else ""))
+    monkeypatch.setenv("PYTHONPATH", str(plugins))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    res = pytester.runpytest_subprocess("--pyargs", "dflash2rt_conformance", "-p",
+                                        "no:cacheprovider", "--dflash2rt-backend", name,
+                                        "-k", "graphs and not stream")
+    out = res.stdout.str()
+    if stale:
+        assert res.ret == 1 and "[graphs case=" in out, out[-3000:]
+    else:
+        assert res.ret == 0 and "3 passed" in out, out[-3000:]
