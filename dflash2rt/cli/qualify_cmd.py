@@ -12,6 +12,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="fewer prompts, sizes and repeats")
     p.add_argument("--out", required=True, help="directory for report.json, junit.xml, "
                    "report.html")
+    p.add_argument("--conformance-select", metavar="EXPR", help="pytest -k selection of "
+                   "conformance levels (e.g. 'L0 or L1' on the slow triton-interpret lane)")
     p.set_defaults(func=run_qualify)
     r = sub.add_parser("report", help="work with qualification reports")
     rs = r.add_subparsers(dest="report_command", required=True)
@@ -24,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_qualify(args: argparse.Namespace) -> int:
     from ..qualify.run import qualify
 
-    report = qualify(args.backend, args.out, args.model, args.quick)
+    report = qualify(args.backend, args.out, args.model, args.quick,
+                     conformance_select=args.conformance_select)
     conf = report["sections"].get("conformance", {}).get("status")
     return 0 if report.get("complete") and conf in ("pass", "not run") else 1
 

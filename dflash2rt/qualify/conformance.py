@@ -11,8 +11,8 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 
-def run_conformance(backend: str, out: Path, quick: bool, timeout_s: int = 900
-                    ) -> dict[str, Any]:
+def run_conformance(backend: str, out: Path, quick: bool, select: str | None = None,
+                    timeout_s: int = 900) -> dict[str, Any]:
     """→ the suite's JSON (levels, ops) plus the exit code; writes out/junit.xml."""
     junit, report = out / "junit.xml", out / "conformance.json"
     if importlib.util.find_spec("dflash2rt_conformance") is None:
@@ -21,7 +21,8 @@ def run_conformance(backend: str, out: Path, quick: bool, timeout_s: int = 900
         return {"status": "not run", "reason": reason}
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs",
            "dflash2rt_conformance", "--dflash2rt-backend", backend, "--junitxml", str(junit),
-           "--dflash2rt-json", str(report)] + (["--dflash2rt-quick"] if quick else [])
+           "--dflash2rt-json", str(report)] + (["--dflash2rt-quick"] if quick else []) \
+        + (["-k", select] if select else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -33,6 +34,7 @@ def run_conformance(backend: str, out: Path, quick: bool, timeout_s: int = 900
         return {"status": "error", "exit_code": proc.returncode, "reason": tail}
     data = json.loads(report.read_text())
     data["status"] = data.get("result", "error")
+    data["selection"] = select or "all levels"
     data["exit_code"] = proc.returncode
     data["summary_line"] = (proc.stdout.strip().splitlines() or [""])[-1]
     return data
