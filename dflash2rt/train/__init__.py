@@ -1,0 +1,1 @@
+"""The recipe that trains the bundled pair: stdlib corpus, BPE, target, DFlash2 draft distillation."""

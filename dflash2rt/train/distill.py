@@ -1,0 +1,175 @@
+"""Distil the DFlash2 draft from the frozen target: per-slot CE plus the selector's K-way lattice loss.
+
+A training example is an anchor position ``a`` inside a target continuation: the draft sees the
+target taps of rows [0, a) as context and the block [tok[a], MASK × γ] at positions a .. a+γ, and
+learns the target's tokens tok[a+1 .. a+γ]. Many blocks of one sequence share one context in a
+single forward (block j's rows see context rows < a_j and the rows of block j only), which is the
+runtime's mask for each block; the conv runs per block exactly as in the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..backend import TorchOpsBackend
+from ..models.draft import DraftModel
+from ..models.target import TargetModel
+from .generate import DistillData
+
+
+@dataclass(frozen=True)
+class Batch:
+    feats: torch.Tensor      # [R, L, n_taps, H] context taps (padded)
+    ctx_len: torch.Tensor    # [R] valid context rows
+    anchors: torch.Tensor    # [R, N] anchor positions
+    block_ids: torch.Tensor  # [R, N, B] the block's tokens: anchor then MASK
+    labels: torch.Tensor     # [R, N, γ] the target's tokens after the anchor
+
+
+def sample_batch(data: DistillData, seqs: list[int], anchors: int, block: int, mask_id: int,
+                 gen: torch.Generator) -> Batch:
+    """``anchors`` anchors (with replacement) per sequence, in the generated part, full blocks only."""
+    gamma = block - 1
+    r = len(seqs)
+    lmax = max(int(data.lengths[s]) for s in seqs)
+    feats = data.feats.new_zeros(r, lmax, *data.feats.shape[1:])
+    toks = torch.zeros(r, lmax + 1, dtype=torch.int64)
+    lo = torch.zeros(r, dtype=torch.int64)
+    hi = torch.zeros(r, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        st, n = int(data.starts[s]), int(data.lengths[s])
+        feats[i, :n] = data.feats[st:st + n]
+        toks[i, :n] = data.tokens[st:st + n]
+        lo[i] = data.prompt_lens[s]
+        hi[i] = max(n - gamma, int(lo[i]) + 1)                    # anchors a in [lo, hi)
+    u = torch.rand(r, anchors, generator=gen)
+    a = lo.view(r, 1) + (u * (hi - lo).view(r, 1)).long()          # [R, N]
+    offs = torch.arange(block).view(1, 1, block)
+    pos = (a.unsqueeze(-1) + offs).clamp(max=lmax)                  # [R, N, B]
+    seq_toks = toks.gather(1, pos.flatten(1)).view(r, anchors, block)
+    ids = torch.full_like(seq_toks, mask_id)
+    ids[..., 0] = seq_toks[..., 0]
+    return Batch(feats, lo.new_tensor([int(data.lengths[s]) for s in seqs]), a, ids,
+                 seq_toks[..., 1:])
+
+
+def block_mask(anchors: torch.Tensor, ctx_rows: int, block: int) -> torch.Tensor:
+    """Bool [R, N*B, L + N*B]: row (j, i) sees context rows < a_j and every row of block j."""
+    r, n = anchors.shape
+    ctx = torch.arange(ctx_rows).view(1, 1, ctx_rows) < anchors.unsqueeze(-1)   # [R, N, L]
+    ctx = ctx.unsqueeze(2).expand(r, n, block, ctx_rows).reshape(r, n * block, ctx_rows)
+    blk = torch.arange(n).repeat_interleave(block)
+    own = (blk.view(-1, 1) == blk.view(1, -1)).expand(r, n * block, n * block)
+    return torch.cat([ctx, own], dim=-1)
+
+
+def draft_hidden(draft: DraftModel, target: TargetModel, batch: Batch, backend: TorchOpsBackend
+                 ) -> torch.Tensor:
+    """The runtime's draft forward for many blocks at once → normed hidden [R, N, B, H]."""
+    r, n, b = batch.block_ids.shape
+    lctx = batch.feats.shape[1]
+    ctx_pos = torch.arange(lctx).expand(r, lctx)
+    ctx_kv = draft.context_kv(batch.feats, ctx_pos)                          # per layer [R, L, kv, hd]
+    h = target.embed(batch.block_ids.view(r, n * b)) * draft.cfg.input_embedding_scale
+    pos = (batch.anchors.unsqueeze(-1) + torch.arange(b)).view(r, n * b)    # [R, N*B]
+    cos, sin = draft.rope(pos, h.dtype)
+    mask = block_mask(batch.anchors, lctx, b)
+    for layer, (k, v) in zip(draft.layers, ctx_kv):
+        h = layer(h, cos, sin, k, v, mask, backend, b)
+    return draft.norm(h).view(r, n, b, -1)
+
+
+def selector_scores(draft: DraftModel, h_e: torch.Tensor, logits: torch.Tensor,
+                    prev: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lattice rows reached from ``prev`` (ops/selector.py's formula) → (scores, candidates) [..., K].
+
+    h_e [..., H], logits [..., V], prev [...] the token before each slot.
+    """
+    cfg, sel = draft.cfg, draft.candidate_selector
+    vals, cand = torch.topk(logits, k, dim=-1)                               # [..., K]
+    unary = vals * cfg.output_multiplier
+    if cfg.final_logit_softcapping is not None:
+        cap = cfg.final_logit_softcapping
+        unary = cap * torch.tanh(unary / cap)
+    pair = sel.predecessor_codebook[prev] * sel.hidden_projection(h_e)      # [..., r]
+    succ = sel.successor_codebook[cand]                                      # [..., K, r]
+    return unary + torch.einsum("...r,...kr->...k", pair, succ), cand
+
+
+def slot_weights(gamma: int, decay: float) -> torch.Tensor:
+    """w_e = exp(-e / decay), normalised: earlier slots matter more for acceptance."""
+    w = torch.exp(-torch.arange(gamma, dtype=torch.float32) / decay)
+    return w / w.sum()
+
+
+def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: TorchOpsBackend,
+                 decay: float, selector_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted per-slot CE + K-way selector CE; also the greedy accept length (= τ − 1 at T=0)."""
+    h = draft_hidden(draft, target, batch, backend)[:, :, 1:]                # [R, N, γ, H]
+    logits = target.lm_head(h)                                               # [R, N, γ, V]
+    labels = batch.labels                                                    # [R, N, γ]
+    gamma = labels.shape[-1]
+    w = slot_weights(gamma, decay)
+    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
+    loss_ce = (ce.mean(dim=(0, 1)) * w).sum()
+    prev = torch.cat([batch.block_ids[..., :1], labels[..., :-1]], dim=-1)   # [R, N, γ]
+    scores, cand = selector_scores(draft, h, logits, prev, draft.cfg.selector_top_k)
+    hit = cand == labels.unsqueeze(-1)                                       # [R, N, γ, K]
+    present = hit.any(-1)
+    sel_ce = F.cross_entropy(scores.flatten(0, 2), hit.float().argmax(-1).flatten(),
+                             reduction="none").view(labels.shape)
+    sel_ce = torch.where(present, sel_ce, torch.zeros_like(sel_ce))
+    loss_sel = (sel_ce.sum(dim=(0, 1)) / present.sum(dim=(0, 1)).clamp(min=1) * w).sum()
+    with torch.no_grad():
+        ok = scores.argmax(-1) == hit.float().argmax(-1)
+        ok &= present
+        accept = torch.cumprod(ok.long(), dim=-1).sum(-1).float().mean()
+        top1 = (logits.argmax(-1) == labels).float().mean()
+    loss = loss_ce + selector_weight * loss_sel
+    return loss, {"ce": loss_ce.item(), "sel": loss_sel.item(), "tau": 1 + accept.item(),
+                  "top1": top1.item()}
+
+
+def train_draft(draft: DraftModel, target: TargetModel, data: DistillData, steps: int,
+                seqs_per_step: int, anchors: int, lr: float, seed: int, decay: float = 7.0,
+                selector_weight: float = 1.0, every: int = 20,
+                on_eval=None) -> list[dict[str, float]]:
+    """AdamW on ``distill_loss`` with the target frozen; returns per-step metrics.
+
+    Sequences are visited in seeded shuffled epochs; ``on_eval(step)`` runs every ``every`` steps.
+    """
+    from .progress import Progress
+    from .target import cosine_lr, make_optimizer
+
+    gen = torch.Generator().manual_seed(seed)
+    backend = TorchOpsBackend("cpu-train", "cpu", (torch.float32,))
+    target.requires_grad_(False)
+    draft.train().requires_grad_(True)
+    opt = make_optimizer(draft, lr, 0.01, no_decay=("codebook",))
+    prog = Progress("draft", steps, every)
+    order: list[int] = []
+    history: list[dict[str, float]] = []
+    b = draft.cfg.block_size
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, steps, lr, min(100, steps // 10 + 1))
+        if len(order) < seqs_per_step:
+            order += torch.randperm(data.num_sequences, generator=gen).tolist()
+        seqs, order = order[:seqs_per_step], order[seqs_per_step:]
+        batch = sample_batch(data, seqs, anchors, b, draft.cfg.mask_token_id, gen)
+        loss, metrics = distill_loss(draft, target, batch, backend, decay, selector_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        history.append(metrics)
+        recent = history[-every:]
+        prog.step(step + 1, len(seqs) * anchors * b,
+                  **{k: sum(m[k] for m in recent) / len(recent) for k in ("ce", "sel", "tau")})
+        if on_eval is not None and ((step + 1) % (every * 10) == 0 or step + 1 == steps):
+            on_eval(step + 1)
+    draft.eval().requires_grad_(False)
+    return history

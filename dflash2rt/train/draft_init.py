@@ -1,0 +1,67 @@
+"""The DFlash2 draft's config for a trained target, and its initialisation (identity conv = DFlash v1)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..models.config import TargetConfig
+from ..models.draft import DraftModel
+from ..models.draft_config import ARCH_V2, DraftConfig
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    layers: int = 2
+    intermediate: int = 704
+    block_size: int = 8
+    target_layer_ids: tuple[int, ...] = (1, 3)
+    conv_kernel_size: int = 4
+    conv_group_size: int = 16
+    selector_rank: int = 32
+    selector_top_k: int = 8
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+
+
+def draft_config(target: TargetConfig, shape: DraftShape, mask_id: int) -> DraftConfig:
+    """A Qwen3-shaped draft over ``target``'s hidden size and vocabulary, in the published layout."""
+    d = target.to_dict()
+    d.update(architectures=[ARCH_V2], num_hidden_layers=shape.layers,
+             intermediate_size=shape.intermediate, num_target_layers=target.num_hidden_layers,
+             is_causal=False)
+    d.pop("tie_word_embeddings", None)
+    d["dflash_config"] = {
+        "block_size": shape.block_size, "mask_token_id": mask_id,
+        "target_layer_ids": list(shape.target_layer_ids),
+        "conv_kernel_size": shape.conv_kernel_size, "conv_group_size": shape.conv_group_size,
+        "selector_rank": shape.selector_rank, "selector_top_k": shape.selector_top_k,
+        "output_multiplier": shape.output_multiplier,
+        "final_logit_softcapping": shape.final_logit_softcapping,
+    }
+    cfg = DraftConfig.from_dict(d)
+    cfg.check_target(target)
+    return cfg
+
+
+def init_draft(draft: DraftModel, gen: torch.Generator, std: float = 0.02,
+               selector_std: float = 0.02) -> None:
+    """Random decoder weights; identity conv; successor codebook zero (the lattice starts flat)."""
+    layers = len(draft.layers)
+    with torch.no_grad():
+        for name, p in sorted(draft.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith("base_kernel"):
+                p.zero_()
+                p[:, 0] = 1.0                                    # identity: conv(x) = x
+            elif name.endswith("kernel_projection.weight") or "successor_codebook" in name:
+                p.zero_()
+            elif "candidate_selector" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * selector_std)
+            else:
+                s = std / math.sqrt(2 * layers) if name.endswith(("o_proj.weight",
+                                                                  "down_proj.weight")) else std
+                p.copy_(torch.randn(p.shape, generator=gen) * s)

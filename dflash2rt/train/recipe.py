@@ -1,0 +1,204 @@
+"""The whole recipe from one seed: corpus → tokenizer → target → distillation data → draft → eval."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import platform
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..backend import TorchOpsBackend
+from ..models.config import TargetConfig
+from ..models.draft import DraftModel
+from ..models.draft_loader import save_draft
+from ..models.hf_loader import save_target
+from ..models.pair import ModelPair, load_pair
+from ..models.target import TargetModel
+from . import corpus as corpus_mod
+from . import distill, evaluate, generate, target as target_mod
+from .draft_init import DraftShape, draft_config, init_draft
+from .progress import Progress, fmt_s
+from .target import TargetShape
+from .tokenizer import train_tokenizer
+
+DEFAULT_MINUTES = 40.0
+
+
+@dataclass(frozen=True)
+class RecipeConfig:
+    """Every knob of the recipe; step counts are fixed numbers, so a run never depends on the clock."""
+
+    seed: int = 0
+    threads: int = 1                 # see README: on a shared 2-core machine 1 thread is faster
+    vocab_size: int = 2048
+    target: TargetShape = field(default_factory=TargetShape)
+    target_steps: int = 1000
+    target_batch: int = 6
+    seq_len: int = 384
+    target_lr: float = 3e-3
+    gen_prompts: int = 1280
+    gen_prompt_tokens: tuple[int, int] = (16, 128)
+    gen_new_tokens: int = 128
+    gen_greedy_fraction: float = 0.75
+    gen_batch: int = 32
+    draft: DraftShape = field(default_factory=DraftShape)
+    draft_steps: int = 400
+    draft_seqs_per_step: int = 16
+    draft_anchors: int = 24
+    draft_lr: float = 1.5e-3
+    slot_decay: float = 7.0
+    selector_weight: float = 1.0
+    heldout_prompts: int = 24
+    heldout_tokens: tuple[int, int] = (64, 192)
+    eval_new_tokens: int = 128
+    max_files: int | None = None     # only for tiny test runs
+
+    def scaled(self, minutes: float) -> "RecipeConfig":
+        """The same recipe with step and data counts scaled by ``minutes / DEFAULT_MINUTES``."""
+        s = minutes / DEFAULT_MINUTES
+        return dataclasses.replace(
+            self, target_steps=max(1, round(self.target_steps * s)),
+            gen_prompts=max(self.gen_batch, round(self.gen_prompts * s)),
+            draft_steps=max(1, round(self.draft_steps * s)))
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def round_bf16_(model: torch.nn.Module) -> None:
+    """Round every parameter to bfloat16 (kept in float32): the weights become exactly the shipped ones."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(p.dtype))
+
+
+def save_pair(out: Path, target: TargetModel, draft: DraftModel, tok, eos_id: int) -> None:
+    """target/ (HF Qwen3 + tokenizer) and draft/ (published DFlash2 layout), weights in bfloat16."""
+    save_target(copy.deepcopy(target).to(torch.bfloat16), None, out / "target")
+    tok.save(out / "target")
+    (out / "target" / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": eos_id, "pad_token_id": eos_id}, indent=2) + "\n")
+    (out / "target" / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+         "pad_token": "<|endoftext|>", "model_max_length": target.cfg.max_position_embeddings},
+        indent=2) + "\n")
+    save_draft(copy.deepcopy(draft).to(torch.bfloat16), out / "draft")
+
+
+def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
+    """Train and save the pair into ``out``; returns (and writes) ``train_report.json``."""
+    log = log or Progress("recipe", 1).log
+    torch.set_num_threads(cfg.threads)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    mark = [t0]
+
+    def phase(name: str) -> None:
+        now = time.perf_counter()
+        times[name] = round(now - mark[0], 1)
+        mark[0] = now
+        log(f"{name} done in {fmt_s(times[name])} (total {fmt_s(now - t0)})")
+
+    corpus = corpus_mod.load_corpus(max_files=cfg.max_files)
+    tok = train_tokenizer((text for _, text in corpus.train), cfg.vocab_size)
+    train_docs = tok.encode_batch([text for _, text in corpus.train])
+    stream = target_mod.token_stream(train_docs, tok.eos_id)
+    held = target_mod.token_stream(tok.encode_batch([t for _, t in corpus.heldout]), tok.eos_id)
+    log(f"corpus: {len(corpus.train)} training files ({stream.numel()} tokens), "
+        f"{len(corpus.heldout)} held-out files ({held.numel()} tokens); vocab {tok.vocab_size}")
+    phase("tokenizer")
+
+    tcfg = TargetConfig.from_dict(target_mod.target_config_dict(cfg.target, tok.vocab_size, tok.eos_id))
+    target = TargetModel(tcfg, cfg.draft.target_layer_ids)
+    target_mod.init_weights(target, torch.Generator().manual_seed(cfg.seed), residual_layers=cfg.target.layers)
+    losses = target_mod.train_target(target, stream, cfg.target_steps, cfg.target_batch, cfg.seq_len,
+                                     cfg.target_lr, cfg.seed + 1)
+    round_bf16_(target)
+    seq = min(cfg.seq_len, held.numel() - 2)
+    held_loss = target_mod.eval_loss(target, held, 16, seq, cfg.seed + 1)
+    phase("target")
+
+    backend = TorchOpsBackend("cpu", "cpu", (torch.float32,))
+    lo, hi = cfg.gen_prompt_tokens
+    prompts = corpus_mod.cut_prompts(corpus.train, tok.encode, cfg.gen_prompts, lo, hi, cfg.seed + 2)
+    rng = random.Random(cfg.seed + 3)
+    temps = [0.0 if rng.random() < cfg.gen_greedy_fraction else 1.0 for _ in prompts]
+    tonly = ModelPair(target, None)
+    data = generate.build_distill_data(tonly, backend, [p["prompt_ids"] for p in prompts],
+                                       cfg.gen_new_tokens, temps, cfg.gen_batch, cfg.seed + 4)
+    val_prompts = corpus_mod.cut_prompts(corpus.heldout, tok.encode, 32, lo, hi, cfg.seed + 5)
+    val = generate.build_distill_data(tonly, backend, [p["prompt_ids"] for p in val_prompts],
+                                      cfg.gen_new_tokens, [0.0] * len(val_prompts), cfg.gen_batch,
+                                      cfg.seed + 4)
+    phase("distill_data")
+
+    dcfg = draft_config(tcfg, cfg.draft, tok.mask_id)
+    draft = DraftModel(dcfg)
+    init_draft(draft, torch.Generator().manual_seed(cfg.seed + 6))
+    val_tau: list[tuple[int, float]] = []
+
+    def on_eval(step: int) -> None:
+        val_tau.append((step, validation_tau(draft, target, val, cfg.seed)))
+        log(f"draft step {step}: held-out greedy tau (teacher-forced) {val_tau[-1][1]:.3f}")
+        draft.train()
+
+    history = distill.train_draft(draft, target, data, cfg.draft_steps, cfg.draft_seqs_per_step,
+                                  cfg.draft_anchors, cfg.draft_lr, cfg.seed + 7, cfg.slot_decay,
+                                  cfg.selector_weight, on_eval=on_eval)
+    round_bf16_(draft)
+    phase("draft")
+
+    save_pair(out, target, draft, tok, tok.eos_id)
+    lo, hi = cfg.heldout_tokens
+    heldout = corpus_mod.cut_prompts(corpus.heldout, tok.encode, cfg.heldout_prompts, lo, hi, cfg.seed + 8)
+    (out / "heldout_prompts.json").write_text(json.dumps(heldout, indent=1) + "\n")
+    pair = load_pair(out / "target", out / "draft")
+    ids = [p["prompt_ids"] for p in heldout]
+    greedy = evaluate.measure(pair, backend, ids, cfg.eval_new_tokens, 0.0)
+    sampled = evaluate.measure(pair, backend, ids, cfg.eval_new_tokens, 1.0, baseline=False)
+    log(f"eval T=0: tau {greedy['tau']:.3f}, spec {greedy['spec_tokens_per_s']:.1f} tok/s vs "
+        f"target-only {greedy['target_tokens_per_s']:.1f} tok/s, mismatches "
+        f"{greedy['greedy_mismatches']}; T=1: tau {sampled['tau']:.3f}")
+    phase("eval")
+
+    report = {
+        "config": cfg.as_dict(), "seconds": times, "total_seconds": round(time.perf_counter() - t0, 1),
+        "corpus": {"root": str(corpus.root), "train_files": len(corpus.train),
+                   "heldout_files": len(corpus.heldout), "train_tokens": int(stream.numel()),
+                   "python": platform.python_version()},
+        "torch": torch.__version__, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+        "mask_id": tok.mask_id,
+        "target": {"params": sum(p.numel() for p in target.parameters()),
+                   "final_train_loss": sum(losses[-20:]) / len(losses[-20:]),
+                   "heldout_loss": held_loss},
+        "draft": {"params": sum(p.numel() for p in draft.parameters()),
+                  "final": {k: sum(h[k] for h in history[-20:]) / len(history[-20:])
+                            for k in history[-1]},
+                  "validation_tau": val_tau, "distill_sequences": data.num_sequences,
+                  "distill_tokens": int(data.tokens.numel())},
+        "eval_greedy": greedy, "eval_t1": sampled,
+        "bytes": {d: sum(f.stat().st_size for f in (out / d).iterdir()) for d in ("target", "draft")},
+    }
+    (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+@torch.no_grad()
+def validation_tau(draft: DraftModel, target: TargetModel, val, seed: int) -> float:
+    """1 + mean greedy accepted drafts at seeded anchors of held-out greedy continuations."""
+    draft.eval()
+    backend = TorchOpsBackend("cpu", "cpu", (torch.float32,))
+    gen = torch.Generator().manual_seed(seed)
+    seqs = list(range(val.num_sequences))
+    batch = distill.sample_batch(val, seqs, 16, draft.cfg.block_size, draft.cfg.mask_token_id, gen)
+    _, metrics = distill.distill_loss(draft, target, batch, backend, 7.0, 1.0)
+    return metrics["tau"]

@@ -1,0 +1,186 @@
+"""The training recipe's pieces at a tiny scale: corpus split, tokenizer, target steps, distillation."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from dflash2rt.backend import TorchOpsBackend
+from dflash2rt.models.config import TargetConfig
+from dflash2rt.models.draft import DraftModel
+from dflash2rt.models.kv_cache import KVCache
+from dflash2rt.models.pair import ModelPair
+from dflash2rt.models.target import TargetModel
+from dflash2rt.ops.batch import SamplingBatch
+from dflash2rt.ops.selector import SelectorParams, select
+from dflash2rt.train import corpus, distill, generate
+from dflash2rt.train import target as target_mod
+from dflash2rt.train.draft_init import DraftShape, draft_config, init_draft
+from dflash2rt.train.tokenizer import MASK_TOKEN, train_tokenizer
+
+from tiny_models import tiny_pair
+
+BACKEND = TorchOpsBackend("cpu", "cpu", (torch.float32, torch.float64))
+TINY_TARGET = target_mod.TargetShape(hidden=32, layers=2, heads=2, kv_heads=1, head_dim=16,
+                                     intermediate=48, max_position=128)
+TINY_DRAFT = DraftShape(layers=1, intermediate=48, block_size=4, target_layer_ids=(0, 1),
+                        conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=4)
+
+
+@functools.lru_cache(maxsize=None)
+def _texts(n: int = 4) -> list[str]:
+    root = corpus.stdlib_root()
+    return [(root / rel).read_text(encoding="utf-8") for rel in corpus.list_files(root)[:n]]
+
+
+def test_corpus_skips_tests_and_splits_by_file():
+    files = corpus.list_files(corpus.stdlib_root())
+    assert files == sorted(files) and len(files) > 100
+    assert not any(set(f.split("/")[:-1]) & {"test", "tests", "idle_test", "site-packages"}
+                   for f in files)
+    held = [f for f in files if corpus.is_heldout(f)]
+    assert 0.02 < len(held) / len(files) < 0.2
+    assert [corpus.is_heldout(f) for f in files] == [corpus.is_heldout(f) for f in files]
+
+
+def test_cut_prompts_are_whole_lines_and_seeded():
+    files = (("a.py", "".join(f"x{i} = {i} + {i}\n" for i in range(200))),)
+    enc = lambda s: list(s.encode())  # noqa: E731
+    a = corpus.cut_prompts(files, enc, 5, 20, 60, seed=3)
+    assert a == corpus.cut_prompts(files, enc, 5, 20, 60, seed=3)
+    for p in a:
+        assert p["prompt"].endswith("\n") and 20 <= len(p["prompt_ids"]) <= 60
+        assert p["prompt"] in files[0][1]
+
+
+def test_tokenizer_mask_never_encoded_and_deterministic():
+    texts = _texts()
+    tok = train_tokenizer(texts, 400)
+    assert tok.vocab_size == tok.mask_id + 1 <= 400 and tok.eos_id == 0
+    ids = tok.encode(f"x = 1 {MASK_TOKEN} <|endoftext|>\n" + texts[0][:500])
+    assert tok.mask_id not in ids
+    assert tok.decode(tok.encode(texts[0][:500])) == texts[0][:500]
+    assert train_tokenizer(texts, 400).backend.to_str() == tok.backend.to_str()
+
+
+def _tiny_target(vocab: int, seed: int) -> TargetModel:
+    cfg = TargetConfig.from_dict(target_mod.target_config_dict(TINY_TARGET, vocab, 0))
+    model = TargetModel(cfg, TINY_DRAFT.target_layer_ids)
+    target_mod.init_weights(model, torch.Generator().manual_seed(seed), residual_layers=2)
+    return model
+
+
+def _tiny_run(seed: int) -> tuple[TargetModel, DraftModel, list[float]]:
+    """Target steps → engine continuations → taps → draft steps, all from ``seed``."""
+    torch.manual_seed(seed)
+    tok = train_tokenizer(_texts(3), 320)
+    stream = target_mod.token_stream(tok.encode_batch(_texts(3)), tok.eos_id)
+    target = _tiny_target(tok.vocab_size, seed)
+    losses = target_mod.train_target(target, stream, 3, 2, 32, 3e-3, seed, every=100)
+    prompts = [stream[i * 50:i * 50 + 12].tolist() for i in range(4)]
+    data = generate.build_distill_data(ModelPair(target, None), BACKEND, prompts, 10,
+                                       [0.0, 1.0, 0.0, 1.0], 4, seed)
+    draft = DraftModel(draft_config(target.cfg, TINY_DRAFT, tok.mask_id))
+    init_draft(draft, torch.Generator().manual_seed(seed))
+    hist = distill.train_draft(draft, target, data, 3, 2, 4, 1e-3, seed, every=100)
+    return target, draft, losses + [h["ce"] + h["sel"] for h in hist]
+
+
+@pytest.fixture
+def one_thread():
+    """The recipe's thread count (results are bit-identical for a fixed thread count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_tiny_run_is_bit_reproducible_from_its_seed(one_thread):
+    t1, d1, l1 = _tiny_run(0)
+    t2, d2, l2 = _tiny_run(0)
+    assert l1 == l2 and all(map(lambda x: x == x, l1))
+    for a, b in ((t1, t2), (d1, d2)):
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys()
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(d1.candidate_selector.successor_codebook, torch.zeros(1))
+
+
+def test_draft_init_is_dflash_v1_with_flat_lattice():
+    target = _tiny_target(64, 0)
+    draft = DraftModel(draft_config(target.cfg, TINY_DRAFT, 63))
+    init_draft(draft, torch.Generator().manual_seed(0))
+    conv = draft.layers[0].attention_conv
+    assert torch.equal(conv.base_kernel[:, 0], torch.ones_like(conv.base_kernel[:, 0]))
+    assert not conv.base_kernel[:, 1:].any() and not conv.kernel_projection.weight.any()
+    assert not draft.candidate_selector.successor_codebook.any()
+    assert draft.candidate_selector.predecessor_codebook.abs().sum() > 0
+
+
+def _context(pair, seq):
+    """Taps of a whole sequence [1, L, n_taps, H] from one causal target forward."""
+    return target_mod.lm_taps(pair.target, [seq])
+
+
+def test_training_forward_equals_runtime_draft_forward():
+    pair = tiny_pair("dflash2", block=8, seed=3)
+    pair.draft.layers[0].attention_conv.kernel_projection.weight.data.normal_(0, 0.3)
+    seq = [(7 * i + 3) % 59 for i in range(40)]
+    taps = _context(pair, seq)                                             # [1, L, n_taps, H]
+    anchors = torch.tensor([[5, 17, 30]])
+    b, mask_id = 8, pair.draft.cfg.mask_token_id
+    ids = torch.full((1, 3, b), mask_id)
+    ids[..., 0] = torch.tensor(seq)[anchors]
+    batch = distill.Batch(taps, torch.tensor([40]), anchors, ids, ids[..., 1:])
+    got = distill.draft_hidden(pair.draft, pair.target, batch, BACKEND)    # [1, 3, B, H]
+    for j, a in enumerate(anchors[0].tolist()):
+        cache = pair.draft.empty_cache(1, 48, pair.dtype, "cpu")
+        pos = torch.arange(a).view(1, a)
+        cache.commit(pair.draft.context_kv(taps[:, :a], pos), torch.zeros(1, dtype=torch.long),
+                     torch.tensor([a]))
+        block_pos = (a + torch.arange(b)).view(1, b)
+        ref = pair.draft(pair.target.embed(ids[:, j]), block_pos, cache, torch.tensor([a]), BACKEND)
+        torch.testing.assert_close(got[0, j], ref[0], rtol=1e-10, atol=1e-10)
+
+
+def test_selector_scores_follow_the_runtime_walk():
+    pair = tiny_pair("dflash2", block=8, seed=5)
+    sel = pair.draft.candidate_selector
+    sel.successor_codebook.data.normal_(0, 2.0)
+    h = torch.randn(1, 7, pair.target.cfg.hidden_size, dtype=pair.dtype)
+    logits = pair.target.lm_head(h)
+    anchor = torch.tensor([11])
+    params = SelectorParams(pair.draft.cfg.selector_top_k, pair.draft.cfg.output_multiplier,
+                            pair.draft.cfg.final_logit_softcapping)
+    out = select(logits, sel.hidden_projection(h), anchor, sel.predecessor_codebook,
+                 sel.successor_codebook, params, SamplingBatch.greedy_batch(1), torch.zeros(1, 7))
+    prev = torch.cat([anchor.view(1, 1), out.draft[:, :-1]], dim=1)      # the walk's own path
+    scores, cand = distill.selector_scores(pair.draft, h, logits, prev, params.top_k)
+    assert torch.equal(cand, out.candidates)
+    assert torch.equal(cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0], out.draft)
+
+
+def test_block_mask_sees_own_block_and_earlier_context():
+    m = distill.block_mask(torch.tensor([[2, 5]]), 6, 3)                   # [1, 6, 6 + 6]
+    assert m[0, 0, :6].tolist() == [True, True, False, False, False, False]
+    assert m[0, 4, :6].tolist() == [True] * 5 + [False]
+    assert m[0, 0, 6:].tolist() == [True] * 3 + [False] * 3
+    assert m[0, 5, 6:].tolist() == [False] * 3 + [True] * 3
+
+
+def test_train_parser_is_registered():
+    from dflash2rt.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--out", "x", "--seed", "3", "--minutes", "10"])
+    assert args.seed == 3 and args.minutes == 10 and callable(args.func)
+
+
+def test_scaled_recipe_scales_counts_only():
+    from dflash2rt.train.recipe import DEFAULT_MINUTES, RecipeConfig
+
+    base = RecipeConfig()
+    half = base.scaled(DEFAULT_MINUTES / 2)
+    assert half.target_steps == round(base.target_steps / 2) and half.seed == base.seed
+    assert half.draft == base.draft and half.target == base.target
