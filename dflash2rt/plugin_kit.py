@@ -93,7 +93,20 @@ def kernel_mode() -> tuple[bool, str]:
 
     if importlib.util.find_spec("triton") is None:
         return False, "torch eager ops (triton not installed: pip install 'dflash2rt[triton]')"
+    if interpreting():
+        return False, (f"torch eager ops ({INTERPRET_REASON})")
     return True, KERNELS
+
+
+INTERPRET_REASON = ("TRITON_INTERPRET=1 is set in this process, so Triton would run the kernels "
+                    "in its host interpreter; unset it to use the device kernels")
+
+
+def interpreting() -> bool:
+    """True when Triton's interpreter replaces its compiler in this process."""
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def gpu_backend(name: str, probe: Probe, dtypes: tuple[torch.dtype, ...], tuning,
@@ -103,6 +116,8 @@ def gpu_backend(name: str, probe: Probe, dtypes: tuple[torch.dtype, ...], tuning
     ``graph_adapter`` the engine captures its steps into graphs."""
     device = probe.details["torch_device"]
     try:
+        if interpreting():                  # never run a GPU backend's kernels interpreted
+            raise RuntimeError(INTERPRET_REASON)
         from .kernels.backend import KernelBackend
 
         backend: Backend = KernelBackend(name, device, dtypes, tuning)

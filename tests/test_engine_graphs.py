@@ -69,3 +69,27 @@ def test_capture_failure_is_reported_and_output_unchanged():
     want, _ = Engine(pair, "cpu").generate(_reqs((0.0,) * 3))
     assert _tokens(got) == _tokens(want)
     assert stats.fallbacks and all("refuses to capture" in f for f in stats.fallbacks)
+
+
+def test_graphs_are_released_when_generate_returns():
+    """Captured graphs die with the generate() call (refcount, no GC pass): a graph freed by the
+    cyclic GC during a later capture invalidates that capture on CUDA."""
+    import gc
+    import weakref
+
+    made = []
+
+    class Tracking(ReplayAdapter):
+        def capture(self, fn, pool):
+            g = super().capture(fn, pool)
+            made.append(weakref.ref(g))
+            return g
+
+    gc.disable()
+    try:
+        _, stats = Engine(tiny_pair("dflash2", block=4), _backend(Tracking())).generate(
+            _reqs((0.0, 1.0, 0.6)))
+        assert made and all(r() is None for r in made)
+        assert stats.capture_s > 0 and stats.step_s > 0
+    finally:
+        gc.enable()

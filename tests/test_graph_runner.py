@@ -120,3 +120,38 @@ def test_replay_equals_eager_across_buckets():
 def test_bad_buckets_raise():
     with pytest.raises(InvalidInputError):
         make_runner(FakeAdapter(), torch.zeros(1), [], buckets=(4, 2))
+
+
+def test_failed_capture_gets_a_fresh_pool_and_close_releases_graphs():
+    """A refused capture can leave its memory pool mid-recording (CUDA did: 'already recording
+    to mempool_id' on the next capture), so later captures use a new pool; close() drops the
+    graphs at once instead of leaving them to the cyclic GC."""
+    import weakref
+
+    adapter, fallbacks, state = FakeAdapter(fail_sizes={4}), [], torch.zeros(8)
+    pools = []
+    capture = adapter.capture
+    adapter.capture = lambda fn, pool: (pools.append(pool), capture(fn, pool))[1]
+    runner = make_runner(adapter, state, fallbacks)
+    runner.run(live(1))
+    runner.run(live(3))                 # bucket 4 refused
+    runner.run(live(2))
+    assert len(pools) == 3 and pools[0] is pools[1] and pools[2] is not pools[1]
+    graphs = [weakref.ref(b.graph) for b in runner.state.values() if b.graph is not None]
+    assert len(graphs) == 2 and runner.capture_s > 0
+    runner.close()
+    assert all(g() is None for g in graphs) and not runner.state
+
+
+def test_no_gc_during_capture():
+    import gc
+
+    from dflash2rt.graphs.adapter import no_gc
+
+    assert gc.isenabled()
+    with no_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), no_gc():
+        raise RuntimeError("capture failed")
+    assert gc.isenabled()

@@ -127,3 +127,22 @@ def test_import_does_no_work():
     code = ("import sys, dflash2rt; "
             "assert 'torch' not in sys.modules and 'pluggy' not in sys.modules, sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_gpu_backend_never_runs_its_kernels_in_the_interpreter(monkeypatch):
+    """With TRITON_INTERPRET=1 in the process (a test conftest once leaked it into a CUDA
+    conformance run, which then ran every kernel in the host interpreter: slow and wrong), a GPU
+    plugin uses the torch ops and says why, instead of silently interpreting."""
+    import torch
+
+    from dflash2rt.backend import Probe, TorchOpsBackend
+    from dflash2rt.kernels.tuning import DEFAULT
+    from dflash2rt.plugin_kit import gpu_backend, kernel_mode
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    probe = Probe(True, device="cpu", details={"torch_device": torch.device("cpu")})
+    be = gpu_backend("fakegpu", probe, (torch.float32,), DEFAULT)
+    assert type(be) is TorchOpsBackend
+    assert len(be.fallbacks) == 1 and "TRITON_INTERPRET=1" in be.fallbacks[0]
+    usable, what = kernel_mode()
+    assert not usable and "TRITON_INTERPRET=1" in what

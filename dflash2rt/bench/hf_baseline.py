@@ -21,10 +21,13 @@ def hf_available() -> str | None:
 class HFGreedy:
     """Greedy ``generate()`` of a HF checkpoint directory (left-padded batches)."""
 
-    def __init__(self, target_dir: str | Path, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, target_dir: str | Path, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).eval()
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype)
+        self.model = self.model.to(self.device).eval()
         self.pad = 0
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int
@@ -36,11 +39,21 @@ class HFGreedy:
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        _sync(self.device)
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                                       max_new_tokens=max_new_tokens,
                                       min_new_tokens=max_new_tokens, pad_token_id=self.pad,
                                       temperature=None, top_p=None, top_k=None)
+        _sync(self.device)
         seconds = time.perf_counter() - start
         return [row[width:].tolist() for row in out], seconds
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for queued device work so the wall clock covers it (no-op on CPU)."""
+    mod = getattr(torch, device.type, None)
+    if device.type != "cpu" and mod is not None and hasattr(mod, "synchronize"):
+        mod.synchronize()

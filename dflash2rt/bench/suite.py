@@ -91,7 +91,9 @@ def run_bench(pair: ModelPair, model_dir: Path, backend: str | None = None, max_
     prompts = heldout_prompts(model_dir, pair)[:max(n_prompts, 8)]
     block = pair.draft.cfg.block_size
     hf_reason = hf_available() if with_hf else "disabled (--no-hf)"
-    hf = HFGreedy(model_dir / "target") if hf_reason is None else None
+    dtype = next(pair.target.parameters()).dtype
+    hf = (HFGreedy(model_dir / "target", dtype, engine.backend.device)
+          if hf_reason is None else None)
     engine_run(engine, requests(prompts[:1], 8), True, None, Timing())      # warm-up
     b1 = [_compare([p], engine, hf, max_new, block, repeats, log) for p in prompts[:n_prompts]]
     batch1 = _merge(b1)
@@ -110,7 +112,9 @@ def run_bench(pair: ModelPair, model_dir: Path, backend: str | None = None, max_
                                       "speedup_vs_ar", "speedup_vs_hf", "efficiency",
                                       "time_split_per_step_s", "greedy_equal")},
             "batch1": batch1, "batch8": batch8, "sweep": sweep,
-            "hf_baseline": hf_reason or "transformers generate(), greedy, same weights (fp32)",
+            "hf_baseline": hf_reason or f"transformers generate(), greedy, same weights "
+                                        f"({str(dtype).replace('torch.', '')}, "
+                                        f"{engine.backend.device})",
             "assisted_generation": "not measured: transformers' assisted generation needs an "
                                    "autoregressive draft LM; the bundled draft is a DFlash2 "
                                    "block draft, which transformers cannot run"}

@@ -18,6 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--blocks", default="2,4,8,16", help="block sizes for the sweep")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    p.add_argument("--json-out", default=None, metavar="FILE", help="also write the JSON to FILE")
     p.set_defaults(func=run)
 
 
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     res = run_bench(pair, path, backend, args.max_new_tokens, args.repeats,
                     tuple(int(b) for b in args.blocks.split(",")), args.prompts, not args.no_hf,
                     log)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")
     if args.json:
         print(json.dumps(res, indent=2))
         return 0

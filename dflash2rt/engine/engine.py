@@ -94,19 +94,24 @@ class Engine:
             st = self._new_state(requests, block, spec, capacity)
             graphed = GraphedSpecSteps(pair, self.backend, st, block,
                                        self.backend.report_fallback) if graphs else None
-            first = steps.prefill(pair, st, [q.prompt_ids for q in requests])
-            host = self._to_host(torch.stack([first.token, first.bad.long() * BAD_TARGET], 1),
-                                 stats)
-            stats.syncs -= 1                      # prefill's transfer is not a decode step's
-            self._raise_flags([h[1] for h in host], st.rows)
-            for i, (tok, _) in enumerate(host):
-                out.add(st.rows[i], [tok])
-                st.host_lens[i] = len(requests[i].prompt_ids)   # mirrors st.lens = n
-            stats.time["prefill"] = time.perf_counter() - start
-            st = self._drop_finished(st, out)
-            while st.size:
-                st = self._spec_step(st, block, stats, out, graphed) if spec else \
-                    self._target_step(st, stats, out)
+            try:
+                first = steps.prefill(pair, st, [q.prompt_ids for q in requests])
+                host = self._to_host(torch.stack([first.token, first.bad.long() * BAD_TARGET], 1),
+                                     stats)
+                stats.syncs -= 1                      # prefill's transfer is not a decode step's
+                self._raise_flags([h[1] for h in host], st.rows)
+                for i, (tok, _) in enumerate(host):
+                    out.add(st.rows[i], [tok])
+                    st.host_lens[i] = len(requests[i].prompt_ids)   # mirrors st.lens = n
+                stats.time["prefill"] = time.perf_counter() - start
+                st = self._drop_finished(st, out)
+                while st.size:
+                    st = self._spec_step(st, block, stats, out, graphed) if spec else \
+                        self._target_step(st, stats, out)
+            finally:
+                if graphed is not None:   # release graphs now, outside any capture
+                    stats.capture_s = graphed.capture_s
+                    graphed.close()
         stats.wall_s = time.perf_counter() - start
         stats.generated = sum(len(o.token_ids) for o in out.outputs)
         stats.fallbacks = list(self.backend.fallbacks[fallbacks_before:])

@@ -108,6 +108,17 @@ class GraphedSpecSteps:
     def _top_k(self) -> int:
         return steps.selector_params(self.pair).top_k
 
+    def close(self) -> None:
+        """Release the graphs and their static buffers (called when a generate() ends)."""
+        for r in self.runners.values():
+            r.close()
+        self.runners.clear()
+
+    @property
+    def capture_s(self) -> float:
+        """Seconds spent warming up and capturing graphs so far (inside decode steps)."""
+        return sum(r.capture_s for r in self.runners.values())
+
     def step(self, st: BatchState) -> dict[str, torch.Tensor]:
         """Draft graph then verify graph for the live rows; updates st.lens / st.anchor."""
         sampled = st.sampling.any_sampled

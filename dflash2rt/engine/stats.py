@@ -21,6 +21,7 @@ class RunStats:
     time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
         ("prefill", "draft", "select", "verify", "host"), 0.0))
     wall_s: float = 0.0
+    capture_s: float = 0.0         # graph warm-up + capture inside decode steps (part of wall_s)
     syncs: int = 0                 # device→host synchronisations in decode steps
     fallbacks: list[str] = field(default_factory=list)
 
@@ -32,6 +33,12 @@ class RunStats:
     @property
     def tokens_per_s(self) -> float:
         return self.generated / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def step_s(self) -> float:
+        """Mean decode-step latency, graph capture excluded."""
+        return (self.wall_s - self.time["prefill"] - self.capture_s) / self.steps if self.steps \
+            else 0.0
 
     def record_accepts(self, accepted: list[int]) -> None:
         for a in accepted:

@@ -8,7 +8,9 @@ fall back to eager and report it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+import contextlib
+import gc
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
@@ -33,6 +35,20 @@ class GraphAdapter(Protocol):
     def new_pool(self) -> Any: ...
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Keep Python's cyclic GC out of a capture: collecting an unreachable graph object frees its
+    device graph (cudaGraphExecDestroy), which is illegal while a stream is capturing and
+    invalidates the capture in progress (seen on an H200 with torch 2.11)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class CudaGraphAdapter:
     """torch.cuda.CUDAGraph on CUDA and ROCm builds, captured on a side stream."""
 
@@ -49,7 +65,8 @@ class CudaGraphAdapter:
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         try:
-            with torch.cuda.stream(stream), torch.cuda.graph(graph, pool=pool, stream=stream):
+            with no_gc(), torch.cuda.stream(stream), \
+                    torch.cuda.graph(graph, pool=pool, stream=stream):
                 fn()
         except Exception as exc:  # noqa: BLE001 - reported by the runner
             raise GraphCaptureError(f"{self.name} capture failed: {type(exc).__name__}: {exc}")
@@ -74,7 +91,7 @@ class XpuGraphAdapter:
     def capture(self, fn: Callable[[], None], pool: Any) -> Graph:
         graph = torch.xpu.XPUGraph()
         try:
-            with torch.xpu.graph(graph, pool=pool):
+            with no_gc(), torch.xpu.graph(graph, pool=pool):
                 fn()
         except Exception as exc:  # noqa: BLE001 - reported by the runner
             raise GraphCaptureError(f"{self.name} capture failed: {type(exc).__name__}: {exc}")

@@ -9,6 +9,7 @@ failure is reported through ``on_fallback`` (the backend's run stats).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -45,6 +46,7 @@ class GraphRunner:
         self.on_fallback, self.warmup = on_fallback, warmup
         self.pool = adapter.new_pool()
         self.state: dict[int, Bucket] = {}
+        self.capture_s = 0.0          # warm-up + capture wall time, over all buckets
 
     def bucket_for(self, rows: int) -> int | None:
         """Smallest bucket holding ``rows``; None when the batch exceeds every bucket."""
@@ -77,6 +79,13 @@ class GraphRunner:
         return b
 
     def _capture(self, b: Bucket) -> None:
+        start = time.perf_counter()
+        try:
+            self._warm_and_capture(b)
+        finally:
+            self.capture_s += time.perf_counter() - start
+
+    def _warm_and_capture(self, b: Bucket) -> None:
         for _ in range(self.warmup):          # lazy init and autotuning happen before capture
             self.body(b.inputs)
 
@@ -87,4 +96,13 @@ class GraphRunner:
             b.graph = self.adapter.capture(fn, self.pool)
         except GraphCaptureError as exc:
             b.eager = True
+            self.pool = self.adapter.new_pool()   # a failed capture can leave its pool recording
             self.on_fallback(f"bucket {b.size}: {exc}; running it eagerly")
+
+    def close(self) -> None:
+        """Release every captured graph now (not whenever the cyclic GC gets to it, which could
+        be in the middle of another capture)."""
+        for b in self.state.values():
+            b.graph = None
+            b.outputs = {}
+        self.state.clear()

@@ -73,7 +73,7 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
         c = tl.load(cand_ptr + (r * GAMMA + slot) * K + ks, mask=kmask & rej_k, other=-1)
         qk = tl.load(q_ptr + (r * GAMMA + slot) * K + ks, mask=kmask, other=0.0).to(tl.float64)
         prow = p_ptr + (r * rows + s_acc) * V
-        mass = 0.0
+        mass = tl.full([], 0.0, tl.float64)          # loop-carried: fp64 from the start
         last_r = -1
         last_p = -1
         for start in range(0, V, BLOCK_V):           # pass 1: residual mass, last positives
@@ -87,14 +87,14 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
         use_p = mass <= 0.0
         u = tl.where(rejected, tl.load(ur_ptr + r * GAMMA + slot),
                      tl.load(ub_ptr + r)).to(tl.float64)
-        total = 0.0
+        total = tl.full([], 0.0, tl.float64)
         for start in range(0, V, BLOCK_V):           # total of the chosen weights
             offs = start + tl.arange(0, BLOCK_V)
             p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float64)
             qd = tl.sum(tl.where(offs[:, None] == c[None, :], qk[None, :], 0.0), 1)
             total += tl.sum(tl.where(use_p, p, tl.maximum(p - qd, 0.0)), 0)
         target = u * total
-        carry = 0.0
+        carry = tl.full([], 0.0, tl.float64)
         count = 0
         for start in range(0, V, BLOCK_V):           # pass 2: inverse CDF
             offs = start + tl.arange(0, BLOCK_V)

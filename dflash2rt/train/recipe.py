@@ -21,7 +21,7 @@ from ..models.hf_loader import save_target
 from ..models.pair import ModelPair, load_pair
 from ..models.target import TargetModel
 from . import corpus as corpus_mod
-from . import distill, evaluate, generate, target as target_mod
+from . import distill, evaluate, generate, target as target_mod, validate
 from .draft_init import DraftShape, draft_config, init_draft
 from .progress import Progress, fmt_s
 from .target import TargetShape
@@ -147,9 +147,8 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
     val_tau: list[tuple[int, float]] = []
 
     def on_eval(step: int) -> None:
-        val_tau.append((step, validation_tau(draft, target, val, cfg.seed)))
-        log(f"draft step {step}: held-out greedy tau (teacher-forced) {val_tau[-1][1]:.3f}")
-        draft.train()
+        val_tau.append((step, round(validate.engine_tau(draft, target, val), 3)))
+        log(f"draft step {step}: held-out T=0 tau, teacher-forced, engine walk: {val_tau[-1][1]:.3f}")
 
     history = distill.train_draft(draft, target, data, cfg.draft_steps, cfg.draft_seqs_per_step,
                                   cfg.draft_anchors, cfg.draft_lr, cfg.seed + 7, cfg.slot_decay,
@@ -190,15 +189,3 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
     }
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
-
-
-@torch.no_grad()
-def validation_tau(draft: DraftModel, target: TargetModel, val, seed: int) -> float:
-    """1 + mean greedy accepted drafts at seeded anchors of held-out greedy continuations."""
-    draft.eval()
-    backend = TorchOpsBackend("cpu", "cpu", (torch.float32,))
-    gen = torch.Generator().manual_seed(seed)
-    seqs = list(range(val.num_sequences))
-    batch = distill.sample_batch(val, seqs, 16, draft.cfg.block_size, draft.cfg.mask_token_id, gen)
-    _, metrics = distill.distill_loss(draft, target, batch, backend, 7.0, 1.0)
-    return metrics["tau"]
