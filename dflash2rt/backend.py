@@ -60,9 +60,53 @@ class Backend(abc.ABC):
     def __init__(self) -> None:
         self.fallbacks: list[str] = []   # every alternative path taken, reported in run stats
 
+    _run: list[str] | None = None        # fallbacks of the generate() in progress
+
     def report_fallback(self, what: str) -> None:
+        """Record an alternative path. Outside a run it is standing (it applies to every run, e.g.
+        torch ops instead of kernels); inside one it belongs to that run's stats."""
         if what not in self.fallbacks:
             self.fallbacks.append(what)
+        if self._run is None:
+            if what not in self.standing_fallbacks:
+                self.standing_fallbacks.append(what)
+        elif what not in self._run:
+            self._run.append(what)
+
+    @property
+    def standing_fallbacks(self) -> list[str]:
+        if "_standing" not in self.__dict__:
+            self._standing: list[str] = []
+        return self._standing
+
+    def begin_run(self) -> None:
+        self._run = []
+
+    def end_run(self) -> list[str]:
+        """Every fallback that applies to the run just ended: standing ones, then the run's."""
+        ran, self._run = self._run or [], None
+        return self.standing_fallbacks + [f for f in ran if f not in self.standing_fallbacks]
+
+    model_pass: Callable[[list[torch.nn.Module]], str] | None = None
+    """Optional vendor pass over the loaded models (XPU: ``ipex.optimize``); returns what it did."""
+
+    def prepare_models(self, modules: list[torch.nn.Module]) -> str | None:
+        """Run ``model_pass`` once per module (the Engine calls this); a failure is reported as
+        a fallback and leaves the modules as they were."""
+        if self.model_pass is None:
+            return None
+        todo = [m for m in modules if id(self) not in getattr(m, "_dflash2rt_prepared", ())]
+        if not todo:
+            return None
+        try:
+            done = self.model_pass(todo)
+        except Exception as exc:  # noqa: BLE001 - reported; the plain modules stay correct
+            self.report_fallback(f"model pass skipped ({type(exc).__name__}: {exc}); the models "
+                                 "run unmodified")
+            done = None
+        for m in todo:
+            m._dflash2rt_prepared = (*getattr(m, "_dflash2rt_prepared", ()), id(self))
+        return done
 
     @abc.abstractmethod
     def conv_prepare(self, x: torch.Tensor, base: torch.Tensor, delta: torch.Tensor,

@@ -71,6 +71,22 @@ def test_capture_failure_is_reported_and_output_unchanged():
     assert stats.fallbacks and all("refuses to capture" in f for f in stats.fallbacks)
 
 
+def test_every_run_reports_its_own_and_the_standing_fallbacks():
+    """A capture refused again in a second run is in that run's stats too (not only the first);
+    a standing fallback (reported when the backend was made) is in every run's stats; a run
+    without graphs does not inherit the other run's capture failures."""
+    pair = tiny_pair("dflash2", block=4)
+    backend = _backend(ReplayAdapter(fail=True))
+    backend.report_fallback("standing: example")
+    engine = Engine(pair, backend)
+    for _ in range(2):
+        _, stats = engine.generate(_reqs((0.0,) * 3))
+        assert stats.fallbacks[0] == "standing: example"
+        assert any("refuses to capture" in f for f in stats.fallbacks[1:])
+    _, stats = engine.generate(_reqs((0.0,) * 3), spec=False)
+    assert stats.fallbacks == ["standing: example"]
+
+
 def test_graphs_are_released_when_generate_returns():
     """Captured graphs die with the generate() call (refcount, no GC pass): a graph freed by the
     cyclic GC during a later capture invalidates that capture on CUDA."""

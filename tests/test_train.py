@@ -184,3 +184,23 @@ def test_scaled_recipe_scales_counts_only():
     half = base.scaled(DEFAULT_MINUTES / 2)
     assert half.target_steps == round(base.target_steps / 2) and half.seed == base.seed
     assert half.draft == base.draft and half.target == base.target
+
+
+def test_validation_tau_walks_like_the_engine(one_thread):
+    """The recipe's held-out τ (train/validate.py): within [1, B]; per-anchor accept lengths
+    within [0, γ]; the draft's train/eval mode is restored."""
+    from dflash2rt.train import validate
+
+    torch.manual_seed(0)
+    tok = train_tokenizer(_texts(3), 320)
+    stream = target_mod.token_stream(tok.encode_batch(_texts(3)), tok.eos_id)
+    target = _tiny_target(tok.vocab_size, 0)
+    prompts = [stream[i * 50:i * 50 + 12].tolist() for i in range(3)]
+    data = generate.build_distill_data(ModelPair(target, None), BACKEND, prompts, 20,
+                                       [0.0, 0.0, 0.0], 4, 0)
+    draft = DraftModel(draft_config(target.cfg, TINY_DRAFT, tok.mask_id))
+    init_draft(draft, torch.Generator().manual_seed(0))
+    tau = validate.engine_tau(draft, target, data)
+    assert 1.0 <= tau <= draft.cfg.block_size and draft.training
+    lens = validate.accept_lengths(draft, target, data, 0, BACKEND)
+    assert lens and all(0 <= a <= draft.cfg.block_size - 1 for a in lens)

@@ -41,6 +41,7 @@ class Engine:
         if pair.device.type != backend.device.type:
             raise InvalidInputError(f"models are on {pair.device} but backend {backend.name!r} "
                                     f"runs on {backend.device}; load the models there")
+        backend.prepare_models([m for m in (pair.target, pair.draft) if m is not None])
 
     def _to_host(self, t: torch.Tensor, stats: RunStats) -> list:
         """The step's single device→host synchronisation."""
@@ -83,7 +84,6 @@ class Engine:
             q.validate(pair.target.cfg.vocab_size)
         stats = RunStats("spec" if spec else "target-only", self.backend.name,
                          str(self.backend.device), block if spec else 1, requests=len(requests))
-        fallbacks_before = len(self.backend.fallbacks)
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens)
         start = time.perf_counter()
         with torch.inference_mode():
@@ -94,6 +94,7 @@ class Engine:
             st = self._new_state(requests, block, spec, capacity)
             graphed = GraphedSpecSteps(pair, self.backend, st, block,
                                        self.backend.report_fallback) if graphs else None
+            self.backend.begin_run()
             try:
                 first = steps.prefill(pair, st, [q.prompt_ids for q in requests])
                 host = self._to_host(torch.stack([first.token, first.bad.long() * BAD_TARGET], 1),
@@ -112,9 +113,9 @@ class Engine:
                 if graphed is not None:   # release graphs now, outside any capture
                     stats.capture_s = graphed.capture_s
                     graphed.close()
+                stats.fallbacks = self.backend.end_run()
         stats.wall_s = time.perf_counter() - start
         stats.generated = sum(len(o.token_ids) for o in out.outputs)
-        stats.fallbacks = list(self.backend.fallbacks[fallbacks_before:])
         return out.finish(), stats
 
     def _spec_step(self, st: BatchState, block: int, stats: RunStats, out: Collector,

@@ -20,17 +20,33 @@ NODES = ("/dev/dri/renderD*",)
 IPEX = "intel-extension-for-pytorch"
 
 
-def ipex_status() -> str:
-    """IPEX is optional: say whether it is installed and matches torch (it needs the same x.y)."""
+def ipex_state() -> tuple[bool | None, str]:
+    """IPEX is optional: (usable — None when not installed —, what to report). It must match
+    torch's major.minor, as IPEX releases are built against one torch release."""
     try:
         version = metadata.version(IPEX)
     except metadata.PackageNotFoundError:
-        return "not installed (optional; upstream torch.xpu is used)"
+        return None, "not installed (optional; upstream torch.xpu is used)"
     want = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     have = ".".join(version.split("+")[0].split(".")[:2])
     if have != want:
-        return f"{version} installed but unusable: it needs torch {have}.x, this is torch {want}"
-    return f"{version} (compatible)"
+        return False, (f"{version} installed but not used: it needs torch {have}.x, this is "
+                       f"torch {want}")
+    return True, f"{version} (compatible): ipex.optimize runs on the target and draft"
+
+
+def ipex_status() -> str:
+    return ipex_state()[1]
+
+
+def ipex_pass(modules: list[torch.nn.Module]) -> str:
+    """``ipex.optimize`` each model in place, in its own dtype (eval mode)."""
+    import intel_extension_for_pytorch as ipex
+
+    for m in modules:
+        dtype = next(m.parameters()).dtype
+        ipex.optimize(m.eval(), dtype=dtype, inplace=True)
+    return f"ipex {metadata.version(IPEX)}: ipex.optimize on {len(modules)} model(s)"
 
 
 GRAPHS_OPT_IN = "DFLASH2RT_XPU_GRAPHS"
@@ -88,7 +104,7 @@ def probe() -> Probe:
     return Probe(
         available=True,
         device=f"xpu:0 {props.name} ({props.total_memory / 2**30:.0f} GiB)",
-        kernels=kit.kernel_mode()[1], dtypes=dtypes,
+        kernels=f"{kit.kernel_mode()[1]}; IPEX {ipex}", dtypes=dtypes,
         graphs=graph_self_test("xpu:0") or "XPU graphs (torch.xpu.XPUGraph), self-test passed",
         details={"torch": torch.__version__, "xpu": getattr(torch.version, "xpu", "") or "",
                  "ipex": ipex, "torch_device": "xpu:0"},
@@ -105,6 +121,11 @@ def create(p: Probe) -> Backend:
                               adapter)
     if adapter is None:
         backend.report_fallback(f"XPU graphs not used: {p.graphs}")
+    usable, ipex = ipex_state()
+    if usable:
+        backend.model_pass = ipex_pass
+    elif usable is False:
+        backend.report_fallback(f"IPEX {ipex}")
     return backend
 
 
