@@ -91,6 +91,29 @@ def test_prefill_ragged_batch(pair):
 
 
 @torch.no_grad()
+def test_logits_at_gives_exactly_the_selected_rows(pair):
+    """Prefill asks for the last prompt row's logits only; they equal that row of the full run
+    (to rounding: a 1-row and a T-row matmul may block their sums differently)."""
+    model, _, _ = pair
+    prompts = _prompts()
+    full, _, _ = _prefill(model, prompts)
+    r, t = len(prompts), max(map(len, prompts))
+    ids = torch.zeros(r, t, dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p)
+    counts = torch.tensor([len(p) for p in prompts])
+    cache = KVCache.empty(model.cfg.num_hidden_layers, r, MAX_LEN, model.cfg.num_key_value_heads,
+                          model.cfg.head_dim, F64, "cpu")
+    out = model(ids, torch.arange(t).expand(r, t).contiguous(), cache,
+                torch.zeros(r, dtype=torch.int64), torch.arange(t)[None, :] < counts[:, None],
+                logits_at=counts - 1)
+    assert out.logits.shape == (r, 1, model.cfg.vocab_size)
+    for i, n in enumerate(counts.tolist()):
+        torch.testing.assert_close(out.logits[i, 0], full.logits[i, n - 1], rtol=0, atol=1e-12)
+    assert torch.equal(out.taps, full.taps)
+
+
+@torch.no_grad()
 def test_invalid_rows_before_valid_ones_are_invisible(pair):
     """Left padding: `valid`, not causality, must hide the padded rows."""
     model, hf, cfg = pair

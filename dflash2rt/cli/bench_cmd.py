@@ -12,7 +12,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default=None)
     p.add_argument("--model", default="stdlib-code", help="bundled model name or a directory "
                    "with target/, draft/ and heldout_prompts.json")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per configuration")
     p.add_argument("--prompts", type=int, default=8, help="held-out prompts for batch 1")
     p.add_argument("--blocks", default="2,4,8,16", help="block sizes for the sweep")

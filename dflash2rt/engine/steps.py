@@ -37,11 +37,11 @@ def prefill(pair: ModelPair, st: BatchState, prompts: list[tuple[int, ...]]) -> 
     n = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)
     pos = torch.arange(t, device=dev).expand(r, t)                       # [R, T]
     valid = pos < n.view(r, 1)
-    out = pair.target(ids, pos, st.target_cache, st.lens, valid, ctx_len=0)
+    out = pair.target(ids, pos, st.target_cache, st.lens, valid, ctx_len=0, logits_at=n - 1)
     st.target_cache.commit(out.new_kv, st.lens, n)
     if st.draft_cache is not None:
         st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, n)
-    last = out.logits.gather(1, (n - 1).view(r, 1, 1).expand(r, 1, out.logits.shape[-1]))[:, 0]
+    last = out.logits[:, 0]                                              # row n - 1 only
     u = uniforms(st.seed, st.key, n, Stream.BONUS)                        # decides position n
     token, bad = sample_next(last, st.sampling, u)
     st.lens.copy_(n)

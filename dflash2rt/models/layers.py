@@ -24,7 +24,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.to(compute_dtype(x.dtype))
+        cdt = compute_dtype(x.dtype)
+        if cdt == x.dtype == self.weight.dtype:   # one fused op (float32 / float64)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        h = x.to(cdt)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 

@@ -124,12 +124,15 @@ class TargetModel(nn.Module):
         lens: torch.Tensor,
         valid: torch.Tensor,
         ctx_len: int | None = None,
+        logits_at: torch.Tensor | None = None,
     ) -> TargetOutput:
         """Run T new rows per request against cache rows [0, lens[r]); the cache is not written.
 
         input_ids, positions [R, T] int64; lens [R] int64; valid [R, T] bool (padded rows may give
         garbage but never affect valid rows). `ctx_len` (host int, default cache.max_len) bounds the
-        cache rows read: pass it only when every lens[r] <= ctx_len. No device->host sync.
+        cache rows read: pass it only when every lens[r] <= ctx_len. `logits_at` [R] int64 (row
+        index per request) computes the logits of that row only: [R, 1, V] (prefill needs the
+        last prompt row alone). No device->host sync.
         """
         self._check(input_ids, positions, cache, lens, valid, ctx_len)
         ctx = cache.max_len if ctx_len is None else ctx_len
@@ -143,7 +146,10 @@ class TargetModel(nn.Module):
             new_kv.append((k, v))
             if i in self.tap_layer_ids:
                 taps[i] = h
-        logits = self.lm_head(self.model.norm(h))  # [R, T, V]
+        last = h
+        if logits_at is not None:
+            last = h.gather(1, logits_at.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))  # [R, 1, H]
+        logits = self.lm_head(self.model.norm(last))  # [R, T or 1, V]
         if self.tap_layer_ids:
             tapped = torch.stack([taps[i] for i in self.tap_layer_ids], dim=2)  # [R, T, n_taps, H]
         else:

@@ -10,6 +10,7 @@ from row i (``kernel_projection`` of the normed sublayer input).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..errors import InvalidInputError
 
@@ -38,20 +39,18 @@ def check_conv_args(x: torch.Tensor, base: torch.Tensor, delta: torch.Tensor,
 
 def grouped_dynamic_conv(x: torch.Tensor, base: torch.Tensor, delta: torch.Tensor,
                          block_size: int) -> torch.Tensor:
-    """x [N, H], base [Tk, H], delta [N, Tk, G] → [N, H] in x's dtype (accumulated in x's dtype)."""
+    """x [N, H], base [Tk, H], delta [N, Tk, G] → [N, H] in x's dtype.
+
+    Row i of a block sums tap t times row i − t of the same block (zero before the block
+    starts): all taps at once, as a product with a sliding window over the zero-padded block."""
     taps, group_size = check_conv_args(x, base, delta, block_size)
     n, h = x.shape
-    xb = x.view(n // block_size, block_size, h)                             # [R, B, H]
-    out = None
-    for t in range(taps):
-        w = base[t].to(x.dtype) + delta[:, t].to(x.dtype).repeat_interleave(group_size, dim=1)
-        if t == 0:
-            shifted = x                                                     # [N, H]
-        else:  # row i reads row i - t of its own block, zero before the block starts
-            pad = x.new_zeros(xb.shape[0], min(t, block_size), h)
-            shifted = torch.cat([pad, xb[:, :max(block_size - t, 0)]], dim=1).reshape(n, h)
-        out = w * shifted if out is None else out + w * shifted
-    return out
+    r = n // block_size
+    w = base.to(x.dtype) + delta.to(x.dtype).repeat_interleave(group_size, dim=2)   # [N, Tk, H]
+    padded = F.pad(x.view(r, block_size, h), (0, 0, taps - 1, 0))        # [R, B + Tk − 1, H]
+    window = padded.unfold(1, block_size, 1).flip(1)                      # [R, Tk, H, B]: tap t
+    shifted = window.permute(0, 3, 1, 2)                                  # [R, B, Tk, H]
+    return (w.view(r, block_size, taps, h) * shifted).sum(2).view(n, h)
 
 
 def conv_prepare(x: torch.Tensor, base_in: torch.Tensor, delta_in: torch.Tensor,
