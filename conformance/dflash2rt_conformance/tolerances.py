@@ -33,9 +33,10 @@ BASE = MappingProxyType({
 
 _F32_CONTRACT = ("the op returns float32 by contract (DESIGN §1.1: probabilities and q are "
                  "float32) whatever the input dtype, so float64 inputs meet the float32 row")
-_BF16_ACCUM = ("the conv accumulates in the input dtype (ops/conv.py): per tap it rounds base+δ, "
-               "the product and the running sum to bf16 (2^-8 relative each); with Tk ≤ 7 taps "
-               "of |w·x| ≲ 4 that is ≲ 3·7·4·2^-8 ≈ 0.33 worst case, ≈ 0.06 in practice")
+_BF16_ACCUM = ("the conv works in the input dtype (ops/conv.py): it rounds base+δ, each tap's "
+               "product and the sum to bf16 (2^-8 relative each; a kernel may keep the sum in "
+               "fp32); with Tk ≤ 7 taps of |w·x| ≲ 4 that is ≲ 3·7·4·2^-8 ≈ 0.33 worst case, "
+               "≈ 0.06 in practice")
 _STEP32 = ("a float32 model forward (2-3 decoder layers, RMSNorm, softmax attention, SwiGLU) "
            "accumulates ~1e-6 relative per layer; logits of magnitude ≲ 10 drift ≲ 1e-4")
 

@@ -12,7 +12,7 @@ import torch
 from dflash2rt.errors import CheckpointError, InvalidInputError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.target import TargetModel
-from dflash2rt.models.tokenizer import TextTokenizer, load_tokenizer
+from dflash2rt.models.tokenizer import TextTokenizer, load_tokenizer, read_json_object
 
 __all__ = ["load_target", "load_tokenizer", "read_config", "save_target", "TextTokenizer"]
 
@@ -28,13 +28,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     file = Path(path) / CONFIG_FILE
     if not file.is_file():
         raise CheckpointError(f"{path}: config.json not found (expected a Hugging Face checkpoint directory)")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {file}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file} must hold a JSON object")
-    return data
+    return read_json_object(file)
 
 
 def _tensor_files(path: Path) -> list[Path]:

@@ -33,7 +33,8 @@ class TextTokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object; anything else is a CheckpointError naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -66,7 +67,7 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     bos = None
     for name in ("generation_config.json", "config.json"):
         if (path / name).is_file():
-            data = _read_json(path / name)
+            data = read_json_object(path / name)
             if not eos:
                 eos = _ids(data.get("eos_token_id"), path / name)
             if bos is None:
