@@ -82,7 +82,7 @@ def cuda_graph_mode(vendor: str) -> str:
     if not graphs_wanted():
         return f"off ({GRAPHS_ENV}=0): eager launches"
     return (f"{vendor} graphs via torch.cuda.CUDAGraph (side-stream capture), buckets 1-32: "
-            "draft+conv+selector+walk and verify+accept+commit")
+            "draft+conv+selector+walk and verify+accept+commit; target-only forward+sample+commit")
 
 
 def kernel_mode() -> tuple[bool, str]:

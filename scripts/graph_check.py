@@ -32,21 +32,22 @@ def main() -> int:
                ("def parse(self, text):\n", "import os\nimport sys\n", "class Node:\n",
                 "for i in range(", "    return self.", "with open(path) as f:\n", "x = [", "if")]
     results = []
-    for batch in (1, 3, 8):
-        for temps in ((0.0,), (0.0, 1.0)):
-            reqs = [Request(p, SamplingParams(max_new_tokens=48, temperature=temps[i % len(temps)],
-                                              seed=i)) for i, p in enumerate(prompts[:batch])]
-            row = {"batch": batch, "temperatures": temps}
-            for name, be in (("graph", graphed), ("eager", eager)):
-                Engine(pair, be).generate(reqs)                     # warm-up / capture
-                outs, stats = Engine(pair, be).generate(reqs)
-                row[f"{name}_tokens"] = [o.token_ids for o in outs]
-                row[f"{name}_step_ms"] = 1e3 * stats.step_s
-                row[f"{name}_capture_ms"] = 1e3 * stats.capture_s
-                row[f"{name}_fallbacks"] = stats.fallbacks
-            row["equal"] = row.pop("graph_tokens") == row.pop("eager_tokens")
-            print(json.dumps(row))
-            results.append(row)
+    for spec, batch, temps in [(True, b, t) for b in (1, 3, 8) for t in ((0.0,), (0.0, 1.0))] + \
+        [(False, b, (0.0, 1.0)) for b in (1, 8)]:
+        reqs = [Request(p, SamplingParams(max_new_tokens=48, temperature=temps[i % len(temps)],
+                                          seed=i)) for i, p in enumerate(prompts[:batch])]
+        row = {"mode": "spec" if spec else "target-only", "batch": batch,
+               "temperatures": temps}
+        for name, be in (("graph", graphed), ("eager", eager)):
+            Engine(pair, be).generate(reqs, spec=spec)          # warm-up / capture
+            outs, stats = Engine(pair, be).generate(reqs, spec=spec)
+            row[f"{name}_tokens"] = [o.token_ids for o in outs]
+            row[f"{name}_step_ms"] = 1e3 * stats.step_s
+            row[f"{name}_capture_ms"] = 1e3 * stats.capture_s
+            row[f"{name}_fallbacks"] = stats.fallbacks
+        row["equal"] = row.pop("graph_tokens") == row.pop("eager_tokens")
+        print(json.dumps(row))
+        results.append(row)
     json.dump({"backend": args.backend, "adapter": getattr(graphed.graph_adapter, "name", None),
                "all_equal": all(r["equal"] for r in results), "rows": results},
               open(args.out, "w"), indent=2)

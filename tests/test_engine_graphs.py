@@ -63,6 +63,19 @@ def test_graphed_steps_equal_eager_with_padding_and_compaction():
             assert stats.fallbacks == [] and stats.syncs == stats.steps
 
 
+def test_graphed_target_only_steps_equal_eager():
+    """Target-only decoding is captured too (one graph per bucket), so graph-capable devices
+    compare speculative and target-only decoding like for like."""
+    pair = tiny_pair("dflash2", block=4)
+    for temps in ((0.0, 0.0, 0.0), (0.0, 1.0, 0.6)):
+        adapter = ReplayAdapter()
+        got, stats = Engine(pair, _backend(adapter)).generate(_reqs(temps), spec=False)
+        want, _ = Engine(pair, "cpu").generate(_reqs(temps), spec=False)
+        assert _tokens(got) == _tokens(want)
+        assert adapter.captures >= 3 and adapter.replays > 0       # buckets 4, 2, 1
+        assert stats.fallbacks == [] and stats.syncs == stats.steps and stats.capture_s > 0
+
+
 def test_capture_failure_is_reported_and_output_unchanged():
     pair = tiny_pair("dflash2", block=4)
     got, stats = Engine(pair, _backend(ReplayAdapter(fail=True))).generate(_reqs((0.0,) * 3))
@@ -74,7 +87,7 @@ def test_capture_failure_is_reported_and_output_unchanged():
 def test_every_run_reports_its_own_and_the_standing_fallbacks():
     """A capture refused again in a second run is in that run's stats too (not only the first);
     a standing fallback (reported when the backend was made) is in every run's stats; a run
-    without graphs does not inherit the other run's capture failures."""
+    whose captures succeed does not inherit the other runs' capture failures."""
     pair = tiny_pair("dflash2", block=4)
     backend = _backend(ReplayAdapter(fail=True))
     backend.report_fallback("standing: example")
@@ -83,6 +96,7 @@ def test_every_run_reports_its_own_and_the_standing_fallbacks():
         _, stats = engine.generate(_reqs((0.0,) * 3))
         assert stats.fallbacks[0] == "standing: example"
         assert any("refuses to capture" in f for f in stats.fallbacks[1:])
+    backend.graph_adapter.fail = False
     _, stats = engine.generate(_reqs((0.0,) * 3), spec=False)
     assert stats.fallbacks == ["standing: example"]
 

@@ -14,7 +14,7 @@ from ..ops.batch import BlockNoise, SamplingBatch
 from ..registry import Registry
 from . import steps
 from ..models.kv_cache import KVCache
-from .graphed import BUCKETS, GraphedSpecSteps
+from .graphed import BUCKETS, GraphedSpecSteps, GraphedTargetSteps
 from .output import Collector
 from .request import Request, RequestOutput
 from .state import BatchState
@@ -87,13 +87,16 @@ class Engine:
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens)
         start = time.perf_counter()
         with torch.inference_mode():
-            graphs = spec and self.backend.graph_adapter is not None
+            graphs = self.backend.graph_adapter is not None
             capacity = len(requests)
             if graphs:
                 capacity = max(capacity, next((b for b in BUCKETS if b >= capacity), capacity))
             st = self._new_state(requests, block, spec, capacity)
-            graphed = GraphedSpecSteps(pair, self.backend, st, block,
-                                       self.backend.report_fallback) if graphs else None
+            graphed = None
+            if graphs:
+                graphed = GraphedSpecSteps(pair, self.backend, st, block,
+                                           self.backend.report_fallback) if spec else \
+                    GraphedTargetSteps(pair, self.backend, st, self.backend.report_fallback)
             self.backend.begin_run()
             try:
                 first = steps.prefill(pair, st, [q.prompt_ids for q in requests])
@@ -108,7 +111,7 @@ class Engine:
                 st = self._drop_finished(st, out)
                 while st.size:
                     st = self._spec_step(st, block, stats, out, graphed) if spec else \
-                        self._target_step(st, stats, out)
+                        self._target_step(st, stats, out, graphed)
             finally:
                 if graphed is not None:   # release graphs now, outside any capture
                     stats.capture_s = graphed.capture_s
@@ -162,9 +165,14 @@ class Engine:
             + sel.bad.long() * BAD_DRAFT
         return acc, ver.tokens, flags, t1, t2
 
-    def _target_step(self, st: BatchState, stats: RunStats, out: Collector) -> BatchState:
+    def _target_step(self, st: BatchState, stats: RunStats, out: Collector,
+                     graphed: GraphedTargetSteps | None) -> BatchState:
         t0 = time.perf_counter()
-        token, bad = steps.target_only_step(self.pair, st, max(st.host_lens))
+        if graphed is None:
+            token, bad = steps.target_only_step(self.pair, st, max(st.host_lens))
+        else:
+            v = graphed.step(st)
+            token, bad = v["token"], v["bad"]
         t1 = time.perf_counter()
         host = self._to_host(torch.stack([token, bad.long() * BAD_TARGET], 1), stats)
         self._raise_flags([h[1] for h in host], st.rows)

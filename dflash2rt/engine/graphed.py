@@ -1,5 +1,6 @@
 """Graph-captured decode steps: draft + conv + selector + walk in one graph, verify + accept +
-commit in another, per batch-size bucket, over the batch state's static cache storage.
+commit in another, per batch-size bucket, over the batch state's static cache storage; and the
+target-only step (forward + sample + commit) in one graph, so both modes compare like for like.
 
 Per-request temperatures and greedy flags are static tensors (select, not branch); one graph set
 serves greedy-only batches and one serves batches with sampled requests. Padded rows are inert:
@@ -132,3 +133,60 @@ class GraphedSpecSteps:
         st.lens.copy_(v["lens"])
         st.anchor.copy_(v["anchor"])
         return {**v, "draft_bad": d["bad"]}
+
+
+class GraphedTargetSteps:
+    """Replays the target-only step graph (one token per request) for the live rows."""
+
+    def __init__(self, pair: ModelPair, backend: Backend, state: BatchState, on_fallback) -> None:
+        self.pair, self.backend, self.on_fallback = pair, backend, on_fallback
+        self.full = state.target_full
+        self.runners: dict[bool, GraphRunner] = {}
+
+    def _body(self, sampled: bool):
+        def body(inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            b = inp["anchor"].shape[0]
+            sampling = SamplingBatch(inp["temperature"], inp["top_k"], inp["top_p"],
+                                     inp["greedy"], any_sampled=sampled, any_filtered=sampled)
+            st = BatchState(self.full, None, inp["lens"], inp["anchor"], inp["seed"], inp["key"],
+                            sampling, [0] * b, list(range(b)))
+            token, bad, out, pos = steps.target_only_forward(self.pair, st, self.full.max_len)
+            count = torch.where(inp["live"], 1, 0)                      # padded rows: inert
+            steps.commit_kv(self.pair, st, out, pos, count)             # inputs stay unmodified
+            return {"token": token, "bad": bad, "lens": st.lens + count}
+        return body
+
+    def _runner(self, sampled: bool) -> GraphRunner:
+        if sampled not in self.runners:
+            dev = self.full.device
+
+            def make(size: int) -> dict[str, torch.Tensor]:
+                out = {n: torch.full((size,), v, dtype=d, device=dev)
+                       for n, (d, v) in _PARAMS.items()}
+                out["live"] = torch.zeros(size, dtype=torch.bool, device=dev)
+                return out
+            pads = {**{n: v for n, (_, v) in _PARAMS.items()}, "live": False}
+            self.runners[sampled] = GraphRunner(self.backend.graph_adapter, BUCKETS, make,
+                                                self._body(sampled), pads, self.on_fallback)
+        return self.runners[sampled]
+
+    def close(self) -> None:
+        for r in self.runners.values():
+            r.close()
+        self.runners.clear()
+
+    @property
+    def capture_s(self) -> float:
+        return sum(r.capture_s for r in self.runners.values())
+
+    def step(self, st: BatchState) -> dict[str, torch.Tensor]:
+        """One token per live row; updates st.lens / st.anchor."""
+        s = st.sampling
+        v = self._runner(s.any_sampled).run(
+            {"anchor": st.anchor, "lens": st.lens, "seed": st.seed, "key": st.key,
+             "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+             "greedy": s.greedy, "live": torch.ones(st.size, dtype=torch.bool,
+                                                    device=st.lens.device)})
+        st.lens.copy_(v["lens"])
+        st.anchor.copy_(v["token"])
+        return v

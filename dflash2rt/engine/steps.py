@@ -115,14 +115,21 @@ def commit(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor
     st.anchor.copy_(next_anchor)
 
 
-def target_only_step(pair: ModelPair, st: BatchState, ctx_len: int
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Baseline: one target token per request on the same engine → (token [R], bad [R])."""
+def target_only_forward(pair: ModelPair, st: BatchState, ctx_len: int):
+    """One target row per request at position n and the sampled token n+1 (nothing written)
+    → (token [R], bad [R], target output, positions [R, 1])."""
     pos = st.lens.view(-1, 1)
     ids = st.anchor.view(-1, 1)
     out = pair.target(ids, pos, st.target_cache, st.lens, torch.ones_like(ids, dtype=torch.bool),
                       ctx_len=ctx_len)
     u = uniforms(st.seed, st.key, st.lens + 1, Stream.BONUS)              # decides position n+1
     token, bad = sample_next(out.logits[:, 0], st.sampling, u)
+    return token, bad, out, pos
+
+
+def target_only_step(pair: ModelPair, st: BatchState, ctx_len: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Baseline: one target token per request on the same engine → (token [R], bad [R])."""
+    token, bad, out, pos = target_only_forward(pair, st, ctx_len)
     commit(pair, st, out, pos, torch.ones_like(st.lens), token)
     return token, bad

@@ -1,5 +1,6 @@
 """Graph conformance: replay == eager bit for bit — across batch buckets, after the pool is
-reused, on a second stream, and with mixed greedy / sampled batches (DESIGN §3.1).
+reused, on a second stream, with mixed greedy / sampled batches (DESIGN §3.1), and for the
+target-only step.
 
 These tests run when the backend captures graphs (``backend.graph_adapter`` is set; the engine
 then replays its steps per batch-size bucket of ``dflash2rt.engine.graphed.BUCKETS``). Eager mode
@@ -57,14 +58,14 @@ def _requests(n, sampled=lambda i: i % 2 == 1):
         key=i) for i in range(n)]
 
 
-def _run(pair, backend, reqs):
-    outs, stats = Engine(pair, backend).generate(reqs)
+def _run(pair, backend, reqs, spec=True):
+    outs, stats = Engine(pair, backend).generate(reqs, spec=spec)
     return [o.token_ids for o in outs], list(stats.accept_hist)
 
 
-def _eager(pair, backend, graphs, reqs):
+def _eager(pair, backend, graphs, reqs, spec=True):
     with graphs.eager():
-        return _run(pair, backend, reqs)
+        return _run(pair, backend, reqs, spec)
 
 
 def test_replay_equals_eager_across_buckets(graphs, pair, backend):
@@ -97,3 +98,11 @@ def test_mixed_greedy_and_sampled_batch(graphs, pair, backend):
         reqs = _requests(5, pattern)
         assert _run(pair, backend, reqs) == _eager(pair, backend, graphs, reqs), \
             "[graphs case=mixed-greedy-sampled] replay differs from eager"
+
+
+def test_target_only_replay_equals_eager(graphs, pair, backend):
+    """Target-only decoding is captured as well (forward + sample + commit per bucket)."""
+    for n in (1, 3, 5):
+        reqs = _requests(n)
+        assert _run(pair, backend, reqs, False) == _eager(pair, backend, graphs, reqs, False), \
+            f"[graphs case=target-only-{n}] replay differs from eager"
