@@ -59,8 +59,8 @@ class Backend(abc.ABC):
 
     def __init__(self) -> None:
         self.fallbacks: list[str] = []   # every alternative path taken, reported in run stats
-
-    _run: list[str] | None = None        # fallbacks of the generate() in progress
+        self.standing_fallbacks: list[str] = []   # reported outside any run: apply to every run
+        self._run: list[str] | None = None        # fallbacks of the generate() in progress
 
     def report_fallback(self, what: str) -> None:
         """Record an alternative path. Outside a run it is standing (it applies to every run, e.g.
@@ -72,12 +72,6 @@ class Backend(abc.ABC):
                 self.standing_fallbacks.append(what)
         elif what not in self._run:
             self._run.append(what)
-
-    @property
-    def standing_fallbacks(self) -> list[str]:
-        if "_standing" not in self.__dict__:
-            self._standing: list[str] = []
-        return self._standing
 
     def begin_run(self) -> None:
         self._run = []

@@ -104,8 +104,6 @@ INTERPRET_REASON = ("TRITON_INTERPRET=1 is set in this process, so Triton would 
 
 def interpreting() -> bool:
     """True when Triton's interpreter replaces its compiler in this process."""
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 

@@ -44,8 +44,9 @@ conformance() {  # conformance TAG -k-EXPR
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/conformance-$1.log" | tail -40
     return $rc
 }
-section "conformance on $BACKEND: ops, L0-L4" 240 bash -c "$(declare -f conformance); BACKEND=$BACKEND OUT=$OUT PY=$PY conformance ops 'not graphs'"
-section "conformance on $BACKEND: graphs" 90 bash -c "$(declare -f conformance); BACKEND=$BACKEND OUT=$OUT PY=$PY conformance graphs graphs"
+export -f conformance; export BACKEND OUT PY     # timeout runs it in a child bash
+section "conformance on $BACKEND: ops, L0-L4" 240 bash -c 'conformance ops "not graphs"'
+section "conformance on $BACKEND: graphs" 90 bash -c 'conformance graphs graphs'
 $PY - "$OUT"/conformance-ops.json "$OUT"/conformance-graphs.json <<'PY' || true
 import json, os, sys
 runs = [json.load(open(f)) for f in sys.argv[1:] if os.path.exists(f)]

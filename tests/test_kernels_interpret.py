@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -11,10 +9,11 @@ from dflash2rt.ops import conv as ref_conv
 from dflash2rt.ops import selector as ref_sel
 from dflash2rt.ops import verify as ref_ver
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
+from dflash2rt.plugin_kit import interpreting
 from dflash2rt.registry import Registry
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'dflash2rt[triton]')")
-if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+if not interpreting():
     pytest.skip("TRITON_INTERPRET is off in this process (a GPU is present, see conftest.py): the "
                 "kernels run on the device there, through the conformance suite",
                 allow_module_level=True)

@@ -8,6 +8,8 @@ from typing import Sequence
 
 import torch
 
+from .measure import sync
+
 
 def hf_available() -> str | None:
     """None when transformers can be imported, else the reason it cannot."""
@@ -40,20 +42,13 @@ class HFGreedy:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        _sync(self.device)
+        sync(self.device)
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                                       max_new_tokens=max_new_tokens,
                                       min_new_tokens=max_new_tokens, pad_token_id=self.pad,
                                       temperature=None, top_p=None, top_k=None)
-        _sync(self.device)
+        sync(self.device)
         seconds = time.perf_counter() - start
         return [row[width:].tolist() for row in out], seconds
-
-
-def _sync(device: torch.device) -> None:
-    """Wait for queued device work so the wall clock covers it (no-op on CPU)."""
-    mod = getattr(torch, device.type, None)
-    if device.type != "cpu" and mod is not None and hasattr(mod, "synchronize"):
-        mod.synchronize()

@@ -6,6 +6,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import torch
+
 from ..engine.engine import Engine
 from ..engine.request import Request, SamplingParams
 from ..engine.stats import RunStats
@@ -31,6 +33,12 @@ class Timing:
     @property
     def tau(self) -> float:
         return statistics.median(s.tau for s in self.stats) if self.stats else 0.0
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work so a wall clock covers it (no-op on CPU)."""
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
 
 
 def requests(prompts: Sequence[Sequence[int]], max_new: int, temperature: float = 0.0,

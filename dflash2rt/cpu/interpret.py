@@ -16,18 +16,15 @@ import sys
 import torch
 
 from ..backend import Backend, BackendSpec, Probe
+from ..plugin_kit import interpreting
 
 NAME = "triton-interpret"
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def probe() -> Probe:
     if importlib.util.find_spec("triton") is None:
         return Probe(False, "triton is not installed: pip install 'dflash2rt[triton]'")
-    if "triton" in sys.modules and not _interpreting():
+    if "triton" in sys.modules and not interpreting():
         return Probe(False, "triton was already imported in this process without "
                      "TRITON_INTERPRET=1; start the process with TRITON_INTERPRET=1")
     from importlib.metadata import version

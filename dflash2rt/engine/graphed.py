@@ -28,15 +28,14 @@ _PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.
 _NOISE = ("walk", "accept", "residual", "bonus")
 
 
-class GraphedSpecSteps:
-    """Replays the two step graphs for the live rows of a BatchState."""
+class _GraphedSteps:
+    """What both graphed step kinds share: per-request parameters as static inputs, the bucket's
+    BatchState over the static caches, and the runners with their release and capture time."""
 
-    def __init__(self, pair: ModelPair, backend: Backend, state: BatchState, block: int,
-                 on_fallback) -> None:
-        self.pair, self.backend, self.block = pair, backend, block
+    def __init__(self, pair: ModelPair, backend: Backend, state: BatchState, on_fallback) -> None:
+        self.pair, self.backend, self.on_fallback = pair, backend, on_fallback
         self.full = (state.target_full, state.draft_full)
-        self.gamma, self.on_fallback = block - 1, on_fallback
-        self.runners: dict[tuple[str, bool], GraphRunner] = {}
+        self.runners: dict[Any, GraphRunner] = {}
 
     def _bucket_state(self, inp: dict[str, torch.Tensor], sampled: bool) -> BatchState:
         b = inp["anchor"].shape[0]
@@ -44,6 +43,41 @@ class GraphedSpecSteps:
                                  any_sampled=sampled, any_filtered=sampled)
         return BatchState(self.full[0], self.full[1], inp["lens"], inp["anchor"], inp["seed"],
                           inp["key"], sampling, [0] * b, list(range(b)))
+
+    def _param_inputs(self, size: int) -> dict[str, torch.Tensor]:
+        dev = self.full[0].device
+        return {n: torch.full((size,), v, dtype=d, device=dev) for n, (d, v) in _PARAMS.items()}
+
+    @staticmethod
+    def _param_pads() -> dict[str, Any]:
+        return {n: v for n, (_, v) in _PARAMS.items()}
+
+    @staticmethod
+    def _live(st: BatchState) -> dict[str, torch.Tensor]:
+        s = st.sampling
+        return {"anchor": st.anchor, "lens": st.lens, "seed": st.seed, "key": st.key,
+                "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+                "greedy": s.greedy}
+
+    def close(self) -> None:
+        """Release the graphs and their static buffers (called when a generate() ends)."""
+        for r in self.runners.values():
+            r.close()
+        self.runners.clear()
+
+    @property
+    def capture_s(self) -> float:
+        """Seconds spent warming up and capturing graphs so far (inside decode steps)."""
+        return sum(r.capture_s for r in self.runners.values())
+
+
+class GraphedSpecSteps(_GraphedSteps):
+    """Replays the two step graphs for the live rows of a BatchState."""
+
+    def __init__(self, pair: ModelPair, backend: Backend, state: BatchState, block: int,
+                 on_fallback) -> None:
+        super().__init__(pair, backend, state, on_fallback)
+        self.block, self.gamma = block, block - 1
 
     def _draft_body(self, sampled: bool):
         def body(inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -87,7 +121,7 @@ class GraphedSpecSteps:
         dev, g, k = self.full[0].device, self.gamma, self._top_k()
 
         def make(size: int) -> dict[str, torch.Tensor]:
-            out = {n: torch.full((size,), v, dtype=d, device=dev) for n, (d, v) in _PARAMS.items()}
+            out = self._param_inputs(size)
             if kind == "verify":
                 out.update(draft=torch.zeros(size, g, dtype=torch.int64, device=dev),
                            cand=torch.zeros(size, g, k, dtype=torch.int64, device=dev),
@@ -100,7 +134,7 @@ class GraphedSpecSteps:
         return make
 
     def _pads(self, kind: str) -> dict[str, Any]:
-        pads = {n: v for n, (_, v) in _PARAMS.items()}
+        pads = self._param_pads()
         if kind == "verify":
             pads.update(draft=0, cand=0, q=0.0, bad=False, live=False,
                         **{n: 0.5 for n in _NOISE})
@@ -109,24 +143,10 @@ class GraphedSpecSteps:
     def _top_k(self) -> int:
         return steps.selector_params(self.pair).top_k
 
-    def close(self) -> None:
-        """Release the graphs and their static buffers (called when a generate() ends)."""
-        for r in self.runners.values():
-            r.close()
-        self.runners.clear()
-
-    @property
-    def capture_s(self) -> float:
-        """Seconds spent warming up and capturing graphs so far (inside decode steps)."""
-        return sum(r.capture_s for r in self.runners.values())
-
     def step(self, st: BatchState) -> dict[str, torch.Tensor]:
         """Draft graph then verify graph for the live rows; updates st.lens / st.anchor."""
         sampled = st.sampling.any_sampled
-        s = st.sampling
-        live = {"anchor": st.anchor, "lens": st.lens, "seed": st.seed, "key": st.key,
-                "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-                "greedy": s.greedy}
+        live = self._live(st)
         d = self._runner("draft", sampled).run(live)
         v = self._runner("verify", sampled).run(
             {**live, **d, "live": torch.ones(st.size, dtype=torch.bool, device=st.lens.device)})
@@ -135,22 +155,14 @@ class GraphedSpecSteps:
         return {**v, "draft_bad": d["bad"]}
 
 
-class GraphedTargetSteps:
+class GraphedTargetSteps(_GraphedSteps):
     """Replays the target-only step graph (one token per request) for the live rows."""
-
-    def __init__(self, pair: ModelPair, backend: Backend, state: BatchState, on_fallback) -> None:
-        self.pair, self.backend, self.on_fallback = pair, backend, on_fallback
-        self.full = state.target_full
-        self.runners: dict[bool, GraphRunner] = {}
 
     def _body(self, sampled: bool):
         def body(inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            b = inp["anchor"].shape[0]
-            sampling = SamplingBatch(inp["temperature"], inp["top_k"], inp["top_p"],
-                                     inp["greedy"], any_sampled=sampled, any_filtered=sampled)
-            st = BatchState(self.full, None, inp["lens"], inp["anchor"], inp["seed"], inp["key"],
-                            sampling, [0] * b, list(range(b)))
-            token, bad, out, pos = steps.target_only_forward(self.pair, st, self.full.max_len)
+            st = self._bucket_state(inp, sampled)
+            token, bad, out, pos = steps.target_only_forward(self.pair, st,
+                                                             st.target_full.max_len)
             count = torch.where(inp["live"], 1, 0)                      # padded rows: inert
             steps.commit_kv(self.pair, st, out, pos, count)             # inputs stay unmodified
             return {"token": token, "bad": bad, "lens": st.lens + count}
@@ -158,35 +170,20 @@ class GraphedTargetSteps:
 
     def _runner(self, sampled: bool) -> GraphRunner:
         if sampled not in self.runners:
-            dev = self.full.device
-
             def make(size: int) -> dict[str, torch.Tensor]:
-                out = {n: torch.full((size,), v, dtype=d, device=dev)
-                       for n, (d, v) in _PARAMS.items()}
-                out["live"] = torch.zeros(size, dtype=torch.bool, device=dev)
-                return out
-            pads = {**{n: v for n, (_, v) in _PARAMS.items()}, "live": False}
+                return {**self._param_inputs(size),
+                        "live": torch.zeros(size, dtype=torch.bool, device=self.full[0].device)}
             self.runners[sampled] = GraphRunner(self.backend.graph_adapter, BUCKETS, make,
-                                                self._body(sampled), pads, self.on_fallback)
+                                                self._body(sampled),
+                                                {**self._param_pads(), "live": False},
+                                                self.on_fallback)
         return self.runners[sampled]
-
-    def close(self) -> None:
-        for r in self.runners.values():
-            r.close()
-        self.runners.clear()
-
-    @property
-    def capture_s(self) -> float:
-        return sum(r.capture_s for r in self.runners.values())
 
     def step(self, st: BatchState) -> dict[str, torch.Tensor]:
         """One token per live row; updates st.lens / st.anchor."""
-        s = st.sampling
-        v = self._runner(s.any_sampled).run(
-            {"anchor": st.anchor, "lens": st.lens, "seed": st.seed, "key": st.key,
-             "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-             "greedy": s.greedy, "live": torch.ones(st.size, dtype=torch.bool,
-                                                    device=st.lens.device)})
+        v = self._runner(st.sampling.any_sampled).run(
+            {**self._live(st), "live": torch.ones(st.size, dtype=torch.bool,
+                                                  device=st.lens.device)})
         st.lens.copy_(v["lens"])
         st.anchor.copy_(v["token"])
         return v

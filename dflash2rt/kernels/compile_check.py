@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any, Callable
@@ -147,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="GPU target(s) to compile for (default: all)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    from ..plugin_kit import interpreting
+
+    if interpreting():
         print("compile_check needs TRITON_INTERPRET=0 (the interpreter replaces the compiler)",
               file=sys.stderr)
         return 2

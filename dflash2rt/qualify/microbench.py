@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from ..backend import Backend
+from ..bench.measure import sync
 from ..ops.batch import BlockNoise, SamplingBatch
 from ..ops.selector import SelectorParams
 
@@ -22,19 +23,14 @@ def peak_bandwidth(device_name: str) -> float | None:
     return next((v for k, v in PEAK_GBPS.items() if k in device_name), None)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type != "cpu" and hasattr(torch, "accelerator"):
-        torch.accelerator.synchronize()
-
-
 def _time(fn: Callable[[], Any], device: torch.device, reps: int) -> float:
     fn()
-    _sync(device)
+    sync(device)
     samples = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 

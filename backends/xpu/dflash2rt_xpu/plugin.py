@@ -35,10 +35,6 @@ def ipex_state() -> tuple[bool | None, str]:
     return True, f"{version} (compatible): ipex.optimize runs on the target and draft"
 
 
-def ipex_status() -> str:
-    return ipex_state()[1]
-
-
 def ipex_pass(modules: list[torch.nn.Module]) -> str:
     """``ipex.optimize`` each model in place, in its own dtype (eval mode)."""
     import intel_extension_for_pytorch as ipex
@@ -87,7 +83,7 @@ def graph_self_test(device: str) -> str | None:
 def probe() -> Probe:
     hw = kit.hardware_summary("Intel", PCI_VENDOR, *NODES)
     build = kit.torch_build()
-    ipex = ipex_status()
+    ipex = ipex_state()[1]
     xpu = getattr(torch, "xpu", None)
     if xpu is None or not getattr(torch.version, "xpu", None):
         return Probe(False, f"{build} has no XPU support: install an XPU build of torch; "
