@@ -101,6 +101,7 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
                             top_p=top_p, seed=seed, stop_strings=tuple(stop),
                             stop_token_ids=tuple(stop_token_ids))
     requests = [Request(p, params) for p in _encode(pair, prompts)]
-    outputs, stats = Engine(pair, be).generate(requests, spec=spec, block_size=block_size,
-                                               on_tokens=on_tokens)
+    with Engine(pair, be) as engine:
+        outputs, stats = engine.generate(requests, spec=spec, block_size=block_size,
+                                         on_tokens=on_tokens)
     return RunResult([o.text for o in outputs], [o.token_ids for o in outputs], stats, outputs)

@@ -45,8 +45,8 @@ conformance() {  # conformance TAG -k-EXPR
     return $rc
 }
 export -f conformance; export BACKEND OUT PY     # timeout runs it in a child bash
-section "conformance on $BACKEND: ops, L0-L4" 240 bash -c 'conformance ops "not graphs"'
-section "conformance on $BACKEND: graphs" 90 bash -c 'conformance graphs graphs'
+section "conformance on $BACKEND: ops, L0-L4" 150 bash -c 'conformance ops "not graphs"'
+section "conformance on $BACKEND: graphs" 60 bash -c 'conformance graphs graphs'
 $PY - "$OUT"/conformance-ops.json "$OUT"/conformance-graphs.json <<'PY' || true
 import json, os, sys
 runs = [json.load(open(f)) for f in sys.argv[1:] if os.path.exists(f)]
@@ -64,7 +64,10 @@ PY
 section "graph replay == eager, graph vs eager step latency" 70 \
     $PY scripts/graph_check.py --backend "$BACKEND" --out "$OUT/graphs.json"
 
-section "benchmark: spec vs target-only vs transformers" 100 \
+section "where a graphed step's time goes (graph replays, top kernels)" 60 \
+    $PY scripts/step_profile.py --backend "$BACKEND" --out "$OUT/profile.json"
+
+section "benchmark: spec vs target-only vs transformers" 75 \
     $PY -m dflash2rt bench --backend "$BACKEND" --repeats 2 --prompts 4 --json-out "$OUT/bench.json"
 $PY - "$OUT/bench.json" <<'PY' || true
 import json, sys
@@ -72,7 +75,10 @@ r = json.load(open(sys.argv[1]))
 print({k: r.get(k) for k in ("tau", "ar_tokens_per_s", "spec_tokens_per_s", "hf_tokens_per_s",
                              "speedup_vs_ar", "speedup_vs_hf", "efficiency")})
 PY
-if [ "${QUALIFY:-0}" = 1 ] && [ $(( $(date +%s) - start )) -lt 200 ]; then
+section "benchmark in bfloat16 (the same runs)" 75 \
+    $PY -m dflash2rt bench --backend "$BACKEND" --dtype bfloat16 --repeats 2 --prompts 4 \
+    --json-out "$OUT/bench-bf16.json"
+if [ "${QUALIFY:-0}" = 1 ] && [ $(( $(date +%s) - start )) -lt 210 ]; then
     section "qualify --quick (conformance L0 only: the full suite ran above)" 110 \
         $PY -m dflash2rt qualify --backend "$BACKEND" --quick --conformance-select L0 \
         --out "$OUT/qualify"

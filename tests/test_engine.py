@@ -82,7 +82,8 @@ def test_identity_conv_and_zero_successor_equal_dflash1_drafts():
     v1 = ModelPair(v2.target, v1_draft.eval())
     eng = Engine(v2, "cpu")
     for pair_ in (v2, v1):
-        st = eng._new_state(_reqs(prompts=PROMPTS), 6, spec=True, capacity=len(PROMPTS))
+        reqs = _reqs(prompts=PROMPTS)
+        st = eng._new_state(reqs, *eng._caches(len(reqs), eng._max_len(reqs, 6), spec=True))
         with torch.inference_mode():
             steps.prefill(pair_, st, PROMPTS)
             pos = steps.block_positions(st, 6)

@@ -101,9 +101,11 @@ def test_every_run_reports_its_own_and_the_standing_fallbacks():
     assert stats.fallbacks == ["standing: example"]
 
 
-def test_graphs_are_released_when_generate_returns():
-    """Captured graphs die with the generate() call (refcount, no GC pass): a graph freed by the
-    cyclic GC during a later capture invalidates that capture on CUDA."""
+def test_graphs_are_kept_across_calls_and_released_by_close():
+    """A later generate() that fits the caches replays the graphs captured before (no capture,
+    capture_s 0, same tokens as eager); a batch that outgrows them releases the old graphs at
+    once (refcount, no GC pass: a graph freed by the cyclic GC during a later capture
+    invalidates that capture on CUDA), and close() releases the rest."""
     import gc
     import weakref
 
@@ -115,11 +117,20 @@ def test_graphs_are_released_when_generate_returns():
             made.append(weakref.ref(g))
             return g
 
+    pair, adapter = tiny_pair("dflash2", block=4), Tracking()
+    want, _ = Engine(pair, "cpu").generate(_reqs((0.0, 1.0, 0.6)))
     gc.disable()
     try:
-        _, stats = Engine(tiny_pair("dflash2", block=4), _backend(Tracking())).generate(
-            _reqs((0.0, 1.0, 0.6)))
-        assert made and all(r() is None for r in made)
-        assert stats.capture_s > 0 and stats.step_s > 0
+        with Engine(pair, _backend(adapter)) as engine:
+            _, first = engine.generate(_reqs((0.0, 1.0, 0.6)))
+            captures = adapter.captures
+            assert first.capture_s > 0 and first.step_s > 0
+            got, again = engine.generate(_reqs((0.0, 1.0, 0.6)))
+            assert _tokens(got) == _tokens(want)
+            assert adapter.captures == captures and again.capture_s == 0
+            old = list(made)
+            engine.generate(_reqs((0.0,) * 5, lens=(3, 9, 5, 2, 4), new=(5, 12, 8, 3, 6)))
+            assert all(r() is None for r in old) and any(r() is not None for r in made)
+        assert all(r() is None for r in made)
     finally:
         gc.enable()

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from .run_cmd import DTYPES
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark spec vs target-only vs transformers generate()")
@@ -13,6 +15,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="stdlib-code", help="bundled model name or a directory "
                    "with target/, draft/ and heldout_prompts.json")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="model dtype for every engine run and the transformers baseline")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per configuration")
     p.add_argument("--prompts", type=int, default=8, help="held-out prompts for batch 1")
     p.add_argument("--blocks", default="2,4,8,16", help="block sizes for the sweep")
@@ -35,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         from ..bundled import bundled_path
 
         path = bundled_path(args.model)
-    pair = resolve_model(path, backend.device)
+    pair = resolve_model(path, backend.device, DTYPES[args.dtype])
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
     res = run_bench(pair, path, backend, args.max_new_tokens, args.repeats,
                     tuple(int(b) for b in args.blocks.split(",")), args.prompts, not args.no_hf,

@@ -14,7 +14,7 @@ from ..ops.batch import BlockNoise, SamplingBatch
 from ..registry import Registry
 from . import steps
 from ..models.kv_cache import KVCache
-from .graphed import BUCKETS, GraphedSpecSteps, GraphedTargetSteps
+from .graphed import BUCKETS, LEN_STEP, GraphedSpecSteps, GraphedTargetSteps
 from .output import Collector
 from .request import Request, RequestOutput
 from .state import BatchState
@@ -33,6 +33,7 @@ class Engine:
             selection = Registry.discover().select(backend)
             backend = selection.backend
         self.pair, self.backend = pair, backend
+        self._graphed: dict[tuple, GraphedSpecSteps | GraphedTargetSteps] = {}
         if pair.dtype not in backend.dtypes:
             raise InvalidInputError(
                 f"backend {backend.name!r} does not run {pair.dtype} models (it supports "
@@ -48,21 +49,61 @@ class Engine:
         stats.syncs += 1
         return t.tolist()
 
-    def _new_state(self, requests: Sequence[Request], block: int, spec: bool,
-                   capacity: int) -> BatchState:
-        pair, dev, r = self.pair, self.backend.device, len(requests)
+    def _max_len(self, requests: Sequence[Request], block: int) -> int:
+        """Cache rows a batch needs: prompt + new tokens + one block in flight."""
         max_len = max(len(q.prompt_ids) + q.params.max_new_tokens for q in requests) + block + 1
-        a = pair.target.cfg
+        a = self.pair.target.cfg
         if max_len > a.max_position_embeddings + block + 1:
             raise InvalidInputError(f"prompt + max_new_tokens ({max_len - block - 1}) exceeds the "
                                     f"target's max_position_embeddings={a.max_position_embeddings}")
-        target_cache = KVCache.empty(a.num_hidden_layers, capacity, max_len,
-                                     a.num_key_value_heads, a.head_dim, pair.dtype, dev)
-        draft_cache = pair.draft.empty_cache(capacity, max_len, pair.dtype, dev) if spec else None
+        return max_len
+
+    def _caches(self, capacity: int, max_len: int, spec: bool) -> tuple[KVCache, KVCache | None]:
+        pair, dev, a = self.pair, self.backend.device, self.pair.target.cfg
+        target = KVCache.empty(a.num_hidden_layers, capacity, max_len, a.num_key_value_heads,
+                               a.head_dim, pair.dtype, dev)
+        return target, pair.draft.empty_cache(capacity, max_len, pair.dtype, dev) if spec else None
+
+    def _graphed_steps(self, spec: bool, block: int, capacity: int, max_len: int
+                       ) -> GraphedSpecSteps | GraphedTargetSteps:
+        """The kept graphed steps for this mode when the batch fits their caches; else new ones
+        over caches grown to fit (the old graphs are released first). Lengths round up to
+        LEN_STEP so that later calls with other prompts replay the same graphs."""
+        key = ("spec", block) if spec else ("target-only",)
+        kept = self._graphed.pop(key, None)
+        if kept is not None and kept.fits(capacity, max_len):
+            self._graphed[key] = kept
+            return kept
+        if kept is not None:
+            capacity, max_len = max(capacity, kept.capacity), max(max_len, kept.max_len)
+            kept.close()
+        target, draft = self._caches(capacity, -(-max_len // LEN_STEP) * LEN_STEP, spec)
+        be = self.backend
+        made = GraphedSpecSteps(self.pair, be, target, draft, block, be.report_fallback) if spec \
+            else GraphedTargetSteps(self.pair, be, target, None, be.report_fallback)
+        self._graphed[key] = made
+        return made
+
+    def close(self) -> None:
+        """Release the captured graphs and their caches now (they are kept across generate()
+        calls so that later calls replay instead of capturing again)."""
+        for g in self._graphed.values():
+            g.close()
+        self._graphed.clear()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _new_state(self, requests: Sequence[Request], target: KVCache,
+                   draft: KVCache | None) -> BatchState:
+        dev, r = self.backend.device, len(requests)
         ps = [q.params for q in requests]
         i64 = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
         return BatchState(
-            target_cache, draft_cache, i64([0] * r), i64([0] * r),
+            target, draft, i64([0] * r), i64([0] * r),
             i64([p.seed for p in ps]), i64([q.key for q in requests]),
             SamplingBatch.build([p.temperature for p in ps], [p.top_k for p in ps],
                                 [p.top_p for p in ps], dev),
@@ -87,16 +128,15 @@ class Engine:
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens)
         start = time.perf_counter()
         with torch.inference_mode():
-            graphs = self.backend.graph_adapter is not None
-            capacity = len(requests)
-            if graphs:
-                capacity = max(capacity, next((b for b in BUCKETS if b >= capacity), capacity))
-            st = self._new_state(requests, block, spec, capacity)
-            graphed = None
-            if graphs:
-                graphed = GraphedSpecSteps(pair, self.backend, st, block,
-                                           self.backend.report_fallback) if spec else \
-                    GraphedTargetSteps(pair, self.backend, st, self.backend.report_fallback)
+            max_len, graphed = self._max_len(requests, block), None
+            if self.backend.graph_adapter is not None:
+                n = len(requests)
+                graphed = self._graphed_steps(spec, block, next((b for b in BUCKETS if b >= n), n),
+                                              max_len)
+                st = self._new_state(requests, *graphed.full)
+            else:
+                st = self._new_state(requests, *self._caches(len(requests), max_len, spec))
+            captured = graphed.capture_s if graphed is not None else 0.0
             self.backend.begin_run()
             try:
                 first = steps.prefill(pair, st, [q.prompt_ids for q in requests])
@@ -112,10 +152,12 @@ class Engine:
                 while st.size:
                     st = self._spec_step(st, block, stats, out, graphed) if spec else \
                         self._target_step(st, stats, out, graphed)
+            except BaseException:
+                self.close()              # release graphs now, outside any capture
+                raise
             finally:
-                if graphed is not None:   # release graphs now, outside any capture
-                    stats.capture_s = graphed.capture_s
-                    graphed.close()
+                if graphed is not None:
+                    stats.capture_s = graphed.capture_s - captured
                 stats.fallbacks = self.backend.end_run()
         stats.wall_s = time.perf_counter() - start
         stats.generated = sum(len(o.token_ids) for o in out.outputs)

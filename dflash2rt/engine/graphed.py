@@ -17,11 +17,13 @@ from ..backend import Backend
 from ..graphs.runner import GraphRunner
 from ..models.pair import ModelPair
 from ..ops.batch import BlockNoise, SamplingBatch
+from ..models.kv_cache import KVCache
 from ..ops.selector import SelectorOut
 from . import steps
 from .state import BatchState
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
+LEN_STEP = 256      # cache lengths round up to this, so later generate() calls fit the graphs
 _PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.int64, 0),
            "key": (torch.int64, 0), "temperature": (torch.float32, 0.0),
            "top_k": (torch.int64, 0), "top_p": (torch.float32, 1.0), "greedy": (torch.bool, True)}
@@ -29,13 +31,28 @@ _NOISE = ("walk", "accept", "residual", "bonus")
 
 
 class _GraphedSteps:
-    """What both graphed step kinds share: per-request parameters as static inputs, the bucket's
-    BatchState over the static caches, and the runners with their release and capture time."""
+    """What both graphed step kinds share: the static caches they own (capacity requests of
+    max_len rows; they outlive a generate() call, so do the graphs captured over them),
+    per-request parameters as static inputs, the bucket's BatchState over the caches, and the
+    runners with their release and capture time."""
 
-    def __init__(self, pair: ModelPair, backend: Backend, state: BatchState, on_fallback) -> None:
+    def __init__(self, pair: ModelPair, backend: Backend, target: KVCache, draft: KVCache | None,
+                 on_fallback) -> None:
         self.pair, self.backend, self.on_fallback = pair, backend, on_fallback
-        self.full = (state.target_full, state.draft_full)
+        self.full = (target, draft)
         self.runners: dict[Any, GraphRunner] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self.full[0].batch_size
+
+    @property
+    def max_len(self) -> int:
+        return self.full[0].max_len
+
+    def fits(self, capacity: int, max_len: int) -> bool:
+        """Whether a batch needing ``capacity`` slots of ``max_len`` rows runs on these caches."""
+        return capacity <= self.capacity and max_len <= self.max_len
 
     def _bucket_state(self, inp: dict[str, torch.Tensor], sampled: bool) -> BatchState:
         b = inp["anchor"].shape[0]
@@ -60,7 +77,8 @@ class _GraphedSteps:
                 "greedy": s.greedy}
 
     def close(self) -> None:
-        """Release the graphs and their static buffers (called when a generate() ends)."""
+        """Release the graphs and their static buffers (Engine.close, or a batch that outgrew
+        the caches)."""
         for r in self.runners.values():
             r.close()
         self.runners.clear()
@@ -74,9 +92,9 @@ class _GraphedSteps:
 class GraphedSpecSteps(_GraphedSteps):
     """Replays the two step graphs for the live rows of a BatchState."""
 
-    def __init__(self, pair: ModelPair, backend: Backend, state: BatchState, block: int,
-                 on_fallback) -> None:
-        super().__init__(pair, backend, state, on_fallback)
+    def __init__(self, pair: ModelPair, backend: Backend, target: KVCache, draft: KVCache,
+                 block: int, on_fallback) -> None:
+        super().__init__(pair, backend, target, draft, on_fallback)
         self.block, self.gamma = block, block - 1
 
     def _draft_body(self, sampled: bool):

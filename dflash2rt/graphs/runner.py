@@ -27,7 +27,7 @@ class Bucket:
     inputs: Tensors
     outputs: Tensors = field(default_factory=dict)
     graph: Graph | None = None
-    eager: bool = False          # capture failed: run the body eagerly
+    eager: str = ""              # why capture failed: then the body runs eagerly
     replays: int = 0
 
 
@@ -67,6 +67,7 @@ class GraphRunner:
         if b.graph is None and not b.eager:
             self._capture(b)
         if b.eager:
+            self.on_fallback(b.eager)             # in the stats of every run that uses it
             b.outputs = self.body(b.inputs)
         else:
             b.graph.replay()
@@ -95,9 +96,8 @@ class GraphRunner:
         try:
             b.graph = self.adapter.capture(fn, self.pool)
         except GraphCaptureError as exc:
-            b.eager = True
+            b.eager = f"bucket {b.size}: {exc}; running it eagerly"
             self.pool = self.adapter.new_pool()   # a failed capture can leave its pool recording
-            self.on_fallback(f"bucket {b.size}: {exc}; running it eagerly")
 
     def close(self) -> None:
         """Release every captured graph now (not whenever the cyclic GC gets to it, which could

@@ -3,7 +3,6 @@ interrupted run keeps what it measured (report.json / report.html rewritten afte
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import time
@@ -11,9 +10,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..api import DEFAULT_MODEL, resolve_model
-from ..bench.measure import Timing, engine_run, requests
+from ..bench.measure import requests
 from ..bench.suite import _compare, _sweep, heldout_prompts
 from ..engine.engine import Engine
+from ..graphs.compare import graph_vs_eager
 from ..registry import Registry
 from . import html, system
 from .conformance import run_conformance
@@ -96,6 +96,8 @@ class Qualification:
         except KeyboardInterrupt:
             self.log("interrupted: report.json / report.html keep the finished sections")
             return self.report
+        finally:
+            engine.close()
         self.report["fallbacks"] = list(backend.fallbacks)
         self.report["known_deviations"] = KNOWN_DEVIATIONS
         self.report["complete"] = True
@@ -114,20 +116,11 @@ class Qualification:
         if backend.graph_adapter is None:
             return {"applicable": False, "reason": f"backend {backend.name} captures no graphs "
                     f"({self.report['system']['graphs']})"}
-        eager = copy.copy(backend)
-        eager.graph_adapter, eager.fallbacks = None, []
-        res: dict[str, Any] = {"applicable": True, "adapter": backend.graph_adapter.name}
-        outs = {}
-        for name, be in (("graph", backend), ("eager", eager)):
-            t = Timing()
-            engine_run(Engine(pair, be), requests(prompts, new), True, None, Timing())
-            engine_run(Engine(pair, be), requests(prompts, new), True, None, t)
-            outs[name] = t.outputs
-            s = t.stats[0]
-            res[f"{name}_step_ms"] = 1e3 * s.step_s
-            res[f"{name}_capture_ms"] = 1e3 * s.capture_s
-        res["replay_equals_eager"] = outs["graph"] == outs["eager"]
-        return res
+        row = graph_vs_eager(pair, backend, lambda: requests(prompts, new))
+        return {"applicable": True, "adapter": backend.graph_adapter.name,
+                **{k: row[k] for k in ("graph_step_ms", "graph_capture_ms", "graph_recapture_ms",
+                                       "eager_step_ms")},
+                "replay_equals_eager": row["equal"]}
 
     def _sweep(self, prompts, engine, new, blocks) -> dict[str, Any]:
         rows = _sweep(prompts, engine, new, blocks, 1, self.log)

@@ -1,6 +1,6 @@
 """Graph conformance: replay == eager bit for bit — across batch buckets, after the pool is
-reused, on a second stream, with mixed greedy / sampled batches (DESIGN §3.1), and for the
-target-only step.
+reused, on a second stream, with mixed greedy / sampled batches (DESIGN §3.1), for the
+target-only step, and when one engine replays its kept graphs in later generate() calls.
 
 These tests run when the backend captures graphs (``backend.graph_adapter`` is set; the engine
 then replays its steps per batch-size bucket of ``dflash2rt.engine.graphed.BUCKETS``). Eager mode
@@ -52,9 +52,9 @@ def pair(backend):
     return models.ModelPair(*models._to(models.tiny_pair(11, dtype, vocab=61), backend.device))
 
 
-def _requests(n, sampled=lambda i: i % 2 == 1):
+def _requests(n, sampled=lambda i: i % 2 == 1, new=10):
     return [Request((1 + i % 7, 2 + i % 5, 3), SamplingParams(
-        max_new_tokens=10, temperature=1.0 if sampled(i) else 0.0, seed=i, ignore_eos=True),
+        max_new_tokens=new, temperature=1.0 if sampled(i) else 0.0, seed=i, ignore_eos=True),
         key=i) for i in range(n)]
 
 
@@ -106,3 +106,17 @@ def test_target_only_replay_equals_eager(graphs, pair, backend):
         reqs = _requests(n)
         assert _run(pair, backend, reqs, False) == _eager(pair, backend, graphs, reqs, False), \
             f"[graphs case=target-only-{n}] replay differs from eager"
+
+
+def test_kept_graphs_replay_equals_eager_in_later_calls(graphs, pair, backend):
+    """One Engine keeps its graphs and caches across generate() calls: later calls with other
+    batch sizes, lengths and modes replay them over stale cache rows (or outgrow them and
+    capture anew), and every call still equals eager."""
+    with Engine(pair, backend) as engine:
+        for n, new, spec in ((3, 10, True), (1, 6, True), (3, 12, False), (3, 8, True),
+                             (5, 10, True), (2, 7, False), (2, 12, True)):
+            outs, stats = engine.generate(_requests(n, new=new), spec=spec)
+            got = [o.token_ids for o in outs], list(stats.accept_hist)
+            assert got == _eager(pair, backend, graphs, _requests(n, new=new), spec), \
+                f"[graphs case=kept-{n}x{new}-{'spec' if spec else 'target-only'}] replay " \
+                "with kept graphs differs from eager"

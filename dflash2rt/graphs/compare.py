@@ -1,0 +1,40 @@
+"""Graph replay vs eager on one backend: the same requests through both, tokens compared bit for
+bit, step latency side by side (``dflash2rt qualify`` and ``scripts/graph_check.py``)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Sequence
+
+from ..backend import Backend
+from ..engine.engine import Engine
+from ..engine.request import Request
+from ..models.pair import ModelPair
+
+
+def eager_twin(backend: Backend) -> Backend:
+    """The same backend (kernels, dtypes, device) without its graph adapter."""
+    eager = copy.copy(backend)
+    eager.graph_adapter, eager.fallbacks = None, []
+    return eager
+
+
+def graph_vs_eager(pair: ModelPair, backend: Backend, make_requests: Callable[[], Sequence[Request]],
+                   spec: bool = True) -> dict[str, Any]:
+    """One engine per mode runs the requests twice: the first call warms up and captures, the
+    second replays the graphs the first captured (its capture time is 0 when they were kept);
+    the second call's tokens and step latency are compared."""
+    row: dict[str, Any] = {"mode": "spec" if spec else "target-only"}
+    tokens = {}
+    for name, be in (("graph", backend), ("eager", eager_twin(backend))):
+        with Engine(pair, be) as engine:
+            _, first = engine.generate(make_requests(), spec=spec)
+            outs, stats = engine.generate(make_requests(), spec=spec)
+        tokens[name] = [o.token_ids for o in outs]
+        row[f"{name}_step_ms"] = 1e3 * stats.step_s
+        row[f"{name}_capture_ms"] = 1e3 * first.capture_s
+        row[f"{name}_recapture_ms"] = 1e3 * stats.capture_s
+        row[f"{name}_fallbacks"] = stats.fallbacks
+    row["equal"] = tokens["graph"] == tokens["eager"]
+    return row
+
