@@ -154,6 +154,30 @@ def test_each_mutation_fails_naming_level_and_case(suite, mutant, expected):
         assert text in out, f"{mutant}: {text!r} not in the failure output\n{out[-4000:]}"
 
 
+@pytest.mark.parametrize("mutant", ["shared-noise", "off-by-one", "onehot-q"])
+def test_small_sizes_still_fail_each_lattice_mutation(suite, mutant):
+    """--dflash2rt-small (the triton-interpret lane): L3's γ = 2 deduplicated lattice still
+    fails every mutation that the full L3 catches, and the header names the sizes."""
+    res = suite("--dflash2rt-backend", f"mut-{mutant}", "--dflash2rt-quick", "--dflash2rt-small",
+                "-k", "L3")
+    out = res.stdout.str()
+    assert res.ret == 1, out[-3000:]
+    assert "L2-L4 sizes: small (L2 quarter γ=2" in out, out[:3000]
+    assert "[L3 joint law case=V4-g2-K3-L2" in out, f"{mutant}\n{out[-4000:]}"
+
+
+def test_small_sizes_pass_on_cpu_and_are_reported(suite, tmp_path):
+    js, md = tmp_path / "r.json", tmp_path / "r.md"
+    res = suite("--dflash2rt-backend", "cpu", "--dflash2rt-quick", "--dflash2rt-small", "-k",
+                "L2 or L3", f"--dflash2rt-json={js}", f"--dflash2rt-markdown={md}")
+    assert res.ret == 0, res.stdout.str()[-3000:]
+    rep = json.loads(js.read_text())
+    assert rep["environment"]["dflash2rt.sizes"].startswith("small (")
+    assert rep["levels"]["L2"]["passed"] == 3 and rep["levels"]["L3"]["passed"] == 2
+    assert "TV sampled V4-g2-K3-L2-s1 float32" in rep["levels"]["L3"]["metrics"]
+    assert "L2-L4 sizes: small (" in md.read_text()
+
+
 def test_cli_runs_the_suite_and_a_broken_command_plugin_is_not_fatal(tmp_path):
     plugins = tmp_path / "plugins"
     plugins.mkdir()

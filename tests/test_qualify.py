@@ -56,6 +56,7 @@ def test_html_is_self_contained_with_plots(report_dir):
     for title in ("tau and speedup vs block size", "op error vs tolerance", "latency breakdown"):
         assert title in html
     assert "<script src" not in html and "<link" not in html
+    assert "L2-L4 sizes: full" in html                # the conformance sizes are named
 
 
 def test_merge_builds_the_matrix_and_highlights_differences(report_dir, tmp_path):
@@ -64,6 +65,7 @@ def test_merge_builds_the_matrix_and_highlights_differences(report_dir, tmp_path
     report = json.loads((report_dir / "report.json").read_text())
     report["backend"] = "triton-interpret"
     report["sections"]["block_sweep"]["recommended_block_size"] = 99
+    report["sections"]["conformance"]["environment"]["dflash2rt.sizes"] = "small (γ=2)"
     (other / "report.json").write_text(json.dumps(report))
     out = tmp_path / "matrix"
     proc = subprocess.run([sys.executable, "-m", "dflash2rt", "report", "merge",
@@ -74,5 +76,22 @@ def test_merge_builds_the_matrix_and_highlights_differences(report_dir, tmp_path
     assert matrix["backends"] == ["cpu", "triton-interpret"]
     rows = {r["check"]: r for r in matrix["rows"]}
     assert rows["recommended block size"]["differs"] and not rows["conformance"]["differs"]
+    assert rows["conformance L2-L4 sizes"]["differs"]
     assert "**recommended block size**" in (out / "matrix.md").read_text()
     assert 'class="diff"' in (out / "matrix.html").read_text()
+
+
+def test_conformance_small_reaches_the_suite(monkeypatch, tmp_path):
+    """qualify --conformance-small runs the suite with --dflash2rt-small (the interpreter lane)."""
+    from dflash2rt.qualify import conformance
+
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 5, "", "no tests")
+    monkeypatch.setattr(conformance.subprocess, "run", fake_run)
+    for small in (False, True):
+        conformance.run_conformance("cpu", tmp_path, True, "L2", small=small)
+    assert ["--dflash2rt-small" in c for c in seen] == [False, True]
+    assert all(c[c.index("-k") + 1] == "L2" and "--dflash2rt-quick" in c for c in seen)

@@ -16,6 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--markdown", metavar="FILE", help="write the Markdown summary")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="pytest -k selection (e.g. L1)")
     p.add_argument("--quick", action="store_true", help="small samples only (fast smoke run)")
+    p.add_argument("--small", action="store_true",
+                   help="reduced L2-L4 instances for slow lanes (triton-interpret; reported)")
     p.add_argument("--model", default="auto", help="L4 model (auto, tiny, a bundled name, a dir)")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per test")
     p.set_defaults(func=run)
@@ -27,6 +29,8 @@ def pytest_args(args: argparse.Namespace) -> list[str]:
     out.append("-v" if args.verbose else "-q")
     if args.quick:
         out.append("--dflash2rt-quick")
+    if args.small:
+        out.append("--dflash2rt-small")
     if args.keyword:
         out += ["-k", args.keyword]
     if args.junit:

@@ -1,5 +1,5 @@
 """Fixtures of the conformance tests: the backend under test (from the registry), the results
-recorder, the quick flag, and the JUnit system properties."""
+recorder, the quick flag, the L2-L4 sizes, and the JUnit system properties."""
 
 from __future__ import annotations
 
@@ -28,6 +28,11 @@ def results(conformance):
 @pytest.fixture(scope="session")
 def quick(conformance) -> bool:
     return conformance.quick
+
+
+@pytest.fixture(scope="session")
+def sizes(conformance):
+    return conformance.sizes
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -80,34 +80,50 @@ def target_logits(p_fn, ctx: tuple, draft: np.ndarray, v: int) -> np.ndarray:
 
 
 def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int,
-                      dtype: torch.dtype, temperature: float = 1.0) -> dict:
-    """The backend's exact law of one round's emitted tokens from ``ctx`` (select + verify)."""
+                      dtype: torch.dtype, temperature: float = 1.0, dedup: bool = False) -> dict:
+    """The backend's exact law of one round's emitted tokens from ``ctx`` (select + verify).
+
+    ``dedup`` (``--dflash2rt-small``): select runs on the walk lattice alone and verify once per
+    distinct select output × (accept, residual) lattice, weighted by how many walk points gave
+    it. Verify gets the walk noise of the first of those points, so a verifier that reads the
+    walk stream still sees it vary across drafts (and fails); for any other verifier the law is
+    the full lattice's, on far fewer rows."""
     dev, v = backend.device, sel.v
-    greedy = temperature == 0
-    sizes = (1,) * (2 * gamma + 1) if greedy else \
-        (M_WALK,) * gamma + (M_ACCEPT,) * gamma + (M_RESIDUAL,)
-    idx = grid(*sizes)
-    r = idx.shape[0]
-    u_walk = midpoints(M_WALK)[idx[:, :gamma]]
-    u_acc = midpoints(M_ACCEPT)[idx[:, gamma:2 * gamma]]
-    u_res = midpoints(M_RESIDUAL)[idx[:, 2 * gamma]]
+    m_walk, m_acc, m_res = (1, 1, 1) if temperature == 0 else (M_WALK, M_ACCEPT, M_RESIDUAL)
+    walks, coins = grid(*(m_walk,) * gamma), grid(*(m_acc,) * gamma, m_res)
+    if not dedup:                              # every (walk, accept, residual) point, one row each
+        walks, coins = np.repeat(walks, len(coins), 0), np.tile(coins, (len(walks), 1))
+    r = len(walks)
+    u_walk = midpoints(m_walk)[walks]
     logits, proj = sel.inputs(ctx, gamma)
     t = lambda x, dt=dtype: torch.tensor(np.asarray(x), dtype=torch.float64).to(dt).to(dev)  # noqa: E731
-    sampling = SamplingBatch.build([temperature] * r, [0] * r, [1.0] * r, dev)
     out = backend.select(t(np.broadcast_to(logits, (r, gamma, v))),
                          t(np.broadcast_to(proj, (r, gamma, v * v))),
                          torch.full((r,), ctx[-1], dtype=torch.int64, device=dev),
-                         t(sel.a), t(sel.b), SelectorParams(sel.k), sampling,
+                         t(sel.a), t(sel.b), SelectorParams(sel.k),
+                         SamplingBatch.build([temperature] * r, [0] * r, [1.0] * r, dev),
                          t(u_walk, torch.float32))
-    draft = out.draft.cpu().numpy()
-    vlog = t(target_logits(p_fn, ctx, draft, v))
+    rows, count, total = np.arange(r), np.ones(r, np.int64), r    # row weight = count / total
+    if dedup:                                  # one coin block per distinct select output
+        key = np.concatenate([x.cpu().numpy().reshape(r, -1) for x in
+                              (out.draft, out.candidates, out.q.view(torch.int32))], 1)
+        _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
+        n = len(coins)
+        rows, count, total = np.repeat(first, n), np.repeat(counts, n), r * n
+        coins = np.tile(coins, (len(first), 1))
+    sel_rows = torch.tensor(rows, device=dev)
+    draft, cand, q = out.draft[sel_rows], out.candidates[sel_rows], out.q[sel_rows]
+    u_acc = midpoints(m_acc)[coins[:, :gamma]]
+    u_res = midpoints(m_res)[coins[:, gamma]]
+    vlog = t(target_logits(p_fn, ctx, draft.cpu().numpy(), v))
     res = t(np.repeat(u_res[:, None], gamma, 1), torch.float32)
-    noise = BlockNoise(t(u_walk, torch.float32), t(u_acc, torch.float32), res,
+    noise = BlockNoise(t(u_walk[rows], torch.float32), t(u_acc, torch.float32), res,
                        t(u_res, torch.float32))
-    ver = backend.verify(vlog, out.draft, out.candidates, out.q, sampling, noise, check=True)
-    tokens = ver.tokens.cpu().numpy()                      # −1 after the emitted token
-    uniq, counts = np.unique(tokens, axis=0, return_counts=True)
-    return {tuple(int(x) for x in row if x >= 0): c / r for row, c in zip(uniq, counts)}
+    n = len(rows)
+    sampling = SamplingBatch.build([temperature] * n, [0] * n, [1.0] * n, dev)
+    ver = backend.verify(vlog, draft, cand, q, sampling, noise, check=True)
+    law = law_of(ver.tokens.cpu().numpy(), count)         # tokens are −1 after the emitted one
+    return {k: c / total for k, c in law.items()}
 
 
 def worst(law: dict, target: dict, n: int = 5) -> str:

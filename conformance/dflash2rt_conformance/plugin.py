@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from .results import LEVELS, Results
+from .sizes import FULL, SMALL, Sizes
 
 STATE = pytest.StashKey["State"]()
 DEFAULT_BACKEND = "cpu"
@@ -26,6 +27,7 @@ class State:
     backend_name: str
     model: str
     quick: bool
+    small: bool
     json_path: str | None
     markdown_path: str | None
     statuses: list = field(default_factory=list)
@@ -34,6 +36,10 @@ class State:
     error: str | None = None
     environment: dict[str, str] = field(default_factory=dict)
     results: Results = field(default_factory=Results)
+
+    @property
+    def sizes(self) -> Sizes:
+        return SMALL if self.small else FULL
 
     @property
     def backend(self):
@@ -51,6 +57,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "tiny, a bundled name, or a directory with target/ and draft/")
     g.addoption("--dflash2rt-quick", action="store_true",
                 help="small samples and smaller laws only (a fast smoke run)")
+    g.addoption("--dflash2rt-small", action="store_true",
+                help="reduced L2-L4 instances for slow lanes such as triton-interpret "
+                     "(sizes.py; named in the header and the reports)")
     g.addoption("--dflash2rt-json", default=None, metavar="FILE", help="write the JSON report")
     g.addoption("--dflash2rt-markdown", default=None, metavar="FILE",
                 help="write the Markdown summary")
@@ -72,6 +81,7 @@ def make_state(config: pytest.Config) -> State:
 
     st = State(config.getoption("dflash2rt_backend") or DEFAULT_BACKEND,
                config.getoption("dflash2rt_model"), config.getoption("dflash2rt_quick"),
+               config.getoption("dflash2rt_small"),
                config.getoption("dflash2rt_json"), config.getoption("dflash2rt_markdown"))
     reg = Registry.discover()
     st.statuses = reg.statuses()
@@ -83,6 +93,7 @@ def make_state(config: pytest.Config) -> State:
     st.status = next((s for s in st.statuses if s.name == st.selection.name), None)
     st.environment = env.properties(st.selection, st.status)
     st.environment["dflash2rt.quick"] = str(st.quick)
+    st.environment["dflash2rt.sizes"] = st.sizes.describe()
     return st
 
 
@@ -112,7 +123,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
               f"versions: torch {e['torch']}, numpy {e['numpy']}, triton {e['triton']}; plugin "
               f"{e['plugin.distribution']} {e['plugin.version']}; dflash2rt-conformance "
               f"{e['dflash2rt-conformance']}; commit {e['git.commit']}",
-              f"mode: {'quick' if st.quick else 'full'}; L4 model: {st.model}"]
+              f"mode: {'quick' if st.quick else 'full'}; L2-L4 sizes: {st.sizes.describe()}; "
+              f"L4 model: {st.model}"]
     return lines
 
 

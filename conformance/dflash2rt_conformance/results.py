@@ -106,6 +106,8 @@ class Results:
                f"numpy {environment.get('numpy')}, triton {environment.get('triton')}; plugin "
                f"{environment.get('plugin.distribution')} {environment.get('plugin.version')}; "
                f"commit {environment.get('git.commit')}; {d['duration_s']:.1f} s.", "",
+               f"Mode: {'quick' if environment.get('dflash2rt.quick') == 'True' else 'full'}; "
+               f"L2-L4 sizes: {environment.get('dflash2rt.sizes', 'full')}.", "",
                "| level | what | result | passed | failed | skipped |", "|---|---|---|---|---|---|"]
         for lv, r in d["levels"].items():
             out.append(f"| {lv} | {r['title']} | {r['result']} | {r['passed']} | {r['failed']} "

@@ -14,6 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "report.html")
     p.add_argument("--conformance-select", metavar="EXPR", help="pytest -k selection of "
                    "conformance levels (e.g. 'L0 or L1' on the slow triton-interpret lane)")
+    p.add_argument("--conformance-small", action="store_true", help="L2-L4 on the suite's "
+                   "small instances (the triton-interpret lane; named in the report)")
     p.set_defaults(func=run_qualify)
     r = sub.add_parser("report", help="work with qualification reports")
     rs = r.add_subparsers(dest="report_command", required=True)
@@ -27,7 +29,8 @@ def run_qualify(args: argparse.Namespace) -> int:
     from ..qualify.run import qualify
 
     report = qualify(args.backend, args.out, args.model, args.quick,
-                     conformance_select=args.conformance_select)
+                     conformance_select=args.conformance_select,
+                     conformance_small=args.conformance_small)
     conf = report["sections"].get("conformance", {}).get("status")
     return 0 if report.get("complete") and conf in ("pass", "not run") else 1
 

@@ -12,8 +12,9 @@ from xml.sax.saxutils import escape
 
 
 def run_conformance(backend: str, out: Path, quick: bool, select: str | None = None,
-                    timeout_s: int = 900) -> dict[str, Any]:
-    """→ the suite's JSON (levels, ops) plus the exit code; writes out/junit.xml."""
+                    small: bool = False, timeout_s: int = 900) -> dict[str, Any]:
+    """→ the suite's JSON (levels, ops) plus the exit code; writes out/junit.xml. ``small``:
+    L2-L4 on the suite's small instances (``--dflash2rt-small``, for the interpreter lane)."""
     junit, report = out / "junit.xml", out / "conformance.json"
     if importlib.util.find_spec("dflash2rt_conformance") is None:
         reason = "dflash2rt-conformance is not installed (pip install ./conformance)"
@@ -22,7 +23,7 @@ def run_conformance(backend: str, out: Path, quick: bool, select: str | None = N
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs",
            "dflash2rt_conformance", "--dflash2rt-backend", backend, "--junitxml", str(junit),
            "--dflash2rt-json", str(report)] + (["--dflash2rt-quick"] if quick else []) \
-        + (["-k", select] if select else [])
+        + (["--dflash2rt-small"] if small else []) + (["-k", select] if select else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -40,6 +40,9 @@ def render(r: dict[str, Any]) -> str:
     parts.append(_table([{"key": k, "value": v} for k, v in sysd.items()], ["key", "value"]))
     conf = sec.get("conformance", {})
     parts.append(f"<h2>Conformance: {escape(str(conf.get('status', 'not run')))}</h2>")
+    env = conf.get("environment", {})
+    parts.append(f"<p>selection: {escape(str(conf.get('selection', 'n/a')))}; L2-L4 sizes: "
+                 f"{escape(str(env.get('dflash2rt.sizes', 'n/a')))}</p>")
     levels = conf.get("levels", {})
     parts.append(_table([{"level": k, **{c: v.get(c) for c in ("title", "result", "passed",
                                                                "failed", "skipped", "metrics")}}

@@ -17,6 +17,7 @@ def _checks(r: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"device": r.get("system", {}).get("device"),
                            "complete": r.get("complete"),
                            "conformance": conf.get("status", "not run")}
+    out["conformance L2-L4 sizes"] = conf.get("environment", {}).get("dflash2rt.sizes", "n/a")
     for lv, d in conf.get("levels", {}).items():
         out[f"conformance {lv}"] = d.get("result")
     for o in conf.get("ops", []):

@@ -31,10 +31,11 @@ KNOWN_DEVIATIONS = [
 
 class Qualification:
     def __init__(self, backend: str, out: Path, model: str, quick: bool,
-                 log: Callable[[str], None], conformance_select: str | None = None) -> None:
+                 log: Callable[[str], None], conformance_select: str | None = None,
+                 conformance_small: bool = False) -> None:
         self.backend_name, self.out, self.model, self.quick, self.log = backend, out, model, \
             quick, log
-        self.select = conformance_select
+        self.select, self.small = conformance_select, conformance_small
         self.report: dict[str, Any] = {"schema": SCHEMA, "backend": backend, "quick": quick,
                                        "model": model, "sections": {}, "complete": False}
         self.start = time.perf_counter()
@@ -79,7 +80,7 @@ class Qualification:
         blocks = (2, 4, 8) if self.quick else (2, 4, 8, 16)
         steps = [
             ("conformance", lambda: run_conformance(self.backend_name, self.out, self.quick,
-                                                    self.select)),
+                                                    self.select, self.small)),
             ("op_microbench", lambda: {"rows": op_benchmarks(
                 backend, self._shapes(pair), (1,) if self.quick else (1, 8),
                 self.report["system"]["device"], 3 if self.quick else 10)}),
@@ -131,6 +132,8 @@ class Qualification:
 
 def qualify(backend: str, out: str | Path, model: str = DEFAULT_MODEL, quick: bool = False,
             log: Callable[[str], None] | None = None,
-            conformance_select: str | None = None) -> dict[str, Any]:
+            conformance_select: str | None = None, conformance_small: bool = False
+            ) -> dict[str, Any]:
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    return Qualification(backend, Path(out), model, quick, log, conformance_select).run()
+    return Qualification(backend, Path(out), model, quick, log, conformance_select,
+                         conformance_small).run()

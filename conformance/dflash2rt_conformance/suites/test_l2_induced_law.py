@@ -1,6 +1,7 @@
 """L2: the exact law the backend's verifier induces over a uniform lattice equals the float64
 reference's on the same lattice (≤ 1e-12) and puts zero mass on p = 0 tokens. On quarter
-tables the lattice law is the continuous law, so it also equals the closed-form law."""
+tables the lattice law is the continuous law, so it also equals the closed-form law.
+``--dflash2rt-small`` (sizes.py): γ = 2 quarter blocks and a 4-point lattice on float tables."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def _zero_mass(law, p):
 
 
 @pytest.mark.parametrize("salt", ["q1", pytest.param("q2", marks=pytest.mark.dflash2rt_exhaustive)])
-def test_quarter_tables_exact_law(salt, backend, results):
-    logits, p, cand, q = _quarter_block(salt)
+def test_quarter_tables_exact_law(salt, backend, results, sizes):
+    logits, p, cand, q = _quarter_block(salt, gamma=sizes.l2_quarter_gamma)
     law = lattice.verify_law_backend(backend, logits, cand, q, 1.0, 0, 1.0, DTYPES["float32"],
                                      4, 4)
     ref = lattice.verify_law_reference(logits, cand, q, 1.0, 0, 1.0, 4, 4)
@@ -75,16 +76,18 @@ FLOAT_CASES = [("plain", 1.0, 0, 1.0, "float32"), ("filtered", 0.8, 4, 0.9, "flo
 @pytest.mark.parametrize("name,temp,top_k,top_p,dtype", [
     pytest.param(*c, id=c[0], marks=[pytest.mark.dflash2rt_exhaustive] if i > 1 else [])
     for i, c in enumerate(FLOAT_CASES)])
-def test_float_tables_law_equals_reference(name, temp, top_k, top_p, dtype, backend, results):
+def test_float_tables_law_equals_reference(name, temp, top_k, top_p, dtype, backend, results,
+                                           sizes):
     if DTYPES[dtype] not in backend.dtypes:
         pytest.skip(f"backend {backend.name} does not declare {dtype}")
     logits, cand, q = _float_block(name)
     rounded = np.asarray(__import__("torch").tensor(logits).to(DTYPES[dtype]).double())
+    m = sizes.l2_float_points
     law = lattice.verify_law_backend(backend, logits, cand, q, temp, top_k, top_p,
-                                     DTYPES[dtype], 8, 8)
+                                     DTYPES[dtype], m, m)
     t32 = float(np.float32(temp))
     ref = lattice.verify_law_reference(rounded, cand, q, t32, top_k, float(np.float32(top_p)),
-                                       8, 8)
+                                       m, m)
     p = target_probs(rounded[None], np.array([t32]), np.array([top_k]),
                      np.array([float(np.float32(top_p))]))[0]
     tv = float(laws.tv(law, ref))
@@ -92,4 +95,4 @@ def test_float_tables_law_equals_reference(name, temp, top_k, top_p, dtype, back
     assert not _zero_mass(law, p), f"[L2 law case={name} dtype={dtype}] mass on p = 0 " \
                                    f"tokens: {_zero_mass(law, p)[:5]}"
     assert tv <= 1e-12, f"[L2 law case={name} dtype={dtype}] TV(backend, reference) = " \
-                        f"{tv:.3g} on the 8-point lattice; worst: {lattice.worst(law, ref)}"
+                        f"{tv:.3g} on the {m}-point lattice; worst: {lattice.worst(law, ref)}"

@@ -1,6 +1,7 @@
 """L3: the joint law of the first L tokens over several rounds of the backend's select + verify,
 with context-dependent tables, equals the target's law (TV ≤ 1e-12; exact on the lattice).
-An off-by-one verify row shows TV ≈ 0.9 here and is invisible with identical rows."""
+An off-by-one verify row shows TV ≈ 0.9 here and is invisible with identical rows.
+``--dflash2rt-small`` (sizes.py): γ = 2, L = 3, verify once per distinct draft."""
 
 from __future__ import annotations
 
@@ -18,8 +19,12 @@ from dflash2rt_conformance.reference import laws
 
 pytestmark = pytest.mark.dflash2rt_level("L3")
 
-V, GAMMA, K, L = 4, 3, 3, 4
+V, K = 4, 3
 PROMPT = (0,)
+
+
+def _case(sizes, salt: str) -> str:
+    return f"V{V}-g{sizes.l3_gamma}-K{K}-L{sizes.l3_length}-{salt}"
 
 
 def _tables(salt: str):
@@ -64,16 +69,17 @@ def _tables(salt: str):
     return p_fn, sel
 
 
-def _joint(backend, salt, dtype, temperature=1.0):
+def _joint(backend, sizes, salt, dtype, temperature=1.0):
     p_fn, sel = _tables(salt)
     memo: dict = {}
-    case = f"V{V}-g{GAMMA}-K{K}-L{L}-{salt}"
+    case = _case(sizes, salt)
 
     def round_law(ctx):        # the backend's inputs depend on (last token, position) only
         if (ctx[-1], len(ctx)) not in memo:
             try:
                 memo[(ctx[-1], len(ctx))] = lattice.round_law_backend(
-                    backend, ctx, p_fn, sel, GAMMA, dtype, temperature)
+                    backend, ctx, p_fn, sel, sizes.l3_gamma, dtype, temperature,
+                    dedup=sizes.l3_dedup)
             except DFlash2Error as exc:
                 raise ConformanceFailure(
                     f"[L3 joint law case={case} dtype={dtype}] the backend raised "
@@ -81,7 +87,7 @@ def _joint(backend, salt, dtype, temperature=1.0):
                 ) from exc
         return {k: v for k, v in memo[(ctx[-1], len(ctx))].items()}
 
-    law = laws.joint_law(round_law, PROMPT, L)
+    law = laws.joint_law(round_law, PROMPT, sizes.l3_length)
     return law, p_fn
 
 
@@ -89,13 +95,13 @@ def _joint(backend, salt, dtype, temperature=1.0):
     pytest.param("s1", "float32", id="float32-s1"),
     pytest.param("s2", "float32", id="float32-s2", marks=pytest.mark.dflash2rt_exhaustive),
     pytest.param("s3", "bfloat16", id="bfloat16-s3", marks=pytest.mark.dflash2rt_exhaustive)])
-def test_joint_law_sampled(salt, dtype, backend, results):
+def test_joint_law_sampled(salt, dtype, backend, results, sizes):
     if DTYPES[dtype] not in backend.dtypes:
         pytest.skip(f"backend {backend.name} does not declare {dtype}")
-    law, p_fn = _joint(backend, salt, DTYPES[dtype])  # noqa: F841
-    target = laws.target_law(p_fn, PROMPT, L)
+    law, p_fn = _joint(backend, sizes, salt, DTYPES[dtype])
+    target = laws.target_law(p_fn, PROMPT, sizes.l3_length)
     tv = float(laws.tv(law, target))
-    case = f"V{V}-g{GAMMA}-K{K}-L{L}-{salt}"
+    case = _case(sizes, salt)
     results.metric("L3", f"TV sampled {case} {dtype}", tv)
     zero = [s for s in law if s not in target and law[s] > 0]
     assert not zero, f"[L3 joint law case={case} dtype={dtype}] mass on p = 0 sequences: " \
@@ -104,12 +110,13 @@ def test_joint_law_sampled(salt, dtype, backend, results):
                         f"(lattice-exact tables); worst: {lattice.worst(law, target)}"
 
 
-def test_joint_law_greedy(backend, results):
+def test_joint_law_greedy(backend, results, sizes):
     """T = 0: the emitted chain is the target's greedy chain (lowest id on ties)."""
-    law, p_fn = _joint(backend, "g1", torch.float32, temperature=0.0)
+    law, p_fn = _joint(backend, sizes, "g1", torch.float32, temperature=0.0)
     chain, ctx = (), PROMPT
-    for _ in range(L):
+    for _ in range(sizes.l3_length):
         p = np.asarray(p_fn(ctx + chain), float)
         chain += (int(np.flatnonzero(p == p.max())[0]),)
-    assert law == {chain: 1.0}, f"[L3 greedy case=V{V}-g{GAMMA}-L{L}] law {law} ≠ {chain}"
+    assert law == {chain: 1.0}, f"[L3 greedy case=V{V}-g{sizes.l3_gamma}-L" \
+                                f"{sizes.l3_length}] law {law} ≠ {chain}"
     results.metric("L3", "greedy chain", str(chain))
