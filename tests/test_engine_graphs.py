@@ -134,3 +134,24 @@ def test_graphs_are_kept_across_calls_and_released_by_close():
         assert all(r() is None for r in made)
     finally:
         gc.enable()
+
+
+def test_every_mode_shares_one_set_of_static_caches():
+    """Spec at two block sizes and target-only capture over the same cache storage (one KV
+    footprint per engine); switching modes keeps each mode's graphs (revisits capture nothing),
+    and every call still equals eager."""
+    pair, adapter = tiny_pair("dflash2", block=4), ReplayAdapter()
+    with Engine(pair, _backend(adapter)) as engine:
+        ptrs, new_captures = set(), []
+        for spec, block in ((True, 4), (False, None), (True, 3), (True, 4), (False, None)):
+            before = adapter.captures
+            got, _ = engine.generate(_reqs((0.0, 1.0, 0.6)), spec=spec, block_size=block)
+            want, _ = Engine(pair, "cpu").generate(_reqs((0.0, 1.0, 0.6)), spec=spec,
+                                                   block_size=block)
+            assert _tokens(got) == _tokens(want)
+            ptrs.add(engine._static[0].k[0].data_ptr())
+            new_captures.append(adapter.captures - before)
+        assert len(ptrs) == 1 and set(engine._graphed) == {("spec", 4), ("spec", 3),
+                                                            ("target-only",)}
+        assert all(n > 0 for n in new_captures[:3]) and new_captures[3:] == [0, 0]
+    assert engine._static is None and not engine._graphed

@@ -34,6 +34,7 @@ class Engine:
             backend = selection.backend
         self.pair, self.backend = pair, backend
         self._graphed: dict[tuple, GraphedSpecSteps | GraphedTargetSteps] = {}
+        self._static: tuple[KVCache, KVCache | None] | None = None   # caches the graphs use
         if pair.dtype not in backend.dtypes:
             raise InvalidInputError(
                 f"backend {backend.name!r} does not run {pair.dtype} models (it supports "
@@ -66,30 +67,34 @@ class Engine:
 
     def _graphed_steps(self, spec: bool, block: int, capacity: int, max_len: int
                        ) -> GraphedSpecSteps | GraphedTargetSteps:
-        """The kept graphed steps for this mode when the batch fits their caches; else new ones
-        over caches grown to fit (the old graphs are released first). Lengths round up to
-        LEN_STEP so that later calls with other prompts replay the same graphs."""
+        """The kept graphed steps of this mode, over the engine's one set of static caches (every
+        mode's graphs share them: calls run one at a time). A batch that does not fit the caches
+        (slots, rows rounded up to LEN_STEP, a draft cache) releases every graph first, then
+        grows the caches: graphs hold their pointers."""
+        kept = self._static
+        if kept is None or capacity > kept[0].batch_size or max_len > kept[0].max_len or \
+                (spec and kept[1] is None):
+            if kept is not None:
+                capacity, max_len = max(capacity, kept[0].batch_size), max(max_len, kept[0].max_len)
+            spec_cache = spec or (kept is not None and kept[1] is not None)
+            self.close()
+            self._static = kept = self._caches(capacity, -(-max_len // LEN_STEP) * LEN_STEP,
+                                               spec_cache)
         key = ("spec", block) if spec else ("target-only",)
-        kept = self._graphed.pop(key, None)
-        if kept is not None and kept.fits(capacity, max_len):
-            self._graphed[key] = kept
-            return kept
-        if kept is not None:
-            capacity, max_len = max(capacity, kept.capacity), max(max_len, kept.max_len)
-            kept.close()
-        target, draft = self._caches(capacity, -(-max_len // LEN_STEP) * LEN_STEP, spec)
-        be = self.backend
-        made = GraphedSpecSteps(self.pair, be, target, draft, block, be.report_fallback) if spec \
-            else GraphedTargetSteps(self.pair, be, target, None, be.report_fallback)
-        self._graphed[key] = made
-        return made
+        if key not in self._graphed:
+            be = self.backend
+            self._graphed[key] = \
+                GraphedSpecSteps(self.pair, be, *kept, block, be.report_fallback) if spec \
+                else GraphedTargetSteps(self.pair, be, kept[0], None, be.report_fallback)
+        return self._graphed[key]
 
     def close(self) -> None:
-        """Release the captured graphs and their caches now (they are kept across generate()
-        calls so that later calls replay instead of capturing again)."""
+        """Release the captured graphs and the static caches now (they are kept across
+        generate() calls so that later calls replay instead of capturing again)."""
         for g in self._graphed.values():
             g.close()
         self._graphed.clear()
+        self._static = None
 
     def __enter__(self) -> "Engine":
         return self
@@ -133,7 +138,7 @@ class Engine:
                 n = len(requests)
                 graphed = self._graphed_steps(spec, block, next((b for b in BUCKETS if b >= n), n),
                                               max_len)
-                st = self._new_state(requests, *graphed.full)
+                st = self._new_state(requests, *self._static)
             else:
                 st = self._new_state(requests, *self._caches(len(requests), max_len, spec))
             captured = graphed.capture_s if graphed is not None else 0.0

@@ -31,28 +31,16 @@ _NOISE = ("walk", "accept", "residual", "bonus")
 
 
 class _GraphedSteps:
-    """What both graphed step kinds share: the static caches they own (capacity requests of
-    max_len rows; they outlive a generate() call, so do the graphs captured over them),
-    per-request parameters as static inputs, the bucket's BatchState over the caches, and the
-    runners with their release and capture time."""
+    """What both graphed step kinds share: the static caches they run over (the engine's, kept
+    across generate() calls and shared by every mode), per-request parameters as static inputs,
+    the bucket's BatchState over the caches, and the runners with their release and capture
+    time."""
 
     def __init__(self, pair: ModelPair, backend: Backend, target: KVCache, draft: KVCache | None,
                  on_fallback) -> None:
         self.pair, self.backend, self.on_fallback = pair, backend, on_fallback
         self.full = (target, draft)
         self.runners: dict[Any, GraphRunner] = {}
-
-    @property
-    def capacity(self) -> int:
-        return self.full[0].batch_size
-
-    @property
-    def max_len(self) -> int:
-        return self.full[0].max_len
-
-    def fits(self, capacity: int, max_len: int) -> bool:
-        """Whether a batch needing ``capacity`` slots of ``max_len`` rows runs on these caches."""
-        return capacity <= self.capacity and max_len <= self.max_len
 
     def _bucket_state(self, inp: dict[str, torch.Tensor], sampled: bool) -> BatchState:
         b = inp["anchor"].shape[0]
@@ -77,8 +65,8 @@ class _GraphedSteps:
                 "greedy": s.greedy}
 
     def close(self) -> None:
-        """Release the graphs and their static buffers (Engine.close, or a batch that outgrew
-        the caches)."""
+        """Release the graphs and their static buffers (Engine.close, also before the engine
+        grows its caches)."""
         for r in self.runners.values():
             r.close()
         self.runners.clear()
