@@ -68,18 +68,17 @@ class Engine:
     def _graphed_steps(self, spec: bool, block: int, capacity: int, max_len: int
                        ) -> GraphedSpecSteps | GraphedTargetSteps:
         """The kept graphed steps of this mode, over the engine's one set of static caches (every
-        mode's graphs share them: calls run one at a time). A batch that does not fit the caches
-        (slots, rows rounded up to LEN_STEP, a draft cache) releases every graph first, then
-        grows the caches: graphs hold their pointers."""
+        mode's graphs share them: calls run one at a time; the draft cache is made whenever there
+        is a draft, so target-only first costs no re-capture later). A batch that does not fit
+        (slots, rows rounded up to LEN_STEP) releases every graph, then grows the caches: graphs
+        hold their pointers."""
         kept = self._static
-        if kept is None or capacity > kept[0].batch_size or max_len > kept[0].max_len or \
-                (spec and kept[1] is None):
+        if kept is None or capacity > kept[0].batch_size or max_len > kept[0].max_len:
             if kept is not None:
                 capacity, max_len = max(capacity, kept[0].batch_size), max(max_len, kept[0].max_len)
-            spec_cache = spec or (kept is not None and kept[1] is not None)
             self.close()
             self._static = kept = self._caches(capacity, -(-max_len // LEN_STEP) * LEN_STEP,
-                                               spec_cache)
+                                               self.pair.draft is not None)
         key = ("spec", block) if spec else ("target-only",)
         if key not in self._graphed:
             be = self.backend
