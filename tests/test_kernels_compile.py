@@ -1,9 +1,11 @@
-"""Every Triton kernel compiles, as its wrapper launches it, for CUDA sm_90 and sm_80 — here,
-without a GPU (dflash2rt.kernels.compile_check). The interpreter lane cannot catch compile-time
-errors such as a loop-carried variable changing dtype; this test does."""
+"""Every Triton kernel compiles, as its wrapper launches it with each vendor plugin's tuning, for
+CUDA sm_90 / sm_80 and AMD gfx942 / gfx90a — here, without a GPU
+(dflash2rt.kernels.compile_check). The interpreter lane cannot catch compile-time errors such as
+a loop-carried variable changing dtype; this test does."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,4 +24,8 @@ def test_every_kernel_compiles_for_gpu_targets():
     rows = json.loads(proc.stdout)
     failed = [f"{r['case']} [{r['target']}]: {r['error']}" for r in rows if not r["ok"]]
     assert not failed, "\n".join(failed)
-    assert len(rows) == 36 and proc.returncode == 0
+    assert len(rows) == 72 and proc.returncode == 0
+    for target, plugin in (("sm90", "dflash2rt_cuda"), ("gfx942", "dflash2rt_rocm")):
+        tuned = {r["tuning"] for r in rows if r["target"] == target}
+        want = plugin if importlib.util.find_spec(plugin) else f"default ({plugin} not installed)"
+        assert tuned == {want}, f"{target} compiled with {tuned}, expected {want}"

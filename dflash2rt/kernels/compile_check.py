@@ -2,7 +2,9 @@
 
 The interpreter (TRITON_INTERPRET=1) runs the kernels' logic but never type-checks them: a
 loop-carried value that changes dtype, for one, runs there and fails to compile on a device.
-Triton lowers a kernel to PTX and a cubin with no device present, so this closes that gap::
+Triton lowers a kernel to a cubin (NVIDIA) or an hsaco (AMD) with no device present, so this
+closes that gap, with each vendor plugin's tuning table where that plugin is installed (Intel
+targets need pytorch-triton-xpu, which the PyPI triton does not include)::
 
     TRITON_INTERPRET=0 python -m dflash2rt.kernels.compile_check [--target sm90 ...]
 
@@ -23,7 +25,11 @@ import torch
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
         torch.float64: "*fp64", torch.int64: "*i64", torch.int32: "*i32", torch.int8: "*i8",
         torch.bool: "*i1"}
-TARGETS = {"sm90": ("cuda", 90, 32), "sm80": ("cuda", 80, 32)}
+# target → (triton backend, arch, warp size, the plugin whose tuning table it compiles with)
+TARGETS = {"sm90": ("cuda", 90, 32, "dflash2rt_cuda"), "sm80": ("cuda", 80, 32, "dflash2rt_cuda"),
+           "gfx942": ("hip", "gfx942", 64, "dflash2rt_rocm"),
+           "gfx90a": ("hip", "gfx90a", 64, "dflash2rt_rocm")}
+BINARY = {"cuda": "cubin", "hip": "hsaco"}
 
 
 class _Launched(Exception):
@@ -73,7 +79,19 @@ def _record(module, name: str, call: Callable[[], Any]) -> tuple[Any, tuple, dic
     return fn, *rec.launch
 
 
-def _cases() -> dict[str, tuple[Any, str, Callable[[], Any]]]:
+def _tuning(plugin: str):
+    """(the plugin's Tuning, its name) when the plugin is installed, else the default."""
+    import importlib
+
+    from .tuning import DEFAULT
+
+    try:
+        return importlib.import_module(f"{plugin}.plugin").TUNING, plugin
+    except ImportError:
+        return DEFAULT, f"default ({plugin} not installed)"
+
+
+def _cases(tuning) -> dict[str, tuple[Any, str, Callable[[], Any]]]:
     from ..ops.batch import BlockNoise, SamplingBatch
     from ..ops.selector import SelectorParams
     from . import conv, selector, verify
@@ -82,8 +100,8 @@ def _cases() -> dict[str, tuple[Any, str, Callable[[], Any]]]:
         g = torch.Generator().manual_seed(0)
         x, a = (torch.randn(12, 96, generator=g).to(dtype) for _ in range(2))
         base, delta = torch.randn(3, 96).to(dtype), torch.randn(12, 3, 6).to(dtype)
-        return (lambda: conv.conv_finish(x, a, base, delta, 4)) if finish else \
-            (lambda: conv.conv_prepare(x, base, delta, 4))
+        return (lambda: conv.conv_finish(x, a, base, delta, 4, tuning)) if finish else \
+            (lambda: conv.conv_prepare(x, base, delta, 4, tuning))
 
     def select_call(dtype, sampled):
         r, gamma, v, rank = 2, 5, 64, 8
@@ -92,17 +110,17 @@ def _cases() -> dict[str, tuple[Any, str, Callable[[], Any]]]:
                 torch.tensor([1, 2]), torch.randn(v, rank).to(dtype),
                 torch.randn(v, rank).to(dtype), SelectorParams(4, 0.5, None), sampling,
                 torch.rand(r, gamma))
-        return lambda: selector.select(*args)
+        return lambda: selector.select(*args, tuning=tuning)
 
     def verify_call(dtype, sampled):
-        r, gamma, v, k = 2, 4, 64, 4
+        r, gamma, v, k = 2, 4, 3001, 4     # V above every block_v: the tuned chunk compiles
         cand = torch.arange(r * gamma * k).view(r, gamma, k) % v
         sampling = SamplingBatch.build([0.8 if sampled else 0.0, 0.0], [0, 0], [1.0, 1.0])
         noise = BlockNoise.draw(torch.tensor([1, 2]), torch.zeros(2, dtype=torch.long),
                                 torch.tensor([0, 3]), gamma)
         args = (torch.randn(r, gamma + 1, v).to(dtype), cand[..., 0], cand,
                 torch.full((r, gamma, k), 1.0 / k), sampling, noise)
-        return lambda: verify.verify(*args, check=False)
+        return lambda: verify.verify(*args, check=False, tuning=tuning)
 
     dts = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     cases = {}
@@ -122,17 +140,20 @@ def compile_all(targets: list[str]) -> list[dict[str, Any]]:
     from triton.compiler import ASTSource
 
     rows = []
-    for case, (module, name, call) in _cases().items():
-        fn, args, kw = _record(module, name, call)
-        sig, consts = _signature(fn, args, kw)
-        for t in targets:
+    for t in targets:
+        backend, arch, warp, plugin = TARGETS[t]
+        tuning, tuned_by = _tuning(plugin)
+        for case, (module, name, call) in _cases(tuning).items():
+            fn, args, kw = _record(module, name, call)
+            sig, consts = _signature(fn, args, kw)
             start = time.perf_counter()
-            row = {"case": case, "kernel": name, "target": t}
+            row = {"case": case, "kernel": name, "target": t, "tuning": tuned_by}
             try:
-                out = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget(*TARGETS[t]),
+                out = triton.compile(ASTSource(fn, sig, consts),
+                                     target=GPUTarget(backend, arch, warp),
                                      options={"num_warps": kw.get("num_warps", 4)})
-                row.update(ok=bool(out.asm.get("cubin")), error="" if out.asm.get("cubin")
-                           else "no cubin produced")
+                ok = bool(out.asm.get(BINARY[backend]))
+                row.update(ok=ok, error="" if ok else f"no {BINARY[backend]} produced")
             except Exception as exc:  # noqa: BLE001 - each failure is one reported row
                 row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-1500:])
             row["seconds"] = round(time.perf_counter() - start, 2)
@@ -157,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows, indent=1))
     else:
         for r in rows:
-            print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:24s} {r['target']:5s} "
-                  f"{r['seconds']:6.2f}s {r['error'][:300]}")
+            print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:24s} {r['target']:6s} "
+                  f"{r['seconds']:6.2f}s {r['tuning']} {r['error'][:300]}")
     return 0 if all(r["ok"] for r in rows) else 1
 
 
