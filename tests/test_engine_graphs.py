@@ -156,3 +156,15 @@ def test_every_mode_shares_one_set_of_static_caches():
                                                             ("target-only",)}
         assert all(n > 0 for n in new_captures[:3]) and new_captures[3:] == [0, 0]
     assert engine._static is None and not engine._graphed
+
+
+def test_replayed_steps_are_timed_as_graphs():
+    """A replaying step has no separate draft / select / verify phases: its time (launch and
+    the wait at the one sync) is reported as "graphs"; eager steps never report it."""
+    pair = tiny_pair("dflash2", block=4)
+    for spec in (True, False):
+        _, g = Engine(pair, _backend(ReplayAdapter())).generate(_reqs((0.0, 1.0, 0.6)), spec=spec)
+        _, e = Engine(pair, "cpu").generate(_reqs((0.0, 1.0, 0.6)), spec=spec)
+        assert g.time["graphs"] > 0 and g.time["draft"] == g.time["select"] == \
+            g.time["verify"] == 0
+        assert e.time["graphs"] == 0 and e.time["verify"] > 0

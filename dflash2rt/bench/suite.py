@@ -42,7 +42,7 @@ def _compare(batch: Sequence[Sequence[int]], engine: Engine, hf: HFGreedy | None
         "greedy_equal": spec.outputs == ar.outputs,
         "hf_equal": hfr.outputs == ar.outputs if hf is not None else None,
         "time_split_per_step_s": {k: spec.per_step(k) for k in ("draft", "select", "verify",
-                                                                 "host")},
+                                                                 "graphs", "host")},
     }
     res["speedup_vs_ar"] = res["spec_tokens_per_s"] / res["ar_tokens_per_s"]
     res["speedup_vs_hf"] = (res["spec_tokens_per_s"] / res["hf_tokens_per_s"]
@@ -73,7 +73,8 @@ def _sweep(prompts, engine: Engine, max_new: int, blocks: Sequence[int], repeats
         st = spec[b].stats
         tau = sum(s.committed for s in st) / sum(s.request_steps for s in st)
         t_draft = statistics.median((s.time["draft"] + s.time["select"]) / s.steps for s in st)
-        t_verify = statistics.median((s.time["verify"] + s.time["host"]) / s.steps for s in st)
+        t_verify = statistics.median((s.time["verify"] + s.time["graphs"] + s.time["host"])
+                                     / s.steps for s in st)        # graphs: draft + verify
         measured = statistics.median(s.tokens_per_s for s in st) / \
             statistics.median(s.tokens_per_s for s in ar.stats)
         rows.append({"block_size": b, "tau": tau, "speedup_vs_ar": measured,

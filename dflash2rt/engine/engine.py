@@ -172,14 +172,17 @@ class Engine:
         t0 = time.perf_counter()
         if graphed is None:
             acc, tokens, flags, t1, t2 = self._eager_spec(st, block)
+            t3 = time.perf_counter()
+            phases = {"draft": t1 - t0, "select": t2 - t1, "verify": t3 - t2}
         else:
             v = graphed.step(st)
-            acc, tokens, t1 = v["acc"], v["tokens"], time.perf_counter()
-            t2 = t1
+            acc, tokens = v["acc"], v["tokens"]
             flags = v["bad"].long() * BAD_TARGET + v["bad_q"].long() * BAD_Q \
                 + v["draft_bad"].long() * BAD_DRAFT
-        t3 = time.perf_counter()
         host = self._to_host(torch.cat([acc.view(-1, 1), flags.view(-1, 1), tokens], 1), stats)
+        if graphed is not None:                    # the sync waited for both graphs
+            t3 = time.perf_counter()
+            phases = {"graphs": t3 - t0}
         self._raise_flags([h[1] for h in host], st.rows)
         stats.steps += 1
         stats.record_accepts([h[0] for h in host])
@@ -187,9 +190,8 @@ class Engine:
             out.add(st.rows[i], h[2:3 + h[0]])
             st.host_lens[i] += h[0] + 1
         st = self._drop_finished(st, out)
-        t4 = time.perf_counter()
-        for k, dt in (("draft", t1 - t0), ("select", t2 - t1), ("verify", t3 - t2),
-                      ("host", t4 - t3)):
+        phases["host"] = time.perf_counter() - t3
+        for k, dt in phases.items():
             stats.time[k] += dt
         return st
 
@@ -221,6 +223,8 @@ class Engine:
             token, bad = v["token"], v["bad"]
         t1 = time.perf_counter()
         host = self._to_host(torch.stack([token, bad.long() * BAD_TARGET], 1), stats)
+        if graphed is not None:                    # the sync waited for the graph
+            t1 = time.perf_counter()
         self._raise_flags([h[1] for h in host], st.rows)
         stats.steps += 1
         stats.record_accepts([0] * len(host))
@@ -228,7 +232,7 @@ class Engine:
             out.add(st.rows[i], [tok])
             st.host_lens[i] += 1
         st = self._drop_finished(st, out)
-        stats.time["verify"] += t1 - t0
+        stats.time["verify" if graphed is None else "graphs"] += t1 - t0
         stats.time["host"] += time.perf_counter() - t1
         return st
 
