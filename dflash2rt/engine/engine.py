@@ -11,6 +11,7 @@ from ..backend import Backend
 from ..errors import InvalidInputError, NonFiniteLogitsError
 from ..models.pair import ModelPair
 from ..ops.batch import BlockNoise, SamplingBatch
+from ..graphs.runner import bucket_for
 from ..registry import Registry
 from . import steps
 from ..models.kv_cache import KVCache
@@ -135,8 +136,7 @@ class Engine:
             max_len, graphed = self._max_len(requests, block), None
             if self.backend.graph_adapter is not None:
                 n = len(requests)
-                graphed = self._graphed_steps(spec, block, next((b for b in BUCKETS if b >= n), n),
-                                              max_len)
+                graphed = self._graphed_steps(spec, block, bucket_for(n, BUCKETS) or n, max_len)
                 st = self._new_state(requests, *self._static)
             else:
                 st = self._new_state(requests, *self._caches(len(requests), max_len, spec))

@@ -15,9 +15,9 @@ import torch
 
 from ..backend import Backend
 from ..graphs.runner import GraphRunner
+from ..models.kv_cache import KVCache
 from ..models.pair import ModelPair
 from ..ops.batch import BlockNoise, SamplingBatch
-from ..models.kv_cache import KVCache
 from ..ops.selector import SelectorOut
 from . import steps
 from .state import BatchState
@@ -59,10 +59,13 @@ class _GraphedSteps:
 
     @staticmethod
     def _live(st: BatchState) -> dict[str, torch.Tensor]:
+        """The live rows' static inputs; "live" marks them (padding gets False), for the
+        graphs that commit."""
         s = st.sampling
         return {"anchor": st.anchor, "lens": st.lens, "seed": st.seed, "key": st.key,
                 "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-                "greedy": s.greedy}
+                "greedy": s.greedy,
+                "live": torch.ones(st.size, dtype=torch.bool, device=st.lens.device)}
 
     def close(self) -> None:
         """Release the graphs and their static buffers (Engine.close, also before the engine
@@ -154,8 +157,7 @@ class GraphedSpecSteps(_GraphedSteps):
         sampled = st.sampling.any_sampled
         live = self._live(st)
         d = self._runner("draft", sampled).run(live)
-        v = self._runner("verify", sampled).run(
-            {**live, **d, "live": torch.ones(st.size, dtype=torch.bool, device=st.lens.device)})
+        v = self._runner("verify", sampled).run({**live, **d})
         st.lens.copy_(v["lens"])
         st.anchor.copy_(v["anchor"])
         return {**v, "draft_bad": d["bad"]}
@@ -187,9 +189,7 @@ class GraphedTargetSteps(_GraphedSteps):
 
     def step(self, st: BatchState) -> dict[str, torch.Tensor]:
         """One token per live row; updates st.lens / st.anchor."""
-        v = self._runner(st.sampling.any_sampled).run(
-            {**self._live(st), "live": torch.ones(st.size, dtype=torch.bool,
-                                                  device=st.lens.device)})
+        v = self._runner(st.sampling.any_sampled).run(self._live(st))
         st.lens.copy_(v["lens"])
         st.anchor.copy_(v["token"])
         return v

@@ -37,4 +37,3 @@ def graph_vs_eager(pair: ModelPair, backend: Backend, make_requests: Callable[[]
         row[f"{name}_fallbacks"] = stats.fallbacks
     row["equal"] = tokens["graph"] == tokens["eager"]
     return row
-

@@ -31,6 +31,11 @@ class Bucket:
     replays: int = 0
 
 
+def bucket_for(rows: int, buckets: tuple[int, ...]) -> int | None:
+    """Smallest of ``buckets`` holding ``rows``; None when the batch exceeds every one."""
+    return next((b for b in buckets if b >= rows), None)
+
+
 class GraphRunner:
     """``make_inputs(size)`` allocates a bucket's static inputs; ``body(inputs) -> outputs`` is
     the step to capture; ``pad`` gives each input's inert value for padded rows."""
@@ -50,7 +55,7 @@ class GraphRunner:
 
     def bucket_for(self, rows: int) -> int | None:
         """Smallest bucket holding ``rows``; None when the batch exceeds every bucket."""
-        return next((b for b in self.buckets if b >= rows), None)
+        return bucket_for(rows, self.buckets)
 
     def run(self, live: Tensors) -> Tensors:
         rows = next(iter(live.values())).shape[0]

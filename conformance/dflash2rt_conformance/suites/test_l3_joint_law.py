@@ -1,7 +1,7 @@
 """L3: the joint law of the first L tokens over several rounds of the backend's select + verify,
 with context-dependent tables, equals the target's law (TV ≤ 1e-12; exact on the lattice).
 An off-by-one verify row shows TV ≈ 0.9 here and is invisible with identical rows.
-``--dflash2rt-small`` (sizes.py): γ = 2, L = 3, verify once per distinct draft."""
+``--dflash2rt-small`` (sizes.py): γ = 2, L = 2, verify once per distinct draft."""
 
 from __future__ import annotations
 
