@@ -11,7 +11,7 @@ import torch
 
 from .backend import Backend
 from .engine.engine import Engine
-from .engine.request import Request, RequestOutput, SamplingParams
+from .engine.request import Request, RequestOutput, SamplingParams, is_int
 from .engine.stats import RunStats
 from .errors import InvalidInputError
 from .models.pair import ModelPair, load_pair
@@ -33,10 +33,30 @@ class RunResult:
                 "finish_reasons": [o.finish_reason for o in self.outputs]}
 
 
+def _files_identity(*dirs: str | None) -> tuple[tuple[str, int, int], ...]:
+    """(resolved path, size, mtime_ns) of every file under ``dirs``: a checkpoint replaced on
+    disk gets a new identity, so the cache below never hands back stale weights."""
+    out = []
+    for d in dirs:
+        if d is not None:
+            for f in sorted(Path(d).rglob("*")):
+                if f.is_file():
+                    st = f.stat()
+                    out.append((str(f.resolve()), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=4)
 def _load_cached(target: str, draft: str | None, dtype: torch.dtype, device: str,
-                 name: str) -> ModelPair:
+                 name: str, files: tuple[tuple[str, int, int], ...]) -> ModelPair:
+    """``files`` (``_files_identity``) is part of the key only."""
     return load_pair(target, draft, dtype, device, name)
+
+
+def _load(target: Path, draft: Path | None, dtype: torch.dtype, device: torch.device | str,
+          name: str) -> ModelPair:
+    t, d = str(target.resolve()), None if draft is None else str(draft.resolve())
+    return _load_cached(t, d, dtype, str(device), name, _files_identity(t, d))
 
 
 def resolve_model(model: ModelSpec, device: torch.device | str = "cpu",
@@ -48,45 +68,82 @@ def resolve_model(model: ModelSpec, device: torch.device | str = "cpu",
     if isinstance(model, tuple):
         if len(model) != 2:
             raise InvalidInputError("model as a tuple must be (target_dir, draft_dir)")
-        target, draft = model
-        return _load_cached(str(target), None if draft is None else str(draft), dtype,
-                            str(device), Path(str(target)).name)
-    path = Path(str(model))
+        dirs = [None if d is None else _dir_arg(d) for d in model]
+        for what, d in zip(("target", "draft"), dirs):
+            if d is not None and not d.is_dir():
+                raise InvalidInputError(f"no such {what} directory {str(d)!r}")
+        if dirs[0] is None:
+            raise InvalidInputError("model tuple (target_dir, draft_dir) needs a target_dir")
+        return _load(dirs[0], dirs[1], dtype, device, dirs[0].name)
+    if not isinstance(model, (str, Path)):
+        raise InvalidInputError(f"model must be a bundled name, a directory, a (target_dir, "
+                                f"draft_dir) tuple or a ModelPair, got {model!r}")
+    path = _dir_arg(model)
+    if path.exists() and not path.is_dir():
+        raise InvalidInputError(f"model {str(model)!r} is a file; give a directory with "
+                                "target/ and draft/")
     if not path.is_dir():
-        from .bundled import bundled_path  # raises with the available names
+        from .bundled import bundled_path  # raises "no such model directory", with the names
 
         path = bundled_path(str(model))
     if not (path / "target").is_dir():
         raise InvalidInputError(f"{path} has no target/ directory (expected target/ and draft/)")
     draft = path / "draft"
-    return _load_cached(str(path / "target"), str(draft) if draft.is_dir() else None, dtype,
-                        str(device), path.name)
+    return _load(path / "target", draft if draft.is_dir() else None, dtype, device, path.name)
+
+
+def _dir_arg(d: object) -> Path:
+    if not isinstance(d, (str, Path)):
+        raise InvalidInputError(f"model directories must be paths, got {d!r}")
+    return Path(d).expanduser()
 
 
 def _encode(pair: ModelPair, prompts: str | Sequence[str] | Sequence[Sequence[int]]
             ) -> list[tuple[int, ...]]:
+    """Prompts → token ids: a string, or a list of strings and/or token-id lists."""
     if isinstance(prompts, str):
         prompts = [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise InvalidInputError(f"prompts must be a string or a list of strings / token-id "
+                                f"lists, got {type(prompts).__name__} {prompts!r:.80}")
     out = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
         if isinstance(p, str):
-            if pair.tokenizer is None:
-                raise InvalidInputError("text prompts need a tokenizer; pass token id lists")
-            if not p:
-                raise InvalidInputError("empty prompt: give a non-empty string")
-            out.append(tuple(pair.tokenizer.encode(p)))
-        else:
-            out.append(tuple(int(t) for t in p))
+            out.append(_encode_text(pair, i, p))
+            continue
+        if hasattr(p, "tolist") and not isinstance(p, (list, tuple)):
+            p = p.tolist()                              # a numpy array or a tensor of ids
+        if not isinstance(p, (list, tuple)):
+            raise InvalidInputError(f"prompt {i} is {type(p).__name__} {p!r:.80}: give a string "
+                                    "or a list of token ids (a one-token prompt is [id])")
+        bad = [t for t in p if not is_int(t)]
+        if bad:
+            raise InvalidInputError(f"prompt {i}: token ids must be integers, got {bad[0]!r}")
+        out.append(tuple(int(t) for t in p))
     if not out:
         raise InvalidInputError("no prompts given")
     return out
+
+
+def _encode_text(pair: ModelPair, i: int, p: str) -> tuple[int, ...]:
+    if pair.tokenizer is None:
+        raise InvalidInputError("text prompts need a tokenizer; pass token id lists")
+    if not p:
+        raise InvalidInputError(f"prompt {i} is empty: give a non-empty string")
+    try:
+        p.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"prompt {i} is not valid Unicode text ({exc.reason} at "
+                                f"position {exc.start}: {p[exc.start]!r}); fix its "
+                                "encoding") from None
+    return tuple(pair.tokenizer.encode(p))
 
 
 def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, *,
         prompts: str | Sequence[str] | Sequence[Sequence[int]],
         max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
         seed: int = 0, block_size: int | None = None, spec: bool = True,
-        stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+        stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
         dtype: torch.dtype = torch.float32,
         on_tokens: Callable[[int, list[int]], None] | None = None) -> RunResult:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
@@ -98,8 +155,9 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     be = backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
     pair = resolve_model(model, be.device, dtype)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                            top_p=top_p, seed=seed, stop_strings=tuple(stop),
-                            stop_token_ids=tuple(stop_token_ids))
+                            top_p=top_p, seed=seed,
+                            stop_strings=(stop,) if isinstance(stop, str) else stop,
+                            stop_token_ids=stop_token_ids)
     requests = [Request(p, params) for p in _encode(pair, prompts)]
     with Engine(pair, be) as engine:
         outputs, stats = engine.generate(requests, spec=spec, block_size=block_size,

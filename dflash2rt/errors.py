@@ -37,3 +37,8 @@ class NonFiniteLogitsError(InvalidInputError):
 
 class CheckpointError(DFlash2Error):
     """A checkpoint that is malformed, incomplete, or does not match its partner model."""
+
+
+class ResourceError(DFlash2Error, MemoryError):
+    """A run that needs more memory (or another resource) than the device has; the message says
+    how much it needs, how much there is, and what to lower."""

@@ -69,7 +69,7 @@ MUTANTS = {
         real = super().select(logits, proj, anchor, pred, succ, params, sampling, u_walk)
         greedy = super().select(logits, proj, anchor, pred, succ, params,
                                 SamplingBatch.greedy_batch(logits.shape[0], logits.device), u_walk)
-        return SelectorOut(greedy.draft, greedy.candidates, real.q, real.bad)
+        return SelectorOut(greedy.draft, greedy.candidates, real.q, real.bad, real.bad_lattice)
 ''',
 }
 

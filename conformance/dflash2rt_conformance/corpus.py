@@ -158,12 +158,21 @@ def bad_q(g):
     return _case(logits, [[3], [1]], cand, q, [1.0, 1.0], g=g)
 
 
+def nonfinite_q(g):
+    """q with NaN at the draft token, NaN elsewhere, or a negative entry: flagged (bad_q), never
+    a silent accept or a NaN residual; request 0 is a valid law."""
+    logits = random_logits(g, (4, 2, 6))
+    cand = np.array([[[0, 1]]] * 4)
+    q = np.array([[[0.5, 0.5]], [[np.nan, 0.5]], [[0.5, np.nan]], [[1.5, -0.5]]])
+    return _case(logits, [[0]] * 4, cand, q, [1.0] * 4, g=g)
+
+
 def corpus() -> list[Sample]:
     hand = [("u_at_threshold", u_at_threshold), ("p_zero_u_to_0", p_zero),
             ("p_equals_q", p_equals_q), ("empty_residual_falls_back_to_p", empty_residual),
             ("greedy_ties_lowest_index", greedy_ties), ("nan_inf_rows_flagged", nonfinite_rows),
             ("duplicated_candidates", duplicated_candidates), ("mask_id_tokens", mask_id_tokens),
-            ("draft_outside_q_flagged", bad_q)]
+            ("draft_outside_q_flagged", bad_q), ("nonfinite_q_flagged", nonfinite_q)]
     out = [Sample(n, 400 + i, {"fn": f.__name__}) for i, (n, f) in enumerate(hand)]
     rnd = [("batch1_v5", 1, 3, 5, 3, [1.0], None, None, "small"),
            ("mixed_v37", 5, 4, 37, 5, [0.0, 0.8, 1.0, 1.7, 0.0], [0, 5, 0, 0, 0],
@@ -172,7 +181,8 @@ def corpus() -> list[Sample]:
            ("dup_candidates_random_v23", 4, 5, 23, 6, [1.0] * 4, None, None, "small"),
            ("b16_v61", 3, 15, 61, 8, [0.0, 1.0, 0.6], [0, 0, 20], [1.0, 0.95, 1.0], "exhaustive"),
            ("v97", 2, 7, 97, 16, [1.2, 1.0], None, [0.8, 1.0], "exhaustive"),
-           ("v129", 6, 5, 129, 32, [1.0, 0.0, 0.9, 1.1, 0.0, 2.0], None, None, "exhaustive")]
+           ("v129", 6, 5, 129, 32, [1.0, 0.0, 0.9, 1.1, 0.0, 2.0], None, None, "exhaustive"),
+           ("t_tiny_v31", 3, 3, 31, 4, [1e-38, 1.4e-45, 1e-30], None, None, "small")]
     for i, (n, r, gm, v, k, t, tk, tp, tier) in enumerate(rnd):
         out.append(Sample(n, 500 + i, dict(fn="random", r=r, gamma=gm, v=v, k=k, temps=t,
                                            top_k=tk, top_p=tp, dup="dup" in n), tier))

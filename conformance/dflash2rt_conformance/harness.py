@@ -54,8 +54,8 @@ def run_sample(spec, sample, dtype: str, backend, recorder, level: str = "L1") -
     want = spec.reference(r_in)
     got = spec.call(backend, t_in)
     ctx = Context(level, spec.name, dtype, sample.name, sample.seed, shapes(inputs, dtype))
-    rows = want.get("_rows")
     for name, (kind, out_dtype) in spec.outputs.items():
         out_dtype = DTYPES[dtype] if out_dtype == "x" else out_dtype
+        rows = want.get(f"_rows_{name}", want.get("_rows"))       # a per-output mask wins
         check(ctx, name, got[name], want[name], kind=kind, dtype=out_dtype,
               rows=rows if name in spec.row_masked else None, recorder=recorder)

@@ -25,7 +25,7 @@ class OpSpec:
     """name; kind "backend" (a Backend method) or "device" (a dflash2rt.ops function on the
     backend's device); dtypes where meaningful; samples() → [Sample] (tier small/exhaustive);
     make(sample, dtype) → {name: In}; reference(float64 inputs) → {output: ndarray, "_rows":
-    mask}; call(backend, torch inputs) → {output: tensor}; outputs {name: (kind, dtype)} with
+    mask, optionally "_rows_<output>": that output's own mask}; call(backend, torch inputs) → {output: tensor}; outputs {name: (kind, dtype)} with
     kind "float" (tolerances) or "exact" and dtype a torch dtype, "x" (the test dtype) or None;
     row_masked: outputs compared only on rows the reference keeps (e.g. not NaN-flagged)."""
 

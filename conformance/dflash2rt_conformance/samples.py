@@ -73,6 +73,10 @@ SELECT_CASES = [  # name, R, γ, V, K, rank, softcap, mult, temps, tier, extra
     ("v100_k16_softcap", 3, 15, 100, 16, 8, 15.0, 0.8, [0.0, 1.0, 2.0], "exhaustive", {}),
     ("v129_k32", 2, 7, 129, 32, 5, None, 1.0, [0.6, 0.0], "exhaustive", {}),
     ("v97_k97_full", 1, 11, 97, 97, 4, 5.0, 1.0, [1.0], "exhaustive", {}),
+    ("nan_codebook_lattice_flagged", 3, 3, 43, 4, 3, None, 1.0, [1.0, 1.0, 0.0], "small",
+     {"nan_codebook": 1}),
+    ("tiny_temperatures_no_overflow", 3, 4, 31, 5, 3, None, 1.0, [1e-38, 1.4e-45, 1e-30],
+     "small", {}),
 ]
 
 
@@ -90,6 +94,8 @@ PROBS_CASES = [  # name, R, T, V, temps, top_k, top_p, tier
     ("v100_topp", 5, 4, 100, [0.9] * 5, [0, 10, 50, 0, 1], [0.3, 0.99, 1.0, 0.6, 1.0],
      "exhaustive"),
     ("v257", 2, 3, 257, [1.0, 0.5], [100, 0], [0.9, 0.95], "exhaustive"),
+    ("t_tiny_no_overflow_v29", 3, 2, 29, [1e-38, 1.4e-45, 1e-30], [0, 3, 0], [1.0, 1.0, 0.9],
+     "small"),
 ]
 
 

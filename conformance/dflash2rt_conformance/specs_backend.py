@@ -102,10 +102,12 @@ def _make_select(s, dtype):
     anchor = g.integers(0, v, r)
     if p.get("anchor") is not None:
         anchor[:] = p["anchor"]
+    pred, succ = g.normal(0, 0.7, (v, rank)), g.normal(0, 0.7, (v, rank))
+    if p.get("nan_codebook") is not None:       # the anchor's codebook row: slot 0 reads it
+        pred[anchor[p["nan_codebook"]], 0] = np.nan
     return {"logits": In(logits), "proj": In(g.normal(0, 1, (r, gamma, rank))),
-            "anchor": In(anchor, "i64"), "pred": In(g.normal(0, 0.7, (v, rank))),
-            "succ": In(g.normal(0, 0.7, (v, rank))), "u_walk": In(S.gen_uniforms(g, (r, gamma)),
-                                                                    "f32"),
+            "anchor": In(anchor, "i64"), "pred": In(pred), "succ": In(succ),
+            "u_walk": In(S.gen_uniforms(g, (r, gamma)), "f32"),
             "params": In(SelectorParams(p["k"], p["mult"], p["softcap"]), "obj"),
             "temps": In(p["temps"], "obj")}
 
@@ -115,13 +117,16 @@ def _ref_select(r):
     out = r_selector.select(r["logits"], r["proj"], r["anchor"], r["pred"], r["succ"], pr.top_k,
                             pr.output_multiplier, pr.softcap, np.asarray(r["temps"]),
                             np.asarray(r["temps"]) == 0, r["u_walk"])
-    return {**out, "_rows": ~out["bad"]}
+    # A bad lattice row voids that request's walk; the flag itself is defined unless the
+    # draft logits are bad (then the walk's first picks are not defined).
+    return {**out, "_rows": ~out["bad"] & ~out["bad_lattice"], "_rows_bad_lattice": ~out["bad"]}
 
 
 def _call_select(b, t):
     out = b.select(t["logits"], t["proj"], t["anchor"], t["pred"], t["succ"], t["params"],
                    _sampling(t, b.device), t["u_walk"])
-    return {"draft": out.draft, "candidates": out.candidates, "q": out.q, "bad": out.bad}
+    return {"draft": out.draft, "candidates": out.candidates, "q": out.q, "bad": out.bad,
+            "bad_lattice": out.bad_lattice}
 
 
 def _select_errors():
@@ -145,7 +150,8 @@ def _select_errors():
 SELECT = OpSpec(
     "select", "backend", ALL, S.select_samples, _make_select, _ref_select, _call_select,
     {"draft": ("exact", I64), "candidates": ("exact", I64), "q": ("float", F32),
-     "bad": ("exact", BOOL)}, frozenset({"draft", "candidates", "q"}), _select_errors,
+     "bad": ("exact", BOOL), "bad_lattice": ("exact", BOOL)},
+    frozenset({"draft", "candidates", "q", "bad_lattice"}), _select_errors,
     doc="top-K (lowest id on ties), softcap unary, low-rank lattice, greedy / sampled walk")
 
 
@@ -166,7 +172,7 @@ def _ref_verify(r):
                           np.asarray(r["top_k"]),
                           np.asarray(r["top_p"], np.float32).astype(np.float64), temps == 0,
                           r["accept"], r["residual"], r["bonus"])
-    return {**out, "_rows": ~out["bad"]}
+    return {**out, "_rows": ~out["bad"] & ~out["bad_q"]}
 
 
 def _call_verify(b, t):
@@ -206,5 +212,5 @@ def _verify_errors():
 VERIFY = OpSpec(
     "verify", "backend", ALL, corpus.corpus, _make_verify, _ref_verify, _call_verify,
     {"accept_len": ("exact", I64), "tokens": ("exact", I64), "bad": ("exact", BOOL),
-     "bad_q": ("exact", BOOL)}, frozenset({"accept_len", "tokens", "bad_q"}), _verify_errors,
+     "bad_q": ("exact", BOOL)}, frozenset({"accept_len", "tokens"}), _verify_errors,
     doc="greedy and chain speculative sampling; decisions bit for bit on the adversarial corpus")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import InvalidInputError
@@ -18,6 +19,13 @@ def bundled_models() -> list[str]:
 def bundled_path(name: str) -> Path:
     """The directory of bundled pair ``name`` (with ``target/``, ``draft/``, ``heldout_prompts.json``)."""
     names = bundled_models()
-    if name not in names:
-        raise InvalidInputError(f"unknown bundled model {name!r}; available: {', '.join(names) or 'none'}")
+    if name not in names or _looks_like_path(name):
+        raise InvalidInputError(f"no such model directory {name!r} (and no bundled model of that "
+                                f"name; bundled: {', '.join(names) or 'none'})")
     return _ROOT / name
+
+
+def _looks_like_path(name: str) -> bool:
+    """A path separator, a leading '.' or '~', or a suffix: meant as a directory, not a name."""
+    seps = {"/", os.sep} | ({os.altsep} if os.altsep else set())
+    return any(c in name for c in seps) or name.startswith((".", "~")) or bool(Path(name).suffix)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Callable
 
 import torch
+
+from .prompt_file import read_prompt_file
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -18,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="stdlib-code", help="bundled model name, a directory "
                    "with target/ and draft/, or TARGET_DIR,DRAFT_DIR")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
-    p.add_argument("--prompt-file", help="a JSON list of prompt strings")
+    p.add_argument("--prompt-file", help="a JSON file holding a non-empty list of prompts: all "
+                   "non-empty strings, or all non-empty lists of integer token ids")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -37,12 +41,27 @@ def _model_arg(text: str):
 
 
 class _Progress:
-    """Streams the text of a single prompt to stdout; counts tokens on stderr otherwise."""
+    """Streams the text of a single prompt to stdout; counts tokens on stderr otherwise.
 
-    def __init__(self, tokenizer, stream_text: bool) -> None:
+    The prompt is echoed with the first tokens (the run has passed validation by then), and the
+    tail that could still be the start of a stop string is held back, so that stdout ends up
+    exactly prompt + the API's text (``finish``)."""
+
+    def __init__(self, tokenizer, stream_text: bool, prompt: Callable[[], str],
+                 stops: list[str]) -> None:
         self.tokenizer, self.stream_text = tokenizer, stream_text and tokenizer is not None
+        self.prompt, self.stops = prompt, stops
         self.ids: list[int] = []
-        self.shown = ""
+        self.shown: str | None = None            # None: not even the prompt is out yet
+
+    def _write(self, text: str) -> None:
+        if self.shown is None:
+            sys.stdout.write(self.prompt())
+            self.shown = ""
+        if text.startswith(self.shown):
+            sys.stdout.write(text[len(self.shown):])
+            self.shown = text
+        sys.stdout.flush()
 
     def __call__(self, i: int, ids: list[int]) -> None:
         self.ids += ids
@@ -50,11 +69,23 @@ class _Progress:
             text = self.tokenizer.decode(self.ids)
             if text.endswith("\ufffd"):        # an incomplete UTF-8 sequence: wait for more
                 return
-            sys.stdout.write(text[len(self.shown):])
-            sys.stdout.flush()
-            self.shown = text
+            self._write(text[:_safe_len(text, self.stops)])
         else:
             print(f"\r{len(self.ids)} tokens generated", end="", file=sys.stderr, flush=True)
+
+    def finish(self, text: str) -> None:
+        self._write(text)
+        sys.stdout.write("\n")
+
+
+def _safe_len(text: str, stops: list[str]) -> int:
+    """Length of the prefix of ``text`` no stop string can still reach into (vLLM's rule): up to
+    the first stop string, or else all but the longest tail that begins some stop string."""
+    hits = [text.index(s) for s in stops if s in text]
+    if hits:                    # the request has stopped: the API's text ends right there
+        return min(hits)
+    return len(text) - max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])),
+                           default=0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,10 +93,9 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import InvalidInputError
     from ..registry import Registry
 
-    prompts = list(args.prompt)
+    prompts: list = list(args.prompt)
     if args.prompt_file:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            prompts += json.load(f)
+        prompts += read_prompt_file(args.prompt_file)
     if not prompts:
         raise InvalidInputError("give at least one --prompt (or --prompt-file)")
     selection = Registry.discover().select(args.backend)
@@ -73,9 +103,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = DTYPES[args.dtype]
     pair = resolve_model(_model_arg(args.model), selection.backend.device, dtype)
     single = len(prompts) == 1 and not args.json
-    progress = _Progress(pair.tokenizer, single)
-    if progress.stream_text:
-        sys.stdout.write(prompts[0])
+    progress = _Progress(pair.tokenizer, single, lambda: _shown(pair, prompts[0]),
+                         args.stop)
     res = api_run(pair, selection.backend, prompts=prompts, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                   seed=args.seed, block_size=args.block_size, spec=not args.no_spec,
@@ -85,11 +114,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(res.as_dict(), indent=2))
         return 0
     if progress.stream_text:
-        sys.stdout.write(res.texts[0][len(progress.shown):] + "\n")
+        progress.finish(res.texts[0])
     else:
         print(file=sys.stderr)
         for i, text in enumerate(res.texts):
-            print(f"--- [{i}] {res.outputs[i].finish_reason}\n{prompts[i]}{text}")
+            print(f"--- [{i}] {res.outputs[i].finish_reason}\n{_shown(pair, prompts[i])}{text}")
     s = res.stats
     split = ", ".join(f"{k} {v:.3f}s" for k, v in s.time.items())
     print(f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "
@@ -97,3 +126,10 @@ def run(args: argparse.Namespace) -> int:
           f"accept histogram {s.accept_hist}; {split}; fallbacks: {s.fallbacks or 'none'}",
           file=sys.stderr)
     return 0
+
+
+def _shown(pair, prompt: str | list[int]) -> str:
+    """A prompt as printed: itself, or the decoded text of a token-id prompt."""
+    if isinstance(prompt, str):
+        return prompt
+    return pair.tokenizer.decode(prompt) if pair.tokenizer is not None else str(prompt)

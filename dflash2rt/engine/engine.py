@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..backend import Backend
-from ..errors import InvalidInputError, NonFiniteLogitsError
+from ..errors import InvalidInputError, NonFiniteLogitsError, ResourceError
 from ..models.pair import ModelPair
 from ..ops.batch import BlockNoise, SamplingBatch
 from ..graphs.runner import bucket_for
@@ -17,13 +17,16 @@ from . import steps
 from ..models.kv_cache import KVCache
 from .graphed import BUCKETS, LEN_STEP, GraphedSpecSteps, GraphedTargetSteps
 from .output import Collector
-from .request import Request, RequestOutput
+from .memory import cache_bytes, check_fits
+from .request import Request, RequestOutput, block_size_or_default
 from .state import BatchState
 from .stats import RunStats
 
 OnTokens = Callable[[int, list[int]], None]
-# Flag bits in the one per-step host transfer.
-BAD_TARGET, BAD_Q, BAD_DRAFT = 1, 2, 4
+# Flag bits in the one per-step host transfer, and the source each names in its error.
+BAD_TARGET, BAD_Q, BAD_DRAFT, BAD_LATTICE = 1, 2, 4, 8
+_SOURCES = ((BAD_TARGET, "target logits"), (BAD_DRAFT, "draft logits"),
+            (BAD_LATTICE, "candidate selector scores"))
 
 
 class Engine:
@@ -61,10 +64,29 @@ class Engine:
         return max_len
 
     def _caches(self, capacity: int, max_len: int, spec: bool) -> tuple[KVCache, KVCache | None]:
+        """Target (and draft) caches of ``capacity`` slots × ``max_len`` rows, after checking
+        that they fit in the device's free memory (ResourceError, nothing allocated, if not)."""
         pair, dev, a = self.pair, self.backend.device, self.pair.target.cfg
-        target = KVCache.empty(a.num_hidden_layers, capacity, max_len, a.num_key_value_heads,
-                               a.head_dim, pair.dtype, dev)
-        return target, pair.draft.empty_cache(capacity, max_len, pair.dtype, dev) if spec else None
+        need = cache_bytes(a.num_hidden_layers, capacity, max_len, a.num_key_value_heads,
+                           a.head_dim, pair.dtype)
+        if spec:
+            d = pair.draft.cfg.arch
+            need += cache_bytes(d.num_hidden_layers, capacity, max_len, d.num_key_value_heads,
+                                d.head_dim, pair.dtype)
+        check_fits(need, dev, f"the KV cache ({capacity} requests x {max_len} rows)",
+                   "max_new_tokens, the prompt length, the number of prompts or block_size")
+        try:
+            target = KVCache.empty(a.num_hidden_layers, capacity, max_len,
+                                   a.num_key_value_heads, a.head_dim, pair.dtype, dev)
+            return target, \
+                pair.draft.empty_cache(capacity, max_len, pair.dtype, dev) if spec else None
+        except (RuntimeError, MemoryError) as exc:     # where free memory could not be read
+            if not isinstance(exc, (torch.OutOfMemoryError, MemoryError)) \
+                    and "allocate" not in str(exc):
+                raise
+            raise ResourceError(f"the KV cache ({capacity} requests x {max_len} rows, "
+                                f"{need / 1e9:.2f} GB) could not be allocated on {dev}: {exc}; "
+                                "lower max_new_tokens or the number of prompts") from exc
 
     def _graphed_steps(self, spec: bool, block: int, capacity: int, max_len: int
                        ) -> GraphedSpecSteps | GraphedTargetSteps:
@@ -123,7 +145,8 @@ class Engine:
             raise InvalidInputError("no requests: give at least one prompt")
         if spec and pair.draft is None:
             raise InvalidInputError("speculative decoding needs a draft model (or use spec=False)")
-        block = block_size or (pair.draft.cfg.block_size if pair.draft is not None else 1)
+        block = block_size_or_default(
+            block_size, pair.draft.cfg.block_size if pair.draft is not None else 1)
         if spec and block < 2:
             raise InvalidInputError(f"block_size must be >= 2 for speculative decoding, got {block}")
         for q in requests:
@@ -178,7 +201,7 @@ class Engine:
             v = graphed.step(st)
             acc, tokens = v["acc"], v["tokens"]
             flags = v["bad"].long() * BAD_TARGET + v["bad_q"].long() * BAD_Q \
-                + v["draft_bad"].long() * BAD_DRAFT
+                + v["draft_bad"].long() * BAD_DRAFT + v["lattice_bad"].long() * BAD_LATTICE
         host = self._to_host(torch.cat([acc.view(-1, 1), flags.view(-1, 1), tokens], 1), stats)
         if graphed is not None:                    # the sync waited for both graphs
             t3 = time.perf_counter()
@@ -210,7 +233,7 @@ class Engine:
         acc = ver.accept_len
         steps.commit(pair, st, tgt, pos, acc + 1, ver.tokens.gather(1, acc.view(-1, 1))[:, 0])
         flags = ver.bad.long() * BAD_TARGET + ver.bad_q.long() * BAD_Q \
-            + sel.bad.long() * BAD_DRAFT
+            + sel.bad.long() * BAD_DRAFT + sel.bad_lattice.long() * BAD_LATTICE
         return acc, ver.tokens, flags, t1, t2
 
     def _target_step(self, st: BatchState, stats: RunStats, out: Collector,
@@ -238,16 +261,19 @@ class Engine:
 
     @staticmethod
     def _raise_flags(flags: list[int], rows: list[int]) -> None:
-        for bit, what in ((BAD_TARGET, "target logits"), (BAD_DRAFT, "draft logits")):
+        """Raise for the first bad source of the step (rows are request indices). Nothing of
+        the step was returned; the engine stays usable for the next generate()."""
+        for bit, what in _SOURCES:
             bad = [rows[i] for i, f in enumerate(flags) if f & bit]
             if bad:
                 raise NonFiniteLogitsError(
-                    f"{what} of request(s) {bad} contain NaN/+inf or no finite entry; check the "
-                    "model weights and dtype (the step was abandoned, no token returned)")
+                    f"{what} of request(s) {bad} are not a finite law (NaN/+inf, or no finite "
+                    "entry); check the model weights and dtype (the step was abandoned, no "
+                    "token returned)")
         bad = [rows[i] for i, f in enumerate(flags) if f & BAD_Q]
         if bad:
-            raise InvalidInputError(f"request(s) {bad}: a draft token has q = 0 under the law it "
-                                    "was drawn from (selector bug)")
+            raise InvalidInputError(f"request(s) {bad}: a draft token has q = 0 (or q is not "
+                                    "finite) under the law it was drawn from (selector bug)")
 
     @staticmethod
     def _drop_finished(st: BatchState, out: Collector) -> BatchState:

@@ -98,14 +98,16 @@ class GraphedSpecSteps(_GraphedSteps):
                      else BlockNoise.unused(st.size, self.gamma, st.lens.device))
             sel = steps.select_block(self.pair, st, self.backend, h_e, noise)
             return {"draft": sel.draft, "cand": sel.candidates, "q": sel.q,
-                    "bad": sel.bad, **{n: getattr(noise, n) for n in _NOISE}}
+                    "bad": sel.bad, "bad_lattice": sel.bad_lattice,
+                    **{n: getattr(noise, n) for n in _NOISE}}
         return body
 
     def _verify_body(self, sampled: bool):
         def body(inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             st = self._bucket_state(inp, sampled)
             pos = steps.block_positions(st, self.block)
-            sel = SelectorOut(inp["draft"], inp["cand"], inp["q"], inp["bad"])
+            # verify reads draft, candidates and q; the draft graph's flags go to the engine
+            sel = SelectorOut(inp["draft"], inp["cand"], inp["q"], inp["bad"], inp["bad"])
             noise = BlockNoise(*(inp[n] for n in _NOISE))
             tgt, ver = steps.verify_block(self.pair, st, self.backend, sel, noise, pos,
                                           st.target_full.max_len)
@@ -160,7 +162,7 @@ class GraphedSpecSteps(_GraphedSteps):
         v = self._runner("verify", sampled).run({**live, **d})
         st.lens.copy_(v["lens"])
         st.anchor.copy_(v["anchor"])
-        return {**v, "draft_bad": d["bad"]}
+        return {**v, "draft_bad": d["bad"], "lattice_bad": d["bad_lattice"]}
 
 
 class GraphedTargetSteps(_GraphedSteps):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -23,16 +24,44 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or self.max_new_tokens < 1:
+        if not is_int(self.max_new_tokens) or not 1 <= self.max_new_tokens < 2**63:
             raise SamplingParamsError(
                 f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         check_sampling_params(self.temperature, self.top_k, self.top_p)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) \
-                or not 0 <= self.seed < 2**63:
+        if not is_int(self.seed) or not 0 <= self.seed < 2**63:
             raise SamplingParamsError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        for name in ("stop_token_ids", "stop_strings"):
+            if not isinstance(getattr(self, name), (tuple, list)):
+                raise SamplingParamsError(
+                    f"{name} must be a tuple or list, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        bad = [t for t in self.stop_token_ids if not is_int(t) or not 0 <= t < 2**63]
+        if bad:
+            raise SamplingParamsError(
+                f"stop_token_ids must be integer token ids >= 0, got {bad[:5]!r}")
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             raise SamplingParamsError("stop_strings must be non-empty strings")
+        if any(not _is_text(s) for s in self.stop_strings):
+            raise SamplingParamsError("a stop string is not valid Unicode text (a lone "
+                                      "surrogate): it could never match the decoded text")
+        if not isinstance(self.ignore_eos, bool):
+            raise SamplingParamsError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        for name in ("max_new_tokens", "top_k", "seed"):      # numpy integers → int
+            object.__setattr__(self, name, int(getattr(self, name)))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+def is_int(value: object) -> bool:
+    """An integer (numpy integers included), never a bool or a float."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -48,12 +77,19 @@ class Request:
     def validate(self, vocab_size: int) -> None:
         if not self.prompt_ids:
             raise InvalidInputError("empty prompt: give at least one token (or a non-empty string)")
+        bad = [t for t in self.prompt_ids if not is_int(t)]
+        if bad:
+            raise InvalidInputError(f"prompt token ids must be integers, got {bad[:5]!r}")
         bad = [t for t in self.prompt_ids if not 0 <= t < vocab_size]
         if bad:
             raise InvalidInputError(f"prompt token ids {bad[:5]} are outside the vocabulary "
                                     f"[0, {vocab_size})")
-        if not 0 <= self.key < 2**32:
-            raise InvalidInputError(f"request key must be in [0, 2**32), got {self.key}")
+        if not is_int(self.key) or not 0 <= self.key < 2**32:
+            raise InvalidInputError(f"request key must be an integer in [0, 2**32), got {self.key!r}")
+        bad = [t for t in self.params.stop_token_ids if t >= vocab_size]
+        if bad:
+            raise InvalidInputError(f"stop_token_ids {bad[:5]} are outside the vocabulary "
+                                    f"[0, {vocab_size}): they could never stop the request")
 
 
 @dataclass
@@ -76,3 +112,13 @@ def stop_at(tokens: Sequence[int], params: SamplingParams, eos: Sequence[int]
     if len(tokens) >= params.max_new_tokens:
         return params.max_new_tokens, "length"
     return None
+
+
+def block_size_or_default(block_size: object, default: int) -> int:
+    """``block_size`` checked (an integer >= 1; 0 is not "default"), or ``default`` for None."""
+    if block_size is None:
+        return default
+    if not is_int(block_size) or block_size < 1:
+        raise InvalidInputError(f"block_size must be an integer >= 1 (or None for the draft's "
+                                f"default, {default}), got {block_size!r}")
+    return int(block_size)

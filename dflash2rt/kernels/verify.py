@@ -3,7 +3,8 @@
 One program per request. Greedy rows scan the logits for per-row argmaxes (lowest index on ties).
 Sampled rows decide u·q(d) < p(d) in float64, then scan the vocabulary twice in chunks for the
 residual norm((p − q)+) (or p when that mass is 0, or p_γ for the bonus): once for its mass, once
-for the inverse CDF. Logit processing (temperature, top-k, top-p) stays in torch (``p`` input).
+for the inverse CDF; a row with no finite positive mass emits -1 and is flagged. Logit
+processing (temperature, top-k, top-p) stays in torch (``p`` input).
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
             q_d = tl.sum(tl.where(c == d, qk, 0.0), 0)
             p_d = tl.load(p_ptr + (r * rows + j) * V + d).to(tl.float64)
             u = tl.load(ua_ptr + r * GAMMA + j).to(tl.float64)
-            bad_q = tl.where(q_d <= 0.0, 1, bad_q)
+            q_broken = tl.sum(tl.where(kmask & ((qk != qk) | (qk < 0) | (qk == float("inf"))),
+                                       1, 0), 0)
+            bad_q = tl.where((q_d > 0.0) & (q_broken == 0), bad_q, 1)    # NaN q_d: broken
             alive = tl.where((u * q_d < p_d) & (alive == 1), 1, 0)
             s_acc += alive
         slot = tl.minimum(s_acc, GAMMA - 1)
@@ -105,6 +108,7 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
             count += tl.sum(tl.where((cdf <= target) & (offs < V), 1, 0), 0)
             carry += tl.sum(w, 0)
         s_emit = tl.minimum(count, tl.where(use_p, last_p, last_r))
+        s_emit = tl.where((total > 0.0) & (total < float("inf")), s_emit, -1)   # not a law
         greedy = tl.load(greedy_ptr + r) != 0
         acc = tl.where(greedy, g_acc, s_acc)
         emit = tl.where(greedy, g_emit, s_emit)
@@ -132,7 +136,9 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
                          v, rows - 1, k, SAMPLED=sampling.any_sampled,
                          BLOCK_V=min(tuning.block_v, triton.next_power_of_2(v)),
                          BLOCK_K=triton.next_power_of_2(k), num_warps=tuning.num_warps)
-    out = VerifyOut(acc, assemble_tokens(draft, acc, emit), bad_rows(logits).any(dim=1), bad_q.bool())
+    bad_q = bad_q.bool()
+    bad = bad_rows(logits).any(dim=1) | (~sampling.greedy & ~bad_q & (emit < 0))
+    out = VerifyOut(acc, assemble_tokens(draft, acc, emit), bad, bad_q)
     if check:
         out.raise_if_bad()
     return out

@@ -110,8 +110,9 @@ class TargetConfig:
         for key in _REQUIRED:
             if d.get(key) is None:
                 raise CheckpointError(f"config.json lacks required key {key!r}")
-        if d.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"hidden_act={d['hidden_act']!r} is not supported (only 'silu')")
+        if d.get("hidden_act", "silu") not in ("silu", "swish"):   # swish is silu's other name
+            raise CheckpointError(
+                f"hidden_act={d['hidden_act']!r} is not supported (only 'silu' / 'swish')")
         if d.get("quantization_config") is not None:
             raise CheckpointError("quantization_config: quantized checkpoints are not supported")
         defaults = _DEFAULTS[model_type]

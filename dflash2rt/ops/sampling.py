@@ -4,25 +4,55 @@ Order (as in Hugging Face and vLLM): divide by temperature, keep the top-k logit
 k-th value kept), then keep the smallest prefix of the descending distribution whose mass reaches
 top-p (ties broken by lower token id). Probabilities are float32; rows of greedy requests
 (temperature 0) are computed at temperature 1 and must be ignored by the caller.
+
+Temperature scaling cannot overflow: a row is shifted by its maximum before the division,
+``(l - max l) / T`` (≤ 0, the maximum maps to exactly 0), so any positive float32 temperature,
+down to the smallest subnormal, gives the correct law — at tiny T the one-hot (uniform over exact
+ties) limit — and never NaN. A row with NaN / +inf or no finite entry is a bad row
+(``bad_rows``): callers flag it and emit nothing from it.
 """
 
 from __future__ import annotations
+
+import math
+import numbers
+import struct
 
 import torch
 
 from ..errors import SamplingParamsError
 
 NEG_INF = float("-inf")
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def check_sampling_params(temperature: float, top_k: int, top_p: float) -> None:
-    """Raise SamplingParamsError for values a request may not carry."""
-    if not (temperature >= 0.0) or temperature == float("inf"):
-        raise SamplingParamsError(f"temperature must be a finite number >= 0, got {temperature}")
-    if int(top_k) != top_k or top_k < 0:
-        raise SamplingParamsError(f"top_k must be an integer >= 0 (0 = off), got {top_k}")
-    if not (0.0 < top_p <= 1.0):
-        raise SamplingParamsError(f"top_p must be in (0, 1], got {top_p}")
+    """Raise SamplingParamsError for values a request may not carry.
+
+    Real numbers only (no bools, no strings); top_k an integer. Temperatures are staged as
+    float32, so one that float32 cannot hold (it would turn into greedy or inf) is refused.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise SamplingParamsError(
+            f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if temperature > 0:
+        try:
+            staged = struct.unpack("f", struct.pack("f", float(temperature)))[0]
+        except OverflowError:      # some Pythons raise, others round to inf
+            staged = math.inf
+        if math.isinf(staged):
+            raise SamplingParamsError(f"temperature {temperature!r} is too large for float32 "
+                                      f"(max {FLOAT32_MAX:.3g})")
+        if staged == 0.0:
+            raise SamplingParamsError(f"temperature {temperature!r} rounds to 0 in float32 (it "
+                                      "would silently decode greedily); use 0 for greedy")
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) \
+            or not 0 <= top_k < 2**63:
+        raise SamplingParamsError(
+            f"top_k must be an integer in [0, 2**63) (0 = off), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0.0 < top_p <= 1.0:
+        raise SamplingParamsError(f"top_p must be a number in (0, 1] (1 = off), got {top_p!r}")
 
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -33,8 +63,7 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     top_p [R] float (1 = off). Entries with p = 0 are exactly 0.
     """
     r, _, v = logits.shape
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
-    x = logits.float() / t.view(r, 1, 1)                                   # [R, T, V]
+    x = scale(logits, temperature.view(r, 1, 1))                          # [R, T, V], ≤ 0
     srt, order = torch.sort(x, dim=-1, descending=True, stable=True)      # [R, T, V]
     rank = torch.arange(v, device=x.device).view(1, 1, v)
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v)).clamp(max=v).view(r, 1, 1)
@@ -47,6 +76,17 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     srt = srt.masked_fill(~keep_p, NEG_INF)
     masked = torch.full_like(x, NEG_INF).scatter(-1, order, srt)
     return torch.softmax(masked, dim=-1)
+
+
+def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """``(logits - rowmax) / T`` in float32 over the last axis; T = 0 (greedy) counts as 1.
+
+    ``temperature`` broadcasts against ``logits[..., :1]``. The result is ≤ 0 with the row's
+    maximum at exactly 0, so no positive temperature can overflow it (bad rows excepted).
+    """
+    x = logits.float()
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    return (x - x.amax(dim=-1, keepdim=True)) / t
 
 
 def bad_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -63,12 +103,15 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
     Returns the first index whose cumulative weight exceeds u·total, clamped to the last index
     with positive weight (rounding can leave the cumulative sum short of u·total). An index with
-    zero weight is never returned unless the whole row is zero (callers exclude that case).
+    zero weight is never returned. A row that is not a law — a NaN, ±inf or negative weight, or
+    zero total mass — returns -1: callers flag it and never emit from it.
     """
     cdf = torch.cumsum(weights, dim=-1)                                   # [..., V]
-    target = u.to(cdf.dtype) * cdf[..., -1]
+    total = cdf[..., -1]
+    target = u.to(cdf.dtype) * total
     idx = (cdf <= target.unsqueeze(-1)).sum(dim=-1)                       # first cdf > target
     v = weights.shape[-1]
     positions = torch.arange(v, device=weights.device)
-    last_pos = torch.where(weights > 0, positions, -1).amax(dim=-1).clamp(min=0)
-    return torch.minimum(idx, last_pos)
+    last_pos = torch.where(weights > 0, positions, -1).amax(dim=-1)
+    is_law = torch.isfinite(total) & (total > 0) & ~(weights < 0).any(dim=-1)
+    return torch.where(is_law, torch.minimum(idx, last_pos), -1)

@@ -6,7 +6,9 @@
 
 The walk starts at the anchor and at slot e reads the lattice row of the candidate it took at
 slot e-1: greedy takes the argmax (lowest index on ties, q one-hot); sampling draws from
-q_e = softmax(row / T) by inverse CDF with the slot's walk uniform.
+q_e = softmax(row / T) (computed as softmax((row - max row) / T), which cannot overflow) by
+inverse CDF with the slot's walk uniform. A lattice row the walk reads that holds NaN / +inf or
+no finite entry flags the request (``bad_lattice``): its draft is not drawn from a law.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from ..errors import InvalidInputError
 from .batch import SamplingBatch
-from .sampling import bad_rows, inverse_cdf
+from .sampling import bad_rows, inverse_cdf, scale
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class SelectorOut:
     candidates: torch.Tensor  # [R, γ, K] int64, top-K ids per slot (descending logit)
     q: torch.Tensor           # [R, γ, K] float32, the law each draft token was drawn from
     bad: torch.Tensor         # [R] bool, draft logits with NaN / +inf / no finite entry
+    bad_lattice: torch.Tensor  # [R] bool, a lattice row the walk read is not a finite law
 
 
 def topk_lowest_index(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,12 +92,15 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
     score = lattice(unary_scores(vals, params), cand, anchor, proj, pred_codebook,
                     succ_codebook)                                        # [R, γ, K, K]
     choice = torch.argmax(score, dim=-1)                                  # greedy, lowest on ties
+    row_bad = bad_rows(score)                                             # [R, γ, K]
     law = None
     if sampling.any_sampled:
         temp = torch.where(sampling.greedy, 1.0, sampling.temperature).view(r, 1, 1, 1)
-        law = torch.softmax(score / temp, dim=-1)                         # [R, γ, K, K] float32
+        law = torch.softmax(scale(score, temp), dim=-1)                   # [R, γ, K, K] float32
         drawn = inverse_cdf(law.double(), u_walk.view(r, gamma, 1).expand(r, gamma, k))
-        choice = torch.where(sampling.greedy.view(r, 1, 1), choice, drawn)
+        sampled = ~sampling.greedy.view(r, 1, 1)
+        row_bad = row_bad | (sampled & (drawn < 0))
+        choice = torch.where(sampled, drawn.clamp(min=0), choice)
     # The walk: slot 0 reads the anchor's row (every row of slot 0 is that row), slot e the row
     # of the candidate taken at slot e-1.
     prev = torch.zeros(r, dtype=torch.int64, device=logits.device)
@@ -104,12 +110,15 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
         prev = choice[:, e].gather(1, prev.view(r, 1)).view(r)
         picks.append(prev)
     pick = torch.stack(picks, 1)                                          # [R, γ]
+    taken = torch.stack(rows_taken, 1)                                    # [R, γ] lattice rows read
+    bad_lattice = row_bad.gather(2, taken.unsqueeze(-1)).squeeze(-1).any(dim=1)
     q = torch.nn.functional.one_hot(pick, k).float()
     if law is not None:
-        row = torch.stack(rows_taken, 1).view(r, gamma, 1, 1).expand(r, gamma, 1, k)
+        row = taken.view(r, gamma, 1, 1).expand(r, gamma, 1, k)
         q_s = law.gather(2, row).squeeze(2)                               # [R, γ, K]
         q = torch.where(sampling.greedy.view(r, 1, 1), q, q_s)
-    return SelectorOut(cand.gather(-1, pick.unsqueeze(-1)).squeeze(-1), cand, q, bad)
+    return SelectorOut(cand.gather(-1, pick.unsqueeze(-1)).squeeze(-1), cand, q, bad,
+                       bad_lattice)
 
 
 def lattice(unary: torch.Tensor, cand: torch.Tensor, anchor: torch.Tensor, proj: torch.Tensor,

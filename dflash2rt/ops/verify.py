@@ -8,6 +8,8 @@ Accept d_j iff u_j · q_j(d_j) < p_j(d_j), evaluated in float64 where it is exac
 p, q and 24-bit u. On the first rejection draw from norm((p_j - q_j)_+) — from p_j when that mass
 is 0 — and after a fully accepted block draw the bonus from p_γ. Tokens with p = 0 are never
 emitted. Acceptance, residual and bonus uniforms are separate inputs (separate RNG streams).
+A sampled row whose q is not finite and non-negative, or gives its own draft token no mass (NaN
+included), is flagged ``bad_q``; any other row with nothing to draw from is flagged ``bad``.
 """
 
 from __future__ import annotations
@@ -26,19 +28,21 @@ class VerifyOut:
     accept_len: torch.Tensor  # [R] int64, accepted draft tokens (0..γ)
     tokens: torch.Tensor      # [R, γ+1] int64: accepted drafts, then the emitted token; -1 after
     bad: torch.Tensor         # [R] bool, target logits with NaN / +inf / no finite entry
-    bad_q: torch.Tensor       # [R] bool, a sampled draft token with q(d) = 0 (not its own law)
+    bad_q: torch.Tensor       # [R] bool, sampled: q(d) not > 0 or q not finite / negative
 
     def raise_if_bad(self) -> None:
         """Raise a typed error naming the bad requests (this syncs with the device)."""
         rows = torch.nonzero(self.bad).flatten().tolist()
         if rows:
             raise NonFiniteLogitsError(
-                f"target logits of request(s) {rows} contain NaN/+inf or no finite entry; "
+                f"target logits of request(s) {rows} are not a finite law (NaN/+inf, or no finite "
+                "entry); "
                 "check the model weights and dtype (no token was emitted for this step)")
         rows = torch.nonzero(self.bad_q).flatten().tolist()
         if rows:
             raise InvalidInputError(
-                f"request(s) {rows}: a draft token has q = 0 under the law it was drawn from; "
+                f"request(s) {rows}: a draft token has q = 0 (or q is not finite) under the law "
+                "it was drawn from; "
                 "q must be the exact proposal law of the draft (selector bug)")
 
 
@@ -60,6 +64,12 @@ def draft_mass(draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor) -
     """q_j(d_j) in float64, summing duplicated candidates: [R, γ]."""
     hit = candidates == draft.unsqueeze(-1)                               # [R, γ, K]
     return torch.where(hit, q.double(), 0.0).sum(dim=-1)
+
+
+def law_broken(q: torch.Tensor, q_d: torch.Tensor) -> torch.Tensor:
+    """[R]: q [R, γ, K] has a NaN / inf / negative entry, or a draft token has no mass under
+    its own law (q_d [R, γ] not > 0, NaN included)."""
+    return (~torch.isfinite(q) | (q < 0)).flatten(1).any(dim=1) | ~(q_d > 0).all(dim=1)
 
 
 def check_verify_args(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
@@ -95,7 +105,8 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
         acc_s, emitted_s = _verify_sampled(logits, draft, candidates, q, q_d, sampling, noise)
         acc = torch.where(sampling.greedy, acc, acc_s)
         emitted = torch.where(sampling.greedy, emitted, emitted_s)
-        bad_q = ~sampling.greedy & (q_d <= 0).any(dim=1)
+        bad_q = ~sampling.greedy & law_broken(q, q_d)
+        bad = bad | (~sampling.greedy & ~bad_q & (emitted_s < 0))   # nothing to draw from
     out = VerifyOut(acc, assemble_tokens(draft, acc, emitted), bad, bad_q)
     if check:
         out.raise_if_bad()
@@ -140,5 +151,7 @@ def sample_next(logits: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor
     if sampling.any_sampled:
         p = target_probs(logits.unsqueeze(1), sampling.temperature, sampling.top_k,
                          sampling.top_p)[:, 0]
-        token = torch.where(sampling.greedy, token, inverse_cdf(p.double(), u))
+        drawn = inverse_cdf(p.double(), u)                                # -1: not a law
+        token = torch.where(sampling.greedy, token, drawn)
+        bad = bad | (~sampling.greedy & (drawn < 0))
     return token, bad

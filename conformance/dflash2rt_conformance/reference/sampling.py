@@ -48,10 +48,14 @@ def target_probs(logits: np.ndarray, temperature, top_k, top_p) -> np.ndarray:
 def inverse_cdf(weights: np.ndarray, u: float) -> int:
     """First index whose cumulative weight exceeds u·total, clamped to the last positive weight.
 
-    float64 weights, or an object array of Fractions for exact arithmetic."""
+    float64 weights, or an object array of Fractions for exact arithmetic. A row that is not a
+    law (a NaN, ±inf or negative weight, or zero total) returns -1: nothing is emitted from it."""
     w = np.asarray(weights)
     cdf = np.cumsum(w)
-    idx = int(np.sum(cdf <= u * cdf[-1]))
+    total = cdf[-1]
+    if not (total > 0) or total == np.inf or any(x < 0 for x in w):   # NaN fails total > 0
+        return -1
+    idx = int(np.sum(cdf <= u * total))
     positive = np.nonzero(w > 0)[0]
     last = int(positive[-1]) if positive.size else 0
     return min(idx, last)

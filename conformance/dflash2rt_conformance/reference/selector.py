@@ -5,7 +5,8 @@
     pred(0, ·)  = anchor,  pred(e, p) = cand[e-1, p]
 
 Walk: greedy → argmax (lowest index on ties), q one-hot; sampled → q = softmax(row / T), index
-by inverse CDF with the slot's walk uniform.
+by inverse CDF with the slot's walk uniform. ``bad_lattice``: a row the walk read holds NaN /
++inf or no finite entry (that request's draft and q carry no meaning).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def lattice_row(unary_e: np.ndarray, pred_vec: np.ndarray, proj_e: np.ndarray,
 
 def walk_step(row: np.ndarray, greedy: bool, temperature: float, u: float
               ) -> tuple[int, np.ndarray]:
-    """(chosen candidate index, q [K]) for one slot."""
+    """(chosen candidate index, q [K]) for one slot (a bad row: index 0, q of no meaning)."""
+    if bad_rows(row):
+        return 0, np.zeros(row.shape[0])
     if greedy:
         idx = argmax_lowest(row)
         q = np.zeros(row.shape[0])
@@ -59,13 +62,15 @@ def select(logits, proj, anchor, pred_codebook, succ_codebook, top_k: int,
     un = unary(vals, output_multiplier, softcap)
     draft = np.zeros((r, gamma), dtype=np.int64)
     q_all = np.zeros((r, gamma, top_k))
+    bad_lattice = np.zeros(r, dtype=bool)
     for i in range(r):
         prev = int(anchor[i])
         for e in range(gamma):
             row = lattice_row(un[i, e], pred_codebook[prev], proj[i, e], succ_codebook[cand[i, e]])
+            bad_lattice[i] |= bool(bad_rows(row))
             idx, q_all[i, e] = walk_step(row, bool(greedy[i]), float(temperature[i]),
                                          float(u_walk[i, e]))
             prev = int(cand[i, e, idx])
             draft[i, e] = prev
     return {"draft": draft, "candidates": cand, "q": q_all,
-            "bad": bad_rows(logits).any(-1)}
+            "bad": bad_rows(logits).any(-1), "bad_lattice": bad_lattice}

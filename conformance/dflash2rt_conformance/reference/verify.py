@@ -20,6 +20,14 @@ def draft_mass(draft: int, cand: np.ndarray, q: np.ndarray):
     return sum((q[k] for k in range(len(cand)) if cand[k] == draft), q[0] * 0)
 
 
+def law_broken(draft, cand, q) -> bool:
+    """A sampled row's q [γ, K] is not a law it could have drawn ``draft`` [γ] from: a NaN, inf
+    or negative entry, or a draft token with no mass (q(d) not > 0)."""
+    q = np.asarray(q, dtype=np.float64)
+    return bool((~np.isfinite(q) | (q < 0)).any()) or \
+        any(not draft_mass(draft[j], cand[j], q[j]) > 0 for j in range(len(draft)))
+
+
 def dense_q(cand: np.ndarray, q: np.ndarray, v: int) -> np.ndarray:
     out = np.zeros(v, dtype=np.asarray(q).dtype)
     for k in range(len(cand)):
@@ -55,7 +63,8 @@ def verify(logits, draft, candidates, q, temperature, top_k, top_p, greedy, u_ac
            u_residual, u_bonus) -> dict:
     """logits [R, γ+1, V] (rounded to the test dtype), draft [R, γ], candidates / q [R, γ, K],
     per-request sampling parameters [R], noise [R, γ] / bonus [R] → dict(accept_len [R],
-    tokens [R, γ+1], bad [R], bad_q [R]). Rows flagged ``bad`` carry no meaningful tokens."""
+    tokens [R, γ+1], bad [R], bad_q [R]). Rows flagged ``bad`` or ``bad_q`` carry no meaningful
+    tokens."""
     logits = np.asarray(logits, dtype=np.float64)
     r, rows, _ = logits.shape
     gamma = rows - 1
@@ -64,13 +73,12 @@ def verify(logits, draft, candidates, q, temperature, top_k, top_p, greedy, u_ac
     tokens = np.full((r, gamma + 1), -1, dtype=np.int64)
     bad_q = np.zeros(r, dtype=bool)
     for i in range(r):
-        if bad[i]:
+        bad_q[i] = not greedy[i] and law_broken(draft[i], candidates[i], q[i])
+        if bad[i] or bad_q[i]:
             continue
         if greedy[i]:
             a, tok = verify_greedy_row(logits[i], draft[i])
         else:
-            bad_q[i] = any(draft_mass(draft[i, j], candidates[i, j], q[i, j]) <= 0
-                           for j in range(gamma))
             p = target_probs(logits[i:i + 1], temperature[i:i + 1], top_k[i:i + 1],
                              top_p[i:i + 1])[0]
             a, tok = verify_sampled_row(p, draft[i], candidates[i], np.asarray(q[i], np.float64),
