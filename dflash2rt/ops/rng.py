@@ -101,9 +101,12 @@ def random_bits(seed: torch.Tensor, request: torch.Tensor, position: torch.Tenso
 
 
 def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
-    """uint32 bits → float32 uniforms (2k + 1)·2⁻²⁴, k = bits >> 9: never 0, never 1, exact."""
+    """uint32 bits → float32 uniforms (2k + 1)·2⁻²⁴, k = bits >> 9: never 0, never 1, exact.
+
+    2k + 1 < 2²⁴ is an exact float32 integer and the scaling a power of two, so no float64 is
+    needed (devices without float64 get the same values bit for bit)."""
     k = bits >> 9
-    return ((2 * k + 1).to(torch.float64) * 2.0 ** -24).to(torch.float32)
+    return (2 * k + 1).to(torch.float32) * 2.0 ** -24
 
 
 def uniforms(seed: torch.Tensor, request: torch.Tensor, position: torch.Tensor,
