@@ -11,6 +11,10 @@ import torch
 from .ops import conv, selector, verify
 from .ops.batch import BlockNoise, SamplingBatch
 
+# What executes an op (Backend.implementation): the words every report uses.
+TRITON_KERNEL, TORCH_OPS, TRITON_INTERPRETER = "triton kernel", "torch ops", "triton interpreter"
+OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise")
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -61,6 +65,30 @@ class Backend(abc.ABC):
         self.fallbacks: list[str] = []   # every alternative path taken, reported in run stats
         self.standing_fallbacks: list[str] = []   # reported outside any run: apply to every run
         self._run: list[str] | None = None        # fallbacks of the generate() in progress
+        self.kernel_fallbacks: list[str] = []     # why the plugin's kernels do not run (standing)
+
+    @property
+    def implementation(self) -> dict[str, str]:
+        """What executes each op (``OPS``): "triton kernel", "torch ops", "triton interpreter",
+        or a plugin's own words. A Backend that runs its own code overrides this."""
+        return {op: "undeclared" for op in OPS}
+
+    def implementation_summary(self) -> str:
+        """One line, e.g. "triton kernel: conv_prepare, conv_finish, select, verify; torch ops:
+        noise"; with kernel fallbacks it ends with "(fallback: <why>)"."""
+        by_impl: dict[str, list[str]] = {}
+        for op, impl in self.implementation.items():
+            by_impl.setdefault(impl, []).append(op)
+        text = "; ".join(f"{impl}: {', '.join(ops)}" for impl, ops in by_impl.items())
+        return text + (f" (fallback: {'; '.join(self.kernel_fallbacks)})"
+                       if self.kernel_fallbacks else "")
+
+    def report_kernel_fallback(self, why: str) -> None:
+        """The plugin's kernels could not be used and another implementation replaces them (a
+        standing fallback that conformance refuses for a backend asked for by name)."""
+        if why not in self.kernel_fallbacks:
+            self.kernel_fallbacks.append(why)
+        self.report_fallback(why)
 
     def report_fallback(self, what: str) -> None:
         """Record an alternative path. Outside a run it is standing (it applies to every run, e.g.
@@ -140,6 +168,10 @@ class TorchOpsBackend(Backend):
         self.name = name
         self.device = torch.device(device)
         self.dtypes = dtypes
+
+    @property
+    def implementation(self) -> dict[str, str]:
+        return {op: TORCH_OPS for op in OPS}
 
     def conv_prepare(self, x, base, delta, block_size):
         return conv.conv_prepare(x, base, delta, block_size)

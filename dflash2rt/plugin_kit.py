@@ -110,8 +110,10 @@ def interpreting() -> bool:
 def gpu_backend(name: str, probe: Probe, dtypes: tuple[torch.dtype, ...], tuning,
                 graph_adapter=None) -> Backend:
     """The plugin's backend on the probed device: the Triton kernels with the vendor's tuning,
-    or, when triton cannot be imported, the reference torch ops, reported as a fallback; with
-    ``graph_adapter`` the engine captures its steps into graphs."""
+    or, when they cannot be built, the reference torch ops, reported as a kernel fallback
+    (``Backend.kernel_fallbacks``: conformance fails a backend asked for by name that has one,
+    unless ``--allow-fallback``); with ``graph_adapter`` the engine captures its steps into
+    graphs."""
     device = probe.details["torch_device"]
     try:
         if interpreting():                  # never run a GPU backend's kernels interpreted
@@ -121,8 +123,8 @@ def gpu_backend(name: str, probe: Probe, dtypes: tuple[torch.dtype, ...], tuning
         backend: Backend = KernelBackend(name, device, dtypes, tuning)
     except Exception as exc:  # noqa: BLE001 - becomes a reported fallback
         backend = TorchOpsBackend(name, device, dtypes)
-        backend.report_fallback(f"triton kernels unavailable ({type(exc).__name__}: {exc}); "
-                                "DFlash2 ops run as torch eager ops")
+        backend.report_kernel_fallback(f"triton kernels unavailable ({type(exc).__name__}: "
+                                       f"{exc}); DFlash2 ops run as torch eager ops")
     if graph_adapter is not None and graphs_wanted():
         backend.graph_adapter = graph_adapter
     elif graph_adapter is not None:

@@ -168,3 +168,79 @@ def test_replayed_steps_are_timed_as_graphs():
         assert g.time["graphs"] > 0 and g.time["draft"] == g.time["select"] == \
             g.time["verify"] == 0
         assert e.time["graphs"] == 0 and e.time["verify"] > 0
+
+
+def test_run_stats_say_which_buckets_were_captured_and_replayed():
+    """stats.graphs: per graph and bucket the run used, its replays in that run (one per step
+    and graph: the checked post-capture replay included), captured and verified."""
+    pair = tiny_pair("dflash2", block=4)
+    with Engine(pair, _backend(ReplayAdapter())) as engine:
+        for _ in range(2):                                  # the second call replays kept graphs
+            _, stats = engine.generate(_reqs((0.0, 0.0, 0.0)))
+            assert set(stats.graphs) == {"draft greedy", "verify greedy"}
+            for name, buckets in stats.graphs.items():
+                assert 4 in buckets and set(buckets) <= {1, 2, 4}, name
+                assert all(b["captured"] and b["verified"] and b["refused"] is None
+                           and b["eager"] == 0 and b["replays"] > 0 for b in buckets.values())
+                assert sum(b["replays"] for b in buckets.values()) == stats.steps
+        _, stats = engine.generate(_reqs((0.0, 0.0, 0.0)), spec=False)
+        assert set(stats.graphs) == {"target-only greedy"}
+    _, eager = Engine(pair, "cpu").generate(_reqs((0.0, 0.0, 0.0)))
+    assert eager.graphs == {}
+
+
+def test_run_stats_show_a_refused_capture():
+    pair = tiny_pair("dflash2", block=4)
+    _, stats = Engine(pair, _backend(ReplayAdapter(fail=True))).generate(_reqs((0.0,) * 3))
+    buckets = stats.graphs["verify greedy"]
+    assert all(not b["captured"] and b["replays"] == 0 and b["eager"] > 0
+               and "refuses to capture" in b["refused"] for b in buckets.values())
+
+
+class WrongArgmax(torch.overrides.TorchFunctionMode):
+    """Replays "miscompiled": every argmax returns the next index."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.argmax, torch.Tensor.argmax):
+            dim = (kwargs or {}).get("dim", args[1] if len(args) > 1 else -1)
+            out = (out + 1) % args[0].shape[dim]
+        return out
+
+
+def test_replay_that_differs_from_eager_is_caught_after_capture():
+    """The post-capture check replays once and compares the discrete outputs with the eager
+    warm-up: a differing bucket runs eagerly (tokens unchanged) and is reported."""
+    pair = tiny_pair("dflash2", block=4)
+
+    class Differing(ReplayAdapter):
+        def capture(self, fn, pool):
+            fn()
+
+            class G:
+                def replay(self_inner):
+                    with WrongArgmax():
+                        fn()
+            return G()
+
+    got, stats = Engine(pair, _backend(Differing())).generate(_reqs((0.0,) * 3))
+    want, _ = Engine(pair, "cpu").generate(_reqs((0.0,) * 3))
+    assert _tokens(got) == _tokens(want)
+    assert stats.fallbacks and all("differed from eager" in f for f in stats.fallbacks)
+    assert any(f.startswith("graph replay of bucket 4 (draft greedy) differed from eager: draft:")
+               for f in stats.fallbacks), stats.fallbacks
+    assert all(b["eager"] > 0 and b["replays"] == 0 and not b["verified"]
+               for buckets in stats.graphs.values() for b in buckets.values())
+
+
+def test_graph_vs_eager_counts_replays_and_names_eager_buckets():
+    from dflash2rt.graphs.compare import graph_vs_eager
+
+    pair = tiny_pair("dflash2", block=4)
+    ok = graph_vs_eager(pair, _backend(ReplayAdapter()), lambda: _reqs((0.0, 1.0, 0.6)))
+    assert ok["equal"] and ok["graph_replays"] > 0 and ok["graph_eager_buckets"] == []
+    refused = graph_vs_eager(pair, _backend(ReplayAdapter(fail=True)),
+                             lambda: _reqs((0.0, 1.0, 0.6)))
+    assert refused["equal"] and refused["graph_replays"] == 0    # equal proves nothing here
+    assert refused["graph_eager_buckets"] and \
+        all("refuses to capture" in b for b in refused["graph_eager_buckets"])

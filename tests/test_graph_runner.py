@@ -26,6 +26,7 @@ class FakeAdapter:
 
     def __init__(self, fail_sizes=()):
         self.log, self.fail_sizes = [], set(fail_sizes)
+        self.seen, self.bias = [], 0        # every body's inputs; added to the "slot" output
 
     def new_pool(self):
         return object()
@@ -50,9 +51,11 @@ def make_runner(adapter, state, fallbacks, buckets=(1, 2, 4, 8)):
 
     def body(inp):
         adapter.log.append(f"body {inp['x'].shape[0]}")
+        adapter.seen.append({n: t.clone() for n, t in inp.items()})
         idx = inp["slot"][inp["write"]]
         state.index_copy_(0, idx, inp["x"][inp["write"]])
-        return {"score": 2 * inp["x"] + inp["slot"]}
+        return {"score": 2 * inp["x"] + inp["slot"], "slot": inp["slot"] + adapter.bias,
+                "written": inp["write"].clone()}
 
     return GraphRunner(adapter, buckets, make_inputs, body,
                        pad={"x": float("nan"), "slot": 0, "write": False},
@@ -69,6 +72,7 @@ def test_bucket_choice_and_warm_up_before_capture():
     runner = make_runner(adapter, state, fallbacks)
     assert [runner.bucket_for(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, None]
     out = runner.run(live(3))
+    # warm-up ×2, capture (the fake runs the body), one checked replay whose outputs are used
     assert adapter.log == ["body 4", "body 4", "capture 4", "body 4", "replay", "body 4"]
     assert out["score"].tolist() == [20.0, 23.0, 26.0]
     runner.run(live(3))                       # captured once, replayed after
@@ -156,3 +160,114 @@ def test_no_gc_during_capture():
     with pytest.raises(RuntimeError), no_gc():
         raise RuntimeError("capture failed")
     assert gc.isenabled()
+
+
+class PerturbingAdapter(FakeAdapter):
+    """A graph whose replay computes a different integer output than the eager body (as a
+    miscaptured kernel would); ``raising`` replays raise instead."""
+
+    def __init__(self, raising=False):
+        super().__init__()
+        self.raising = raising
+
+    def capture(self, fn, pool):
+        graph = super().capture(fn, pool)
+        adapter = self
+
+        class Perturbed(FakeGraph):
+            def replay(self):
+                if adapter.raising:
+                    raise RuntimeError("illegal memory access (fake)")
+                adapter.bias = 1
+                try:
+                    super().replay()
+                finally:
+                    adapter.bias = 0
+        return Perturbed(graph.fn, graph.log)
+
+
+def test_stats_count_captures_replays_and_eager_runs():
+    adapter, fallbacks = FakeAdapter(fail_sizes={2}), []
+    runner = make_runner(adapter, torch.zeros(8), fallbacks)
+    assert runner.stats() == {}
+    for rows in (3, 4, 1, 2, 2):
+        runner.run(live(rows))
+    st = runner.stats()
+    assert list(st) == [1, 2, 4]
+    assert st[4] == {"captured": True, "verified": True, "replays": 2, "eager": 0,
+                     "refused": None}
+    assert st[1]["replays"] == 1 and st[1]["verified"]
+    assert st[2]["captured"] is False and st[2]["replays"] == 0 and st[2]["eager"] == 2
+    assert "bucket 2" in st[2]["refused"] and "refused" in st[2]["refused"]
+
+
+def test_checked_replay_runs_from_the_warm_up_inputs():
+    """Warm-up, capture and the checked replay all see the same static inputs (live rows and
+    inert padding), so their idempotent side effects agree; the check replay's outputs are
+    the step's result (no extra replay)."""
+    adapter, state = FakeAdapter(), torch.full((8,), -1.0)
+    runner = make_runner(adapter, state, [])
+    out = runner.run(live(3))
+    assert len(adapter.seen) == 4 and adapter.log.count("replay") == 1
+    for inp in adapter.seen[1:]:
+        for name, t in inp.items():
+            assert torch.equal(t, adapter.seen[0][name]) or (
+                name == "x" and torch.equal(t.nan_to_num(), adapter.seen[0][name].nan_to_num()))
+    assert out["slot"].tolist() == [0, 1, 2] and state.tolist()[:4] == [10.0, 11.0, 12.0, -1.0]
+    assert runner.stats()[4]["replays"] == 1
+
+
+def test_replay_that_differs_from_eager_runs_eagerly_and_is_reported():
+    adapter, fallbacks, state = PerturbingAdapter(), [], torch.zeros(8)
+    runner = make_runner(adapter, state, fallbacks)
+    out = runner.run(live(3))
+    assert out["slot"].tolist() == [0, 1, 2]              # the eager result, not the replay's
+    assert out["score"].tolist() == [20.0, 23.0, 26.0]
+    assert len(fallbacks) == 1
+    assert fallbacks[0].startswith("graph replay of bucket 4 differed from eager: slot: 4 of 4 "
+                                   "values differ, first at [0]: eager 0, replay 1")
+    assert fallbacks[0].endswith("running it eagerly")
+    runner.run(live(4))
+    assert fallbacks == [fallbacks[0]] * 2 and adapter.log.count("capture 4") == 1
+    assert runner.state[4].graph is None and runner.state[4].eager_runs == 2
+    st = runner.stats()[4]
+    assert not st["captured"] and not st["verified"] and st["replays"] == 0
+    assert st["refused"] == fallbacks[0]
+
+
+def test_replay_that_raises_after_capture_runs_eagerly_and_is_reported():
+    adapter, fallbacks = PerturbingAdapter(raising=True), []
+    runner = make_runner(adapter, torch.zeros(8), fallbacks, buckets=(2,))
+    assert runner.run(live(2))["slot"].tolist() == [0, 1]
+    assert "graph replay of bucket 2 differed from eager: replay raised RuntimeError: " \
+           "illegal memory access (fake)" in fallbacks[0]
+
+
+def test_capture_raising_any_exception_is_a_reported_refusal():
+    adapter, fallbacks = FakeAdapter(), []
+
+    def capture(fn, pool):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    adapter.capture = capture
+    runner = make_runner(adapter, torch.zeros(8), fallbacks, buckets=(4,))
+    runner.name = "verify greedy"
+    assert runner.run(live(3))["score"].tolist() == [20.0, 23.0, 26.0]
+    assert fallbacks == ["bucket 4 (verify greedy): fake-graph capture raised RuntimeError: "
+                         "operation not permitted when stream is capturing; running it eagerly"]
+
+
+def test_only_discrete_outputs_are_compared():
+    from dflash2rt.graphs.runner import discrete, first_difference
+
+    out = {"tok": torch.tensor([[1, 2], [3, 4]]), "bad": torch.tensor([False, True]),
+           "q": torch.tensor([0.5, 0.25])}
+    want = discrete(out)
+    assert set(want) == {"tok", "bad"} and want["tok"] is not out["tok"]
+    assert first_difference(want, {**out, "q": out["q"] + 1}) == ""
+    assert first_difference(want, {**out, "tok": torch.tensor([[1, 2], [3, 5]])}) == \
+        "tok: 1 of 4 values differ, first at [1, 1]: eager 4, replay 5"
+    assert first_difference(want, {**out, "bad": torch.tensor([True, True])}).startswith(
+        "bad: 1 of 2 values differ, first at [0]: eager False, replay True")
+    assert "missing" in first_difference(want, {"tok": out["tok"]})
+    assert first_difference(want, {**out, "tok": out["tok"].int()}) == \
+        "tok: eager torch.int64 (2, 2), replay torch.int32 (2, 2)"

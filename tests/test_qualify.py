@@ -57,6 +57,10 @@ def test_html_is_self_contained_with_plots(report_dir):
         assert title in html
     assert "<script src" not in html and "<link" not in html
     assert "L2-L4 sizes: full" in html                # the conformance sizes are named
+    # the first screen (verdict, levels, implementation, speed) comes before the raw tables
+    order = [html.index(f'id="{k}"') for k in ("verdict", "levels", "implementation", "speed",
+                                               "block-size", "system")]
+    assert order == sorted(order) and "\\u03" not in html
 
 
 def test_merge_builds_the_matrix_and_highlights_differences(report_dir, tmp_path):
@@ -77,7 +81,10 @@ def test_merge_builds_the_matrix_and_highlights_differences(report_dir, tmp_path
     rows = {r["check"]: r for r in matrix["rows"]}
     assert rows["recommended block size"]["differs"] and not rows["conformance"]["differs"]
     assert rows["conformance L2-L4 sizes"]["differs"]
-    assert "**recommended block size**" in (out / "matrix.md").read_text()
+    md = (out / "matrix.md").read_text(encoding="utf-8")
+    assert "**recommended block size**" in md
+    assert md.index("## Verdict per backend") < md.index("## All checks")
+    assert "| cpu |" in md and "| triton-interpret |" in md
     assert 'class="diff"' in (out / "matrix.html").read_text()
 
 

@@ -1,4 +1,7 @@
 """``dflash2rt conformance``: run the conformance suite on one backend and write the reports.
+It exits non-zero unless the verdict passes (``verdict.py``): a failed test, a suite module that
+fails to import (the other modules still run), a setup/teardown error, a level below its
+minimum, or a refused kernel fallback.
 
 Registered in the ``dflash2rt.commands`` entry-point group (core never imports this package).
 """
@@ -18,19 +21,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="small samples only (fast smoke run)")
     p.add_argument("--small", action="store_true",
                    help="reduced L2-L4 instances for slow lanes (triton-interpret; reported)")
-    p.add_argument("--model", default="auto", help="L4 model (auto, tiny, a bundled name, a dir)")
+    p.add_argument("--model", default="auto", help="L4 model (auto = the bundled pair; tiny = "
+                   "the suite's tiny random pair; a bundled name; a dir)")
+    p.add_argument("--allow-fallback", action="store_true",
+                   help="certify a backend whose kernels fell back (e.g. to torch ops); the "
+                        "reports name the fallback either way")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per test")
     p.set_defaults(func=run)
 
 
 def pytest_args(args: argparse.Namespace) -> list[str]:
     out = ["--pyargs", "dflash2rt_conformance", "--dflash2rt-backend", args.backend,
-           "--dflash2rt-model", args.model, "-p", "no:cacheprovider", "-rfEx"]
+           "--dflash2rt-model", args.model, "-p", "no:cacheprovider", "-rfEx",
+           "--continue-on-collection-errors"]
     out.append("-v" if args.verbose else "-q")
     if args.quick:
         out.append("--dflash2rt-quick")
     if args.small:
         out.append("--dflash2rt-small")
+    if args.allow_fallback:
+        out.append("--dflash2rt-allow-fallback")
     if args.keyword:
         out += ["-k", args.keyword]
     if args.junit:

@@ -1,5 +1,6 @@
 """Fixtures of the conformance tests: the backend under test (from the registry), the results
-recorder, the quick flag, the L2-L4 sizes, and the JUnit system properties."""
+recorder, the quick flag and the L2-L4 sizes. (The JUnit system properties are written with the
+verdict at the end of the session: ``session.Recorder``.)"""
 
 from __future__ import annotations
 
@@ -33,9 +34,3 @@ def quick(conformance) -> bool:
 @pytest.fixture(scope="session")
 def sizes(conformance):
     return conformance.sizes
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _junit_properties(record_testsuite_property, conformance):
-    for key, value in conformance.environment.items():
-        record_testsuite_property(key, value)

@@ -4,6 +4,8 @@ candidates, T = 1e-3, the mask id as a token, V not a multiple of 16/32/64, batc
 
 Each case returns numpy inputs; thresholds use probabilities every softmax computes exactly
 (equal logits over 2 or 4 tokens, −inf elsewhere), so the decision is defined bit for bit.
+Part 2 (``corpus_edges``): exact top-p boundaries, γ = 15 blocks, vocabularies above every
+tuned verify chunk, float32-vs-float64 acceptance thresholds.
 """
 
 from __future__ import annotations
@@ -186,6 +188,10 @@ def corpus() -> list[Sample]:
     for i, (n, r, gm, v, k, t, tk, tp, tier) in enumerate(rnd):
         out.append(Sample(n, 500 + i, dict(fn="random", r=r, gamma=gm, v=v, k=k, temps=t,
                                            top_k=tk, top_p=tp, dup="dup" in n), tier))
+    from . import corpus_edges          # part 2 (it imports this module's helpers)
+
+    out += [Sample(n, 450 + i, {"fn": f.__name__}, tier)
+            for i, (n, f, tier) in enumerate(corpus_edges.CASES)]
     return out
 
 
@@ -195,4 +201,6 @@ def build(sample: Sample) -> dict:
     if p["fn"] == "random":
         return random_case(g, p["r"], p["gamma"], p["v"], p["k"], p["temps"], p["top_k"],
                            p["top_p"], p["dup"])
-    return globals()[p["fn"]](g)
+    from . import corpus_edges
+
+    return (globals().get(p["fn"]) or getattr(corpus_edges, p["fn"]))(g)

@@ -1,4 +1,5 @@
-"""What the report says about the machine: device, driver/runtime, library and plugin versions."""
+"""What the report says about the machine (device, driver/runtime, library and plugin versions)
+and about the implementation that ran (per op, fallbacks, graph mode)."""
 
 from __future__ import annotations
 
@@ -73,5 +74,36 @@ def properties(selection, status) -> dict[str, str]:
         "plugin.version": status.version if status else "?",
         "git.commit": git_commit(),
         "backend.dtypes": ",".join(str(d).replace("torch.", "") for d in backend.dtypes),
-        "backend.graphs": "yes" if getattr(backend, "graphs", None) is not None else "no",
+        "backend.graphs": graph_mode(backend),
+        "dflash2rt.implementation": backend.implementation_summary(),
     }
+
+
+def graph_mode(backend) -> str:
+    """The graph adapter the engine captures with (its name), or "none" (eager launches)."""
+    adapter = getattr(backend, "graph_adapter", None)
+    return "none" if adapter is None else str(getattr(adapter, "name", type(adapter).__name__))
+
+
+def implementation(backend, how: str, allow_fallback: bool) -> tuple[dict, str | None]:
+    """(the report's "implementation" block, the reason the run fails or None). A backend asked
+    for by name (``how`` is not "auto") whose plugin kernels fell back fails unless
+    ``allow_fallback``; the block says which either way."""
+    kernel_fb = list(getattr(backend, "kernel_fallbacks", []))
+    by_impl: dict[str, list[str]] = {}
+    for op, impl in backend.implementation.items():
+        by_impl.setdefault(impl, []).append(op)
+    kernels, reason = "; ".join(f"{i}: {', '.join(ops)}" for i, ops in by_impl.items()), None
+    if kernel_fb and allow_fallback:
+        kernels += " (fallback allowed by --allow-fallback)"
+    elif kernel_fb and how != "auto":
+        kernels += " (fallback REFUSED: the backend was asked for by name)"
+        reason = (f"implementation: backend {backend.name!r} was asked for by name but its "
+                  f"kernels fell back: {'; '.join(kernel_fb)}. Pass --allow-fallback "
+                  "(pytest: --dflash2rt-allow-fallback) to certify what ran instead")
+    elif kernel_fb:
+        kernels += " (fallback accepted: the backend was chosen automatically)"
+    return {"backend": backend.name, "ops": dict(backend.implementation), "kernels": kernels,
+            "graphs": graph_mode(backend), "fallbacks": list(backend.fallbacks),
+            "standing_fallbacks": list(backend.standing_fallbacks),
+            "kernel_fallbacks": kernel_fb, "allow_fallback": allow_fallback}, reason

@@ -2,7 +2,9 @@
 
 ``tiny_pair`` builds a small random Qwen3/Llama target and DFlash2 draft in memory (the suite
 never imports the project's tests/). ``l4_pair`` resolves ``--dflash2rt-model``: ``auto`` uses
-the bundled pair when ``dflash2rt.bundled`` is installed and has one, else the tiny pair.
+the bundled pair when ``dflash2rt.bundled`` has one (a load failure then fails L4 with the
+error: it never degrades silently), the tiny pair only when no bundled pair is installed;
+``tiny`` asks for the tiny pair. ``describe_l4`` names the choice for every report.
 """
 
 from __future__ import annotations
@@ -65,25 +67,47 @@ def tiny_pair(seed: int = 0, dtype: torch.dtype = torch.float64, model_type: str
     return ModelPair(target, draft, name=f"tiny-{model_type}-seed{seed}")
 
 
-def l4_pair(option: str, device, dtype: torch.dtype = torch.float32) -> tuple[ModelPair, str]:
-    """(pair, description) for ``--dflash2rt-model``."""
+TINY = f"tiny random pair (Qwen3 target and DFlash2 draft, V={VOCAB}, H={HIDDEN}, seed 0"
+
+
+def bundled_default() -> tuple[str | None, str]:
+    """(the bundled pair ``auto`` uses, "") or (None, why no bundled pair is installed)."""
+    try:
+        from dflash2rt import api, bundled
+    except ImportError as exc:
+        return None, f"dflash2rt.bundled cannot be imported: {exc}"
+    names = bundled.bundled_models()
+    if not names:
+        return None, "dflash2rt.bundled holds no model pair"
+    return (api.DEFAULT_MODEL if api.DEFAULT_MODEL in names else names[0]), ""
+
+
+def describe_l4(option: str) -> str:
+    """What ``--dflash2rt-model option`` runs at L4, without loading it (header, reports)."""
     if option == "tiny":
-        return ModelPair(*_to(tiny_pair(0, dtype), device)), f"suite tiny pair ({dtype})"
+        return f"{TINY}; asked for: --dflash2rt-model tiny)"
+    if option == "auto":
+        name, why = bundled_default()
+        return f"bundled {name!r}" if name else f"{TINY}; {why})"
+    return option
+
+
+def l4_pair(option: str, device, dtype: torch.dtype = torch.float32) -> tuple[ModelPair, str]:
+    """(pair, description) for ``--dflash2rt-model``. Raises when the pair asked for (or, for
+    ``auto``, the installed bundled pair) cannot be loaded."""
+    desc = describe_l4(option)
+    if option == "tiny" or (option == "auto" and desc.startswith("tiny")):
+        return ModelPair(*_to(tiny_pair(0, dtype), device)), f"{desc} ({dtype})"
     from dflash2rt import api
 
-    if option == "auto":
-        try:
-            from dflash2rt import bundled
-
-            names = list(getattr(bundled, "bundled_models", lambda: [])())
-            name = api.DEFAULT_MODEL if api.DEFAULT_MODEL in names or not names else names[0]
-            pair = api.resolve_model(name, device, dtype)
-            return pair, f"bundled {name!r} ({dtype})"
-        except Exception as exc:  # noqa: BLE001 - the fallback is reported
-            pair = tiny_pair(0, dtype)
-            return ModelPair(*_to(pair, device)), \
-                f"suite tiny pair (no bundled pair: {type(exc).__name__}: {exc})"
-    return api.resolve_model(option, device, dtype), f"{option} ({dtype})"
+    name = bundled_default()[0] if option == "auto" else option
+    try:
+        return api.resolve_model(name, device, dtype), f"{desc} ({dtype})"
+    except Exception as exc:
+        what = "the bundled pair" if option == "auto" else "the L4 model"
+        raise RuntimeError(f"{what} {name!r} cannot be loaded ({type(exc).__name__}: {exc}); "
+                           "L4 does not fall back: fix it, or run the tiny random pair with "
+                           "--dflash2rt-model tiny (named in every report)") from exc
 
 
 def _to(pair: ModelPair, device):
@@ -96,8 +120,7 @@ def target_reference(model: TargetModel) -> tuple[dict, dict]:
     w = {k: v.detach().double().cpu().numpy() for k, v in model.state_dict().items()}
     cfg = {"layers": c.num_hidden_layers, "heads": c.num_attention_heads,
            "kv_heads": c.num_key_value_heads, "head_dim": c.head_dim, "eps": c.rms_norm_eps,
-           "qk_norm": c.qk_norm, "inv_freq": model.rope_inv_freq.double().cpu().numpy(),
-           "attention_scaling": model.attention_scaling}
+           "qk_norm": c.qk_norm, "config": c.to_dict()}   # rope: reference.rope from config
     return w, cfg
 
 
@@ -108,8 +131,7 @@ def draft_reference(model: DraftModel) -> tuple[dict, dict]:
     w = {k: v.detach().double().cpu().numpy() for k, v in model.state_dict().items()}
     cfg = {"layers": a.num_hidden_layers, "heads": a.num_attention_heads,
            "kv_heads": a.num_key_value_heads, "head_dim": a.head_dim, "eps": a.rms_norm_eps,
-           "qk_norm": True, "inv_freq": model.rope_inv_freq_bits.view(torch.float32)
-           .double().cpu().numpy(), "attention_scaling": model.attention_scaling,
+           "qk_norm": True, "config": a.to_dict(),          # rope: reference.rope from config
            "taps": tuple(d.target_layer_ids), "block": d.block_size, "mask": d.mask_token_id,
            "scale": d.input_embedding_scale, "conv": d.variant == "dflash2",
            "selector": None if d.variant != "dflash2" else {

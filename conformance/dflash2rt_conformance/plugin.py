@@ -1,5 +1,6 @@
-"""The pytest plugin (entry point ``pytest11``): options, the backend header, level bookkeeping
-and the JSON / Markdown reports.
+"""The pytest plugin (entry point ``pytest11``): options, the backend header and the level
+markers; ``session.Recorder`` (registered here) keeps the results and writes the verdict into
+the JSON / Markdown / JUnit reports, the terminal summary and the exit status.
 
 Run ``pytest --pyargs dflash2rt_conformance --dflash2rt-backend NAME``. The backend comes only
 from ``dflash2rt.registry``. The plugin is inert in other pytest sessions (it only adds its
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .results import LEVELS, Results
+from .results import Results
 from .sizes import FULL, SMALL, Sizes
 
 STATE = pytest.StashKey["State"]()
@@ -30,12 +31,14 @@ class State:
     small: bool
     json_path: str | None
     markdown_path: str | None
+    allow_fallback: bool = False
     statuses: list = field(default_factory=list)
     selection: Any = None
     status: Any = None
     error: str | None = None
     environment: dict[str, str] = field(default_factory=dict)
     results: Results = field(default_factory=Results)
+    report: dict | None = None                  # Results.as_dict at the end of the session
 
     @property
     def sizes(self) -> Sizes:
@@ -53,8 +56,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--dflash2rt-backend", default=None, metavar="NAME",
                 help=f"backend under test, by registry name (default: {DEFAULT_BACKEND})")
     g.addoption("--dflash2rt-model", default="auto", metavar="MODEL",
-                help="L4 model: auto (bundled pair if installed, else the suite's tiny pair), "
-                     "tiny, a bundled name, or a directory with target/ and draft/")
+                help="L4 model: auto (the bundled pair; the suite's tiny random pair only when "
+                     "no bundled pair is installed), tiny, a bundled name, or a directory with "
+                     "target/ and draft/")
+    g.addoption("--dflash2rt-allow-fallback", action="store_true",
+                help="certify a backend asked for by name even though its kernels fell back "
+                     "(e.g. to torch ops); the reports say so")
     g.addoption("--dflash2rt-quick", action="store_true",
                 help="small samples and smaller laws only (a fast smoke run)")
     g.addoption("--dflash2rt-small", action="store_true",
@@ -77,21 +84,26 @@ def make_state(config: pytest.Config) -> State:
     from dflash2rt.errors import DFlash2Error
     from dflash2rt.registry import Registry
 
-    from . import env
+    from . import env, models
 
     st = State(config.getoption("dflash2rt_backend") or DEFAULT_BACKEND,
                config.getoption("dflash2rt_model"), config.getoption("dflash2rt_quick"),
                config.getoption("dflash2rt_small"),
-               config.getoption("dflash2rt_json"), config.getoption("dflash2rt_markdown"))
+               config.getoption("dflash2rt_json"), config.getoption("dflash2rt_markdown"),
+               config.getoption("dflash2rt_allow_fallback"))
+    st.environment = {"dflash2rt.backend": st.backend_name,
+                      "dflash2rt.l4_model": models.describe_l4(st.model),
+                      "dflash2rt.allow_fallback": str(st.allow_fallback)}
     reg = Registry.discover()
     st.statuses = reg.statuses()
     try:
         st.selection = reg.select(st.backend_name)
     except DFlash2Error as exc:
         st.error = f"{type(exc).__name__}: {exc}"
+        st.environment["dflash2rt.error"] = st.error
         return st
     st.status = next((s for s in st.statuses if s.name == st.selection.name), None)
-    st.environment = env.properties(st.selection, st.status)
+    st.environment.update(env.properties(st.selection, st.status))
     st.environment["dflash2rt.quick"] = str(st.quick)
     st.environment["dflash2rt.sizes"] = st.sizes.describe()
     return st
@@ -101,7 +113,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "dflash2rt_level(name): conformance level L0..L4/graphs")
     config.addinivalue_line("markers", "dflash2rt_exhaustive: deselected by --dflash2rt-quick")
     if _active(config):
-        config.stash[STATE] = make_state(config)
+        from .session import Recorder
+
+        config.stash[STATE] = st = make_state(config)
+        config.pluginmanager.register(Recorder(st), "dflash2rt-conformance-recorder")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -123,9 +138,20 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
               f"versions: torch {e['torch']}, numpy {e['numpy']}, triton {e['triton']}; plugin "
               f"{e['plugin.distribution']} {e['plugin.version']}; dflash2rt-conformance "
               f"{e['dflash2rt-conformance']}; commit {e['git.commit']}",
+              f"implementation: {e['dflash2rt.implementation']}; graphs: {e['backend.graphs']}"
+              + _fallback_note(st),
               f"mode: {'quick' if st.quick else 'full'}; L2-L4 sizes: {st.sizes.describe()}; "
-              f"L4 model: {st.model}"]
+              f"L4 model: {e['dflash2rt.l4_model']}"]
     return lines
+
+
+def _fallback_note(st: State) -> str:
+    kernel_fb = getattr(st.selection.backend, "kernel_fallbacks", None)
+    if not kernel_fb:
+        return ""
+    verdict = ("allowed by --allow-fallback" if st.allow_fallback else "accepted (auto selection)"
+               if st.selection.how == "auto" else "REFUSED (asked for by name; --allow-fallback)")
+    return f"; kernel fallback {verdict}: {'; '.join(kernel_fb)}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -142,64 +168,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Count each test once per level: its call phase, or a setup that failed or skipped."""
-    st = getattr(report, "_dflash2rt_state", None)
-    level = dict(report.user_properties).get("dflash2rt_level")
-    if st is None or level is None:
-        return
-    if report.when != "call" and (report.outcome == "passed" or report.when == "teardown"):
-        return
-    outcome, msg = report.outcome, ""
-    if hasattr(report, "wasxfail"):
-        outcome, msg = ("xfailed" if report.skipped else "xpassed"), report.wasxfail
-    elif report.failed:
-        msg = _failure_message(report)
-    elif report.skipped and isinstance(report.longrepr, tuple):
-        msg = str(report.longrepr[-1])
-    st.results.outcome(level, report.nodeid, outcome, msg)
-
-
-def _failure_message(report: pytest.TestReport) -> str:
-    text = report.longreprtext or ""
-    lines = [ln[2:] if ln.startswith("E ") else ln for ln in text.splitlines()
-             if ln.startswith("E ")]
-    return "\n".join(ln.strip() for ln in lines) or text[-500:]
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call):
-    outcome = yield
-    st = item.config.stash.get(STATE, None)
-    if st is not None:
-        outcome.get_result()._dflash2rt_state = st
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    st = config.stash.get(STATE, None)
-    if st is None or st.error:
-        return
-    tr = terminalreporter
-    tr.section("dflash2rt conformance")
-    d = st.results.as_dict(st.environment)
-    for lv in LEVELS:
-        r = d["levels"].get(lv)
-        if r and (r["passed"] or r["failed"] or r["skipped"]):
-            tr.write_line(f"{lv:<6} {r['result'].upper():<7} passed {r['passed']}, failed "
-                          f"{r['failed']}, skipped {r['skipped']}  — {r['title']}")
-            for k, v in r["metrics"].items():
-                tr.write_line(f"         {k}: {v}")
-    if d["exemptions"]:
-        tr.write_line(f"near-tie exemptions: {len(d['exemptions'])} (listed in the reports)")
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
-    st = session.config.stash.get(STATE, None)
-    if st is None or st.error:
-        return
-    if st.json_path:
-        st.results.write_json(st.json_path, st.environment)
-    if st.markdown_path:
-        st.results.write_markdown(st.markdown_path, st.environment)

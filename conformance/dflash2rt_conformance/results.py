@@ -1,5 +1,10 @@
-"""The run's results (per op × dtype errors, per level outcomes, metrics, exemptions) and the
-JSON and Markdown reports written from them."""
+"""The run's results (per op × dtype errors, per level outcomes, metrics, exemptions, errors
+outside tests, the implementation that ran) and the JSON report written from them.
+
+A level passes only on evidence: the rule (minimum executed per level, dtype skips, "not
+selected", "skipped" for a level that cannot apply) is in ``verdict.py``; ``reports.py`` writes
+the Markdown, the terminal summary and the JUnit verdict from ``as_dict``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import verdict
 
 LEVELS = ("L0", "L1", "L2", "L3", "L4", "graphs")
 LEVEL_TITLES = {
@@ -44,6 +51,13 @@ class Results:
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     exemptions: list[dict[str, Any]] = field(default_factory=list)
     started: float = field(default_factory=time.time)
+    selected: dict[str, int] = field(default_factory=dict)   # level -> tests left after -k
+    typed: dict[str, int] = field(default_factory=dict)      # of them, parametrized by dtype
+    errors: list[dict[str, Any]] = field(default_factory=list)   # collect / setup / teardown
+    not_applicable: dict[str, str] = field(default_factory=dict)   # level -> why it cannot run
+    run_reasons: list[str] = field(default_factory=list)     # failures outside any level
+    implementation: dict[str, Any] = field(default_factory=dict)
+    interrupted: str | None = None
 
     def _stat(self, ctx, op: str, kind: str) -> OpStat:
         key = (op, ctx.dtype)
@@ -70,25 +84,53 @@ class Results:
     def exempt(self, level: str, what: str, **detail: Any) -> None:
         self.exemptions.append({"level": level, "what": what, **detail})
 
-    def outcome(self, level: str, nodeid: str, outcome: str, message: str = "") -> None:
+    def outcome(self, level: str, nodeid: str, outcome: str, message: str = "",
+                typed: bool = False, dtype_skip: bool = False) -> None:
+        """One test's outcome: passed, failed, skipped, xfailed, xpassed or error (its setup or
+        teardown failed). ``typed``: parametrized by dtype; ``dtype_skip``: skipped because the
+        backend does not declare that dtype (verdict.py)."""
         lv = self.levels.setdefault(level, {"passed": 0, "failed": 0, "skipped": 0, "tests": []})
-        lv[outcome] = lv.get(outcome, 0) + 1
+        key = "errors" if outcome == "error" else outcome
+        lv[key] = lv.get(key, 0) + 1
+        if typed and outcome in verdict.EXECUTED:
+            lv["typed_executed"] = lv.get("typed_executed", 0) + 1
+        if dtype_skip:
+            lv["dtype_skipped"] = lv.get("dtype_skipped", 0) + 1
         lv["tests"].append({"test": nodeid, "outcome": outcome,
                             **({"message": message[:2000]} if message else {})})
 
+    def error(self, where: str, phase: str, message: str, level: str | None = None) -> None:
+        """An error outside a test body: phase "collect" (a suite module failed to import),
+        "setup" or "teardown"."""
+        self.errors.append({"where": where, "phase": phase, "message": message[:2000],
+                            **({"level": level} if level else {})})
+        if level and phase == "teardown":       # a setup error is the test's own outcome
+            lv = self.levels.setdefault(level, {"passed": 0, "failed": 0, "skipped": 0,
+                                                "tests": []})
+            lv["teardown_errors"] = lv.get("teardown_errors", 0) + 1
+
     def as_dict(self, environment: dict[str, str]) -> dict[str, Any]:
+        judged, reasons = verdict.judge(self, LEVELS)
         levels = {}
-        for lv, d in self.levels.items():
-            verdict = "fail" if d["failed"] else ("pass" if d["passed"] else "skipped")
-            levels[lv] = {"title": LEVEL_TITLES.get(lv, lv), "result": verdict,
+        for lv, v in judged.items():
+            d = self.levels.get(lv, {})
+            levels[lv] = {"title": LEVEL_TITLES.get(lv, lv), "result": v["result"],
                           **{k: d.get(k, 0) for k in ("passed", "failed", "skipped", "xfailed",
-                                                       "xpassed")},
-                          "metrics": self.metrics.get(lv, {}), "tests": d["tests"]}
+                                                       "xpassed", "dtype_skipped")},
+                          "errors": d.get("errors", 0) + d.get("teardown_errors", 0),
+                          "executed": v["executed"], "minimum": v["minimum"],
+                          "declared_minimum": verdict.MINIMUM.get(lv, 1),
+                          "selected": self.selected.get(lv, 0), "reasons": v["reasons"],
+                          "note": v["note"], "metrics": self.metrics.get(lv, {}),
+                          "tests": d.get("tests", [])}
         return {
             "schema": "dflash2rt-conformance/1",
             "environment": environment,
             "duration_s": round(time.time() - self.started, 3),
-            "result": "fail" if any(d["failed"] for d in self.levels.values()) else "pass",
+            "result": "fail" if reasons else "pass",
+            "reasons": reasons,
+            "errors": self.errors,
+            "implementation": self.implementation,
             "ops": [s.__dict__ for s in sorted(self.ops.values(), key=lambda s: (s.op, s.dtype))],
             "levels": levels,
             "exemptions": self.exemptions,
@@ -99,37 +141,7 @@ class Results:
             json.dump(self.as_dict(environment), f, indent=2, default=str)
 
     def write_markdown(self, path: str, environment: dict[str, str]) -> None:
-        d = self.as_dict(environment)
-        out = [f"# dflash2rt conformance: backend `{environment.get('dflash2rt.backend')}` — "
-               f"**{d['result'].upper()}**", "",
-               f"Device: {environment.get('device')}; torch {environment.get('torch')}, "
-               f"numpy {environment.get('numpy')}, triton {environment.get('triton')}; plugin "
-               f"{environment.get('plugin.distribution')} {environment.get('plugin.version')}; "
-               f"commit {environment.get('git.commit')}; {d['duration_s']:.1f} s.", "",
-               f"Mode: {'quick' if environment.get('dflash2rt.quick') == 'True' else 'full'}; "
-               f"L2-L4 sizes: {environment.get('dflash2rt.sizes', 'full')}.", "",
-               "| level | what | result | passed | failed | skipped |", "|---|---|---|---|---|---|"]
-        for lv, r in d["levels"].items():
-            out.append(f"| {lv} | {r['title']} | {r['result']} | {r['passed']} | {r['failed']} "
-                       f"| {r['skipped']} |")
-        out += ["", "## Metrics", ""]
-        for lv, m in d["levels"].items():
-            for k, v in m["metrics"].items():
-                out.append(f"- {lv} {k}: {v}")
-        out += ["", "## Ops (max error vs the float64 reference)", "",
-                "| op | dtype | kind | max abs | max rel | atol | rtol | checks | ok |",
-                "|---|---|---|---|---|---|---|---|---|"]
-        for s in d["ops"]:
-            fmt = (lambda x: "-" if x is None else f"{x:.3g}")
-            out.append(f"| {s['op']} | {s['dtype']} | {s['kind']} | {fmt(s['max_abs'])} | "
-                       f"{fmt(s['max_rel'])} | {fmt(s['atol'])} | {fmt(s['rtol'])} | "
-                       f"{s['checks']} | {'yes' if s['passed'] else 'NO'} |")
-        out += ["", f"## Exemptions (near-ties within dtype noise): {len(d['exemptions'])}", ""]
-        out += [f"- {e}" for e in d["exemptions"]] or ["- none"]
-        failed = [t for r in d["levels"].values() for t in r["tests"] if t["outcome"] == "failed"]
-        if failed:
-            out += ["", "## Failures", ""]
-            out += [f"- `{t['test']}`: {t.get('message', '').splitlines()[0] if t.get('message') else ''}"
-                    for t in failed]
+        from .reports import markdown
+
         with open(path, "w") as f:
-            f.write("\n".join(out) + "\n")
+            f.write(markdown(self.as_dict(environment)))

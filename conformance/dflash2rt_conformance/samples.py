@@ -22,6 +22,10 @@ class Sample:
     tier: str = "small"                    # "small" or "exhaustive"
 
 
+HALF_UP = float(np.nextafter(np.float32(0.5), np.float32(1)))     # one float32 ulp above 1/2
+HALF_DOWN = float(np.nextafter(np.float32(0.5), np.float32(0)))
+
+
 def rng(sample: Sample) -> np.random.Generator:
     return np.random.default_rng(sample.seed)
 
@@ -52,6 +56,11 @@ CONV_SHAPES = [  # (name, block, requests, hidden, groups, taps, tier)
     ("b16_r3_h96_g12_t3", 16, 3, 96, 12, 3, "exhaustive"),
     ("b13_r2_h56_g7_t2", 13, 2, 56, 7, 2, "exhaustive"),
     ("b11_r4_h66_g11_t5", 11, 4, 66, 11, 5, "exhaustive"),
+    # Above every kernel channel tile (block_h 128 / 256) and not a multiple of one; group size
+    # 28 straddles the tile edges, so a group index taken within the tile is caught.
+    ("b4_r2_h392_g14_t3_multi_tile", 4, 2, 392, 14, 3, "small"),
+    ("b16_r1_h520_g65_t2_multi_tile", 16, 1, 520, 65, 2, "small"),
+    ("b8_r2_h1000_g40_t4_multi_tile", 8, 2, 1000, 40, 4, "exhaustive"),
 ]
 
 
@@ -96,13 +105,33 @@ PROBS_CASES = [  # name, R, T, V, temps, top_k, top_p, tier
     ("v257", 2, 3, 257, [1.0, 0.5], [100, 0], [0.9, 0.95], "exhaustive"),
     ("t_tiny_no_overflow_v29", 3, 2, 29, [1e-38, 1.4e-45, 1e-30], [0, 3, 0], [1.0, 1.0, 0.9],
      "small"),
+    # Exact top-p boundaries: request i has tied[i] equal logits (−inf elsewhere), so the mass
+    # ahead of a token is a multiple of 1/tied[i] and lands exactly on top_p (4 ties at 1/2 keep
+    # 2; 8 at 1/2 keep 4; 4 at 1/4 keep 1; 2 at 1/2 keep 1; one float32 ulp above / below 1/2
+    # keeps 3 / 2; top_k = 3 keeps all 4 ties first; 8 at 3/8 keep 3). sample_next draws at
+    # u = 1 − 2^-24: the last kept token, so keeping one token too many changes it.
+    ("topp_boundary_ties_v37", 8, 2, 37, [1.0, 1.0, 1.0, 0.8, 1.0, 1.0, 0.7, 1.3],
+     [0, 0, 0, 0, 0, 0, 3, 0], [0.5, 0.5, 0.25, 0.5, HALF_UP, HALF_DOWN, 0.5, 0.375], "small",
+     {"tied": [4, 8, 4, 2, 4, 4, 4, 8], "u_max": True}),
 ]
 
 
 def probs_samples() -> list[Sample]:
-    return [Sample(c[0], 300 + i, dict(r=c[1], t=c[2], v=c[3], temps=c[4], top_k=c[5],
-                                       top_p=c[6], ties="ties" in c[0]), c[7])
-            for i, c in enumerate(PROBS_CASES)]
+    out = []
+    for i, c in enumerate(PROBS_CASES):
+        extra = c[8] if len(c) > 8 else {}          # e.g. tied logits, u at its maximum
+        out.append(Sample(c[0], 300 + i, dict(r=c[1], t=c[2], v=c[3], temps=c[4], top_k=c[5],
+                                              top_p=c[6], ties="ties" in c[0], **extra), c[7]))
+    return out
+
+
+def tied_logits(g: np.random.Generator, shape, tied: list[int]) -> np.ndarray:
+    """[R, T, V]: request i has ``tied[i]`` equal logits at random ids, −inf elsewhere."""
+    x = np.full(shape, -np.inf)
+    for i in range(shape[0]):
+        for j in range(shape[1]):
+            x[i, j, g.choice(shape[2], tied[i], replace=False)] = 0.0
+    return x
 
 
 def random_logits(g: np.random.Generator, shape, ties: bool = False, scale: float = 2.0):

@@ -26,9 +26,12 @@ def _f32(x):
 
 def _make_probs(s, dtype):
     p, g = s.params, S.rng(s)
-    logits = S.random_logits(g, (p["r"], p["t"], p["v"]), ties=p["ties"])
+    shape = (p["r"], p["t"], p["v"])
+    logits = S.tied_logits(g, shape, p["tied"]) if p.get("tied") else \
+        S.random_logits(g, shape, ties=p["ties"])
+    u = np.full(p["r"], 1 - 2.0 ** -24) if p.get("u_max") else S.gen_uniforms(g, (p["r"],))
     return {"logits": In(logits), "temps": In(p["temps"], "obj"), "top_k": In(p["top_k"], "obj"),
-            "top_p": In(p["top_p"], "obj"), "u": In(S.gen_uniforms(g, (p["r"],)), "f32")}
+            "top_p": In(p["top_p"], "obj"), "u": In(u, "f32")}
 
 
 def _sb(t, device):

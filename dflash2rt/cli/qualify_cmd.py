@@ -16,6 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "conformance levels (e.g. 'L0 or L1' on the slow triton-interpret lane)")
     p.add_argument("--conformance-small", action="store_true", help="L2-L4 on the suite's "
                    "small instances (the triton-interpret lane; named in the report)")
+    p.add_argument("--allow-fallback", action="store_true", help="let conformance certify a "
+                   "backend whose kernels fell back (named in the report)")
     p.set_defaults(func=run_qualify)
     r = sub.add_parser("report", help="work with qualification reports")
     rs = r.add_subparsers(dest="report_command", required=True)
@@ -30,9 +32,11 @@ def run_qualify(args: argparse.Namespace) -> int:
 
     report = qualify(args.backend, args.out, args.model, args.quick,
                      conformance_select=args.conformance_select,
-                     conformance_small=args.conformance_small)
-    conf = report["sections"].get("conformance", {}).get("status")
-    return 0 if report.get("complete") and conf in ("pass", "not run") else 1
+                     conformance_small=args.conformance_small,
+                     allow_fallback=args.allow_fallback)
+    # Non-zero unless the verdict passed: conformance failed or did not run, a section failed,
+    # or the run did not complete (report.json "verdict" says which).
+    return 0 if report.get("verdict", {}).get("result") == "pass" else 1
 
 
 def run_merge(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from ..graphs.runner import bucket_for
 from ..registry import Registry
 from . import steps
 from ..models.kv_cache import KVCache
-from .graphed import BUCKETS, LEN_STEP, GraphedSpecSteps, GraphedTargetSteps
+from .graphed import BUCKETS, LEN_STEP, GraphedSpecSteps, GraphedTargetSteps, graph_delta
 from .output import Collector
 from .memory import cache_bytes, check_fits
 from .request import Request, RequestOutput, block_size_or_default
@@ -164,6 +164,7 @@ class Engine:
             else:
                 st = self._new_state(requests, *self._caches(len(requests), max_len, spec))
             captured = graphed.capture_s if graphed is not None else 0.0
+            graphs0 = graphed.graph_stats() if graphed is not None else {}
             self.backend.begin_run()
             try:
                 first = steps.prefill(pair, st, [q.prompt_ids for q in requests])
@@ -185,6 +186,7 @@ class Engine:
             finally:
                 if graphed is not None:
                     stats.capture_s = graphed.capture_s - captured
+                    stats.graphs = graph_delta(graphs0, graphed.graph_stats())
                 stats.fallbacks = self.backend.end_run()
         stats.wall_s = time.perf_counter() - start
         stats.generated = sum(len(o.token_ids) for o in out.outputs)

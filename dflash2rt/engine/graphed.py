@@ -28,6 +28,12 @@ _PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.
            "key": (torch.int64, 0), "temperature": (torch.float32, 0.0),
            "top_k": (torch.int64, 0), "top_p": (torch.float32, 1.0), "greedy": (torch.bool, True)}
 _NOISE = ("walk", "accept", "residual", "bonus")
+GraphStats = dict[str, dict[int, dict[str, Any]]]     # graph name → bucket → counters
+
+
+def _name(kind: str, sampled: bool) -> str:
+    """A graph's name in stats and fallback messages: "verify greedy", "draft sampled", ..."""
+    return f"{kind} {'sampled' if sampled else 'greedy'}"
 
 
 class _GraphedSteps:
@@ -79,6 +85,25 @@ class _GraphedSteps:
         """Seconds spent warming up and capturing graphs so far (inside decode steps)."""
         return sum(r.capture_s for r in self.runners.values())
 
+    def graph_stats(self) -> GraphStats:
+        """Per graph ("draft greedy", "verify sampled", "target-only greedy", ...) and bucket
+        since capture: captured, verified, replays, eager runs, refusal (GraphRunner.stats)."""
+        return {r.name: r.stats() for r in self.runners.values()}
+
+
+def graph_delta(before: GraphStats, after: GraphStats) -> GraphStats:
+    """One run's part of ``graph_stats()`` (taken before and after it, same runners): the
+    buckets the run used, with the run's replays and eager runs and each bucket's state."""
+    out: GraphStats = {}
+    for name, buckets in after.items():
+        for size, s in buckets.items():
+            was = before.get(name, {}).get(size, {})
+            d = {**s, "replays": s["replays"] - was.get("replays", 0),
+                 "eager": s["eager"] - was.get("eager", 0)}
+            if d["replays"] or d["eager"]:
+                out.setdefault(name, {})[size] = d
+    return out
+
 
 class GraphedSpecSteps(_GraphedSteps):
     """Replays the two step graphs for the live rows of a BatchState."""
@@ -125,7 +150,7 @@ class GraphedSpecSteps(_GraphedSteps):
             self.runners[key] = GraphRunner(
                 self.backend.graph_adapter, BUCKETS, self._make_inputs(kind),
                 self._draft_body(sampled) if kind == "draft" else self._verify_body(sampled),
-                self._pads(kind), self.on_fallback)
+                self._pads(kind), self.on_fallback, name=_name(kind, sampled))
         return self.runners[key]
 
     def _make_inputs(self, kind: str):
@@ -186,7 +211,8 @@ class GraphedTargetSteps(_GraphedSteps):
             self.runners[sampled] = GraphRunner(self.backend.graph_adapter, BUCKETS, make,
                                                 self._body(sampled),
                                                 {**self._param_pads(), "live": False},
-                                                self.on_fallback)
+                                                self.on_fallback,
+                                                name=_name("target-only", sampled))
         return self.runners[sampled]
 
     def step(self, st: BatchState) -> dict[str, torch.Tensor]:

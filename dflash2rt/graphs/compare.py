@@ -23,17 +23,24 @@ def graph_vs_eager(pair: ModelPair, backend: Backend, make_requests: Callable[[]
                    spec: bool = True) -> dict[str, Any]:
     """One engine per mode runs the requests twice: the first call warms up and captures, the
     second replays the graphs the first captured (its capture time is 0 when they were kept);
-    the second call's tokens and step latency are compared."""
+    the second call's tokens and step latency are compared. ``graph_replays`` counts that call's
+    replays and ``graph_eager_buckets`` names the buckets it ran eagerly (a refused capture or
+    a replay that differed from eager): "equal" proves replay == eager only with replays and
+    no eager buckets."""
     row: dict[str, Any] = {"mode": "spec" if spec else "target-only"}
-    tokens = {}
+    tokens, used = {}, {}
     for name, be in (("graph", backend), ("eager", eager_twin(backend))):
         with Engine(pair, be) as engine:
             _, first = engine.generate(make_requests(), spec=spec)
             outs, stats = engine.generate(make_requests(), spec=spec)
+        used.update(stats.graphs)                        # the eager twin's is empty
         tokens[name] = [o.token_ids for o in outs]
         row[f"{name}_step_ms"] = 1e3 * stats.step_s
         row[f"{name}_capture_ms"] = 1e3 * first.capture_s
         row[f"{name}_recapture_ms"] = 1e3 * stats.capture_s
         row[f"{name}_fallbacks"] = stats.fallbacks
+    row["graph_replays"] = sum(b["replays"] for bs in used.values() for b in bs.values())
+    row["graph_eager_buckets"] = [f"{g} @{size}: {b['refused']}" for g, bs in used.items()
+                                  for size, b in bs.items() if b["eager"]]
     row["equal"] = tokens["graph"] == tokens["eager"]
     return row

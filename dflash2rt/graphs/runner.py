@@ -3,8 +3,15 @@ capture, replay by copying live rows into ``[:R]`` and inert padding into ``[R:]
 
 A step body reads only its static inputs and writes only its static outputs (and, through
 them, nothing that belongs to a live request: padded rows get inert values, and outputs are
-returned as ``[:R]`` views). A bucket whose capture fails runs eagerly from then on, and the
-failure is reported through ``on_fallback`` (the backend's run stats).
+returned as ``[:R]`` views). Its side effects (KV commits) are idempotent for the same inputs.
+
+Proof of replay: right after a capture the runner replays the graph once over the same static
+inputs and compares its discrete outputs (integer and bool tensors: tokens, accept lengths,
+flags, lens, anchors) bit for bit with the last eager warm-up run's; that checked replay is the
+step's result. A bucket whose capture fails, or whose checked replay differs (HIP capture has
+not always reported its errors), runs eagerly from then on, and that is reported through
+``on_fallback`` (the backend's run stats) on every run that uses it. ``stats()`` counts, per
+bucket, replays and eager runs.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ class Bucket:
     inputs: Tensors
     outputs: Tensors = field(default_factory=dict)
     graph: Graph | None = None
-    eager: str = ""              # why capture failed: then the body runs eagerly
-    replays: int = 0
+    eager: str = ""              # why capture failed or replay differed: the body runs eagerly
+    verified: bool = False       # the post-capture replay equalled the eager warm-up
+    replays: int = 0             # replays whose outputs were used (the checked one included)
+    eager_runs: int = 0          # runs of the body in place of a replay (not the warm-up)
 
 
 def bucket_for(rows: int, buckets: tuple[int, ...]) -> int | None:
@@ -43,12 +52,12 @@ class GraphRunner:
     def __init__(self, adapter: GraphAdapter, buckets: tuple[int, ...],
                  make_inputs: Callable[[int], Tensors], body: Callable[[Tensors], Tensors],
                  pad: Mapping[str, Any], on_fallback: Callable[[str], None],
-                 warmup: int = 2) -> None:
+                 warmup: int = 2, name: str = "") -> None:
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             raise InvalidInputError(f"buckets must be increasing positive sizes, got {buckets}")
         self.adapter, self.buckets = adapter, tuple(buckets)
         self.make_inputs, self.body, self.pad = make_inputs, body, dict(pad)
-        self.on_fallback, self.warmup = on_fallback, warmup
+        self.on_fallback, self.warmup, self.name = on_fallback, max(1, warmup), name
         self.pool = adapter.new_pool()
         self.state: dict[int, Bucket] = {}
         self.capture_s = 0.0          # warm-up + capture wall time, over all buckets
@@ -69,13 +78,16 @@ class GraphRunner:
             buf[:rows].copy_(live[name])
             if rows < size:
                 buf[rows:].fill_(self.pad[name])
-        if b.graph is None and not b.eager:
-            self._capture(b)
+        checked = b.graph is None and not b.eager
+        if checked:
+            self._capture(b)        # warm-up, capture, one checked replay of these inputs
         if b.eager:
             self.on_fallback(b.eager)             # in the stats of every run that uses it
             b.outputs = self.body(b.inputs)
+            b.eager_runs += 1
         else:
-            b.graph.replay()
+            if not checked:                        # the checked replay is this step's result
+                b.graph.replay()
             b.replays += 1
         return {name: out[:rows] for name, out in b.outputs.items()}
 
@@ -91,18 +103,47 @@ class GraphRunner:
         finally:
             self.capture_s += time.perf_counter() - start
 
+    def _label(self, size: int) -> str:
+        return f"bucket {size}" + (f" ({self.name})" if self.name else "")
+
     def _warm_and_capture(self, b: Bucket) -> None:
         for _ in range(self.warmup):          # lazy init and autotuning happen before capture
-            self.body(b.inputs)
+            eager = self.body(b.inputs)
+        want = discrete(eager)                # the eager result for these static inputs
 
         def fn() -> None:
             b.outputs = self.body(b.inputs)
 
         try:
             b.graph = self.adapter.capture(fn, self.pool)
-        except GraphCaptureError as exc:
-            b.eager = f"bucket {b.size}: {exc}; running it eagerly"
+        except Exception as exc:  # noqa: BLE001 - any refusal is reported; the bucket runs eagerly
+            why = str(exc) if isinstance(exc, GraphCaptureError) else (
+                f"{getattr(self.adapter, 'name', 'graph')} capture raised "
+                f"{type(exc).__name__}: {exc}")
+            b.eager = f"{self._label(b.size)}: {why}; running it eagerly"
             self.pool = self.adapter.new_pool()   # a failed capture can leave its pool recording
+            return
+        # Same static inputs as the warm-up, whose commits are idempotent: the replay must
+        # reproduce the warm-up's discrete outputs exactly.
+        try:
+            b.graph.replay()
+            diff = first_difference(want, b.outputs)
+        except Exception as exc:  # noqa: BLE001 - a replay that raises is a differing replay
+            diff = f"replay raised {type(exc).__name__}: {exc}"
+        if diff:                 # the eager run that follows rewrites what the replay committed
+            b.graph, b.outputs = None, {}
+            b.eager = (f"graph replay of {self._label(b.size)} differed from eager: {diff}; "
+                       "running it eagerly")
+        else:
+            b.verified = True
+
+    def stats(self) -> dict[int, dict[str, Any]]:
+        """Per bucket made so far: captured (it holds a graph that passed the post-capture check),
+        verified, replays and eager runs so far, and why it runs eagerly (refused: the capture
+        refusal or the replay difference; None when it replays)."""
+        return {size: {"captured": b.graph is not None, "verified": b.verified,
+                       "replays": b.replays, "eager": b.eager_runs, "refused": b.eager or None}
+                for size, b in sorted(self.state.items())}
 
     def close(self) -> None:
         """Release every captured graph now (not whenever the cyclic GC gets to it, which could
@@ -111,3 +152,27 @@ class GraphRunner:
             b.graph = None
             b.outputs = {}
         self.state.clear()
+
+
+def discrete(outputs: Mapping[str, torch.Tensor]) -> Tensors:
+    """Copies of the integer and bool outputs (tokens, lengths, flags): those must match bit
+    for bit between a replay and the eager run of the same inputs."""
+    return {n: t.detach().clone() for n, t in outputs.items()
+            if not (t.is_floating_point() or t.is_complex())}
+
+
+def first_difference(want: Tensors, got: Mapping[str, torch.Tensor]) -> str:
+    """'' when every tensor of ``want`` is in ``got`` with equal shape, dtype and values; else
+    what differs first (name, count, first index, both values)."""
+    for n, w in want.items():
+        g = got.get(n)
+        if g is None:
+            return f"{n} missing from the replay's outputs"
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"{n}: eager {w.dtype} {tuple(w.shape)}, replay {g.dtype} {tuple(g.shape)}"
+        ne = (g != w).nonzero()
+        if len(ne):
+            i = tuple(ne[0].tolist())
+            return (f"{n}: {len(ne)} of {w.numel()} values differ, first at {list(i)}: "
+                    f"eager {w[i].item()}, replay {g[i].item()}")
+    return ""

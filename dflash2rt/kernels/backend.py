@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import TorchOpsBackend
+from ..backend import TORCH_OPS, TRITON_INTERPRETER, TRITON_KERNEL, TorchOpsBackend
 from . import conv, selector, verify
 from .tuning import DEFAULT, Tuning
+
+
+def built_as(module) -> str:
+    """How Triton built ``module``'s ``@triton.jit`` kernels in this process: for the device, or
+    for its host interpreter (``TRITON_INTERPRET=1`` when the module was imported)."""
+    kinds = {type(v).__name__ for v in vars(module).values()
+             if type(v).__module__.startswith("triton.")}
+    return TRITON_INTERPRETER if "InterpretedFunction" in kinds else TRITON_KERNEL
 
 
 class KernelBackend(TorchOpsBackend):
@@ -17,6 +25,13 @@ class KernelBackend(TorchOpsBackend):
                  tuning: Tuning = DEFAULT) -> None:
         super().__init__(name, device, dtypes)
         self.tuning = tuning
+
+    @property
+    def implementation(self) -> dict[str, str]:
+        """The conv, the selector walk and verification are kernels (top-K and logit processing
+        inside ``select`` / ``verify`` stay torch); the noise is drawn by torch ops."""
+        return {"conv_prepare": built_as(conv), "conv_finish": built_as(conv),
+                "select": built_as(selector), "verify": built_as(verify), "noise": TORCH_OPS}
 
     def conv_prepare(self, x, base, delta, block_size):
         return conv.conv_prepare(x, base, delta, block_size, self.tuning)

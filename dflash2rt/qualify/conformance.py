@@ -12,9 +12,12 @@ from xml.sax.saxutils import escape
 
 
 def run_conformance(backend: str, out: Path, quick: bool, select: str | None = None,
-                    small: bool = False, timeout_s: int = 900) -> dict[str, Any]:
-    """→ the suite's JSON (levels, ops) plus the exit code; writes out/junit.xml. ``small``:
-    L2-L4 on the suite's small instances (``--dflash2rt-small``, for the interpreter lane)."""
+                    small: bool = False, timeout_s: int = 900,
+                    allow_fallback: bool = False) -> dict[str, Any]:
+    """→ the suite's JSON (levels, ops, reasons, implementation) plus the exit code; writes
+    out/junit.xml. ``small``: L2-L4 on the suite's small instances (``--dflash2rt-small``, for
+    the interpreter lane). "status" is "pass" only when the suite's verdict is pass *and* it
+    exited 0; "fail", "error", "timeout" or "not run" otherwise, with "reasons"."""
     junit, report = out / "junit.xml", out / "conformance.json"
     if importlib.util.find_spec("dflash2rt_conformance") is None:
         reason = "dflash2rt-conformance is not installed (pip install ./conformance)"
@@ -22,8 +25,11 @@ def run_conformance(backend: str, out: Path, quick: bool, select: str | None = N
         return {"status": "not run", "reason": reason}
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs",
            "dflash2rt_conformance", "--dflash2rt-backend", backend, "--junitxml", str(junit),
-           "--dflash2rt-json", str(report)] + (["--dflash2rt-quick"] if quick else []) \
-        + (["--dflash2rt-small"] if small else []) + (["-k", select] if select else [])
+           "--dflash2rt-json", str(report), "--continue-on-collection-errors"] \
+        + (["--dflash2rt-quick"] if quick else []) + (["--dflash2rt-small"] if small else []) \
+        + (["--dflash2rt-allow-fallback"] if allow_fallback else []) \
+        + (["-k", select] if select else [])
+    report.unlink(missing_ok=True)              # never read a previous run's verdict
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -33,8 +39,12 @@ def run_conformance(backend: str, out: Path, quick: bool, select: str | None = N
         if not junit.is_file():
             _skipped_junit(junit, backend, f"the suite did not run: {tail[-300:]}")
         return {"status": "error", "exit_code": proc.returncode, "reason": tail}
-    data = json.loads(report.read_text())
+    data = json.loads(report.read_text(encoding="utf-8"))
     data["status"] = data.get("result", "error")
+    data.setdefault("reasons", [])
+    if data["status"] == "pass" and proc.returncode != 0:
+        data["status"] = "fail"
+        data["reasons"].append(f"the suite exited with code {proc.returncode}")
     data["selection"] = select or "all levels"
     data["exit_code"] = proc.returncode
     data["summary_line"] = (proc.stdout.strip().splitlines() or [""])[-1]

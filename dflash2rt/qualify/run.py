@@ -29,21 +29,44 @@ KNOWN_DEVIATIONS = [
 ]
 
 
+def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """{"result": "pass" | "fail", "reasons": [...]}: pass only when conformance ran and passed,
+    every section finished without error, and the qualification completed."""
+    reasons, sections = [], report.get("sections", {})
+    conf = sections.get("conformance")
+    if conf is None:
+        reasons.append("conformance did not run (the qualification stopped before it)")
+    elif conf.get("status") == "fail":
+        reasons += [f"conformance: {r}" for r in conf.get("reasons") or ["failed"]]
+    elif conf.get("status") != "pass":
+        why = conf.get("reason") or conf.get("error") or ""
+        reasons.append(f"conformance did not run ({conf.get('status')}): {str(why)[-300:]}")
+    for name, sec in sections.items():
+        if name != "conformance" and sec.get("status") in ("error", "interrupted"):
+            reasons.append(f"section {name}: {sec.get('status')} {sec.get('error', '')}".strip())
+    if not report.get("complete"):
+        reasons.append("the qualification did not complete")
+    return {"result": "fail" if reasons else "pass", "reasons": reasons}
+
+
 class Qualification:
     def __init__(self, backend: str, out: Path, model: str, quick: bool,
                  log: Callable[[str], None], conformance_select: str | None = None,
-                 conformance_small: bool = False) -> None:
+                 conformance_small: bool = False, allow_fallback: bool = False) -> None:
         self.backend_name, self.out, self.model, self.quick, self.log = backend, out, model, \
             quick, log
-        self.select, self.small = conformance_select, conformance_small
+        self.select, self.small, self.allow_fallback = conformance_select, conformance_small, \
+            allow_fallback
         self.report: dict[str, Any] = {"schema": SCHEMA, "backend": backend, "quick": quick,
                                        "model": model, "sections": {}, "complete": False}
         self.start = time.perf_counter()
 
     def save(self) -> None:
         self.report["elapsed_s"] = time.perf_counter() - self.start
-        (self.out / "report.json").write_text(json.dumps(self.report, indent=2, default=str))
-        (self.out / "report.html").write_text(html.render(self.report))
+        self.report["verdict"] = verdict(self.report)
+        (self.out / "report.json").write_text(json.dumps(self.report, indent=2, default=str),
+                                              encoding="utf-8")
+        (self.out / "report.html").write_text(html.render(self.report), encoding="utf-8")
 
     def section(self, i: int, n: int, name: str, fn: Callable[[], Any]) -> None:
         self.log(f"[{i}/{n}] {name} ... ({time.perf_counter() - self.start:.0f}s)")
@@ -80,7 +103,8 @@ class Qualification:
         blocks = (2, 4, 8) if self.quick else (2, 4, 8, 16)
         steps = [
             ("conformance", lambda: run_conformance(self.backend_name, self.out, self.quick,
-                                                    self.select, self.small)),
+                                                    self.select, self.small,
+                                                    allow_fallback=self.allow_fallback)),
             ("op_microbench", lambda: {"rows": op_benchmarks(
                 backend, self._shapes(pair), (1,) if self.quick else (1, 8),
                 self.report["system"]["device"], 3 if self.quick else 10)}),
@@ -103,6 +127,8 @@ class Qualification:
         self.report["known_deviations"] = KNOWN_DEVIATIONS
         self.report["complete"] = True
         self.save()
+        v = self.report["verdict"]
+        self.log(f"verdict: {v['result'].upper()}" + "".join(f"\n  - {r}" for r in v["reasons"]))
         self.log(f"done in {time.perf_counter() - self.start:.0f}s: {self.out}/report.html")
         return self.report
 
@@ -132,8 +158,8 @@ class Qualification:
 
 def qualify(backend: str, out: str | Path, model: str = DEFAULT_MODEL, quick: bool = False,
             log: Callable[[str], None] | None = None,
-            conformance_select: str | None = None, conformance_small: bool = False
-            ) -> dict[str, Any]:
+            conformance_select: str | None = None, conformance_small: bool = False,
+            allow_fallback: bool = False) -> dict[str, Any]:
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     return Qualification(backend, Path(out), model, quick, log, conformance_select,
-                         conformance_small).run()
+                         conformance_small, allow_fallback).run()

@@ -2,14 +2,16 @@
 
 ``w`` maps parameter names to float64 arrays (``{k: v.double().numpy()}`` of a model's
 state_dict). Configs are plain dicts: vocab, hidden, heads, kv_heads, head_dim, eps, qk_norm,
-inv_freq (the checkpoint's float32 rope frequencies, a model constant like a weight),
-attention_scaling; the draft adds taps, block, mask, scale, conv (bool) and the selector fields.
+config (the checkpoint's config.json dict: rope frequencies and attention scaling are computed
+from it by ``reference.rope``, never taken from the runtime); the draft adds taps, block, mask,
+scale, conv (bool) and the selector fields. Attention scores scale by head_dim ** -0.5.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import rope as rope_config
 from .conv import conv
 
 
@@ -23,11 +25,9 @@ def linear(w: dict, name: str, x: np.ndarray) -> np.ndarray:
     return y if bias is None else y + bias
 
 
-def rope(positions: np.ndarray, inv_freq: np.ndarray, scaling: float):
-    """cos, sin [..., hd] at integer positions (HF layout: frequencies repeated twice)."""
-    freqs = np.asarray(positions, dtype=np.float64)[..., None] * np.asarray(inv_freq, np.float64)
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    return np.cos(emb) * scaling, np.sin(emb) * scaling
+def rope(positions: np.ndarray, cfg: dict):
+    """cos, sin [..., hd] at integer positions, from the checkpoint config (``reference.rope``)."""
+    return rope_config.cos_sin(positions, cfg["config"], cfg["head_dim"])
 
 
 def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -74,7 +74,7 @@ def target_forward(w: dict, cfg: dict, ids, taps=()) -> tuple[np.ndarray, np.nda
     ids = np.asarray(ids, dtype=np.int64)
     t = ids.shape[0]
     h = w["model.embed_tokens.weight"][ids]
-    cos, sin = rope(np.arange(t), cfg["inv_freq"], cfg["attention_scaling"])
+    cos, sin = rope(np.arange(t), cfg)
     mask = np.tril(np.ones((t, t), dtype=bool))
     tapped = {}
     for i in range(cfg["layers"]):
@@ -110,8 +110,8 @@ def draft_forward(w: dict, cfg: dict, block_emb: np.ndarray, block_pos: np.ndarr
     → draft hidden [B, H]. Non-causal: every block row sees all context and all block rows."""
     ctx = rmsnorm(ctx_taps.reshape(ctx_taps.shape[0], -1) @ w["fc.weight"].T,
                   w["hidden_norm.weight"], cfg["eps"])
-    ccos, csin = rope(ctx_pos, cfg["inv_freq"], cfg["attention_scaling"])
-    bcos, bsin = rope(block_pos, cfg["inv_freq"], cfg["attention_scaling"])
+    ccos, csin = rope(ctx_pos, cfg)
+    bcos, bsin = rope(block_pos, cfg)
     h = block_emb * cfg["scale"]
     b, n = h.shape[0], ctx.shape[0]
     mask = np.ones((b, n + b), dtype=bool)

@@ -53,12 +53,17 @@ def inverse_cdf(weights: np.ndarray, u: float) -> int:
     w = np.asarray(weights)
     cdf = np.cumsum(w)
     total = cdf[-1]
-    if not (total > 0) or total == np.inf or any(x < 0 for x in w):   # NaN fails total > 0
+    if not (total > 0) or total == np.inf or _any_negative(w):       # NaN fails total > 0
         return -1
     idx = int(np.sum(cdf <= u * total))
     positive = np.nonzero(w > 0)[0]
     last = int(positive[-1]) if positive.size else 0
     return min(idx, last)
+
+
+def _any_negative(w: np.ndarray) -> bool:
+    """(A Python loop is faster on the lattice levels' few tokens, and works on Fractions.)"""
+    return bool((w < 0).any()) if w.dtype != object and w.size > 64 else any(x < 0 for x in w)
 
 
 def argmax_lowest(x: np.ndarray) -> int:

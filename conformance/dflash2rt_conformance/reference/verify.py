@@ -53,7 +53,9 @@ def verify_sampled_row(p: np.ndarray, draft, cand, q, u_accept, u_residual, u_bo
     gamma, v = len(draft), p.shape[1]
     for j in range(gamma):
         if not u_accept[j] * draft_mass(draft[j], cand[j], q[j]) < p[j][draft[j]]:
-            resid = np.array([max(a - b, 0 * a) for a, b in zip(p[j], dense_q(cand[j], q[j], v))])
+            diff = p[j] - dense_q(cand[j], q[j], v)
+            resid = np.array([max(x, 0 * x) for x in diff]) if diff.dtype == object else \
+                np.maximum(diff, 0.0)                                  # (p − q)+
             weights = p[j] if resid.sum() <= 0 else resid
             return j, inverse_cdf(weights, u_residual[j])
     return gamma, inverse_cdf(p[gamma], u_bonus[0])

@@ -6,10 +6,17 @@ These tests run when the backend captures graphs (``backend.graph_adapter`` is s
 then replays its steps per batch-size bucket of ``dflash2rt.engine.graphed.BUCKETS``). Eager mode
 is the same backend with the adapter removed. They compare Engine outputs (token ids, accept
 lengths) of graph mode with eager mode; a backend without graphs skips them with that reason.
+
+Proof of replay: every graph-mode run must show, in its run stats, that each bucket it used was
+captured, passed the runner's post-capture check (one replay equal to the eager warm-up) and
+was replayed; a refused capture or a differing replay runs that bucket eagerly, which would
+compare eager with eager, so it fails the test naming the reason. Per-test replay counts are
+recorded as level metrics.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
 
 import pytest
@@ -46,6 +53,38 @@ def graphs(backend):
     return _Graphs(backend)
 
 
+class _Proof:
+    """Checks each graph-mode run's ``stats.graphs`` and counts its replays per graph × bucket."""
+
+    def __init__(self) -> None:
+        self.replays: Counter[tuple[str, int]] = Counter()
+
+    def check(self, stats, case: str) -> None:
+        eager = [f"{name} bucket {size} ran eagerly {b['eager']}x and replayed {b['replays']}x"
+                 f" ({b['refused'] or 'not captured'})"
+                 for name, buckets in stats.graphs.items() for size, b in buckets.items()
+                 if b["eager"] or not b["captured"] or not b["replays"]]
+        assert not eager, f"[graphs case={case}] graph mode did not replay every bucket it " \
+            f"used (eager compared with eager proves nothing): {'; '.join(eager)}"
+        oversize = any("exceeds the largest graph bucket" in f for f in stats.fallbacks)
+        assert stats.graphs or not stats.steps or oversize, \
+            f"[graphs case={case}] graph mode ran {stats.steps} steps without a replay " \
+            f"(fallbacks: {stats.fallbacks})"
+        for name, buckets in stats.graphs.items():
+            for size, b in buckets.items():
+                self.replays[name, size] += b["replays"]
+
+
+@pytest.fixture
+def proof(graphs, results, request):
+    """Each test's graph-mode runs, checked; their replays go to the level's metrics."""
+    p = _Proof()
+    yield p
+    results.metric("graphs", f"replays in {request.node.name}",
+                   {"total": sum(p.replays.values()),
+                    **{f"{name} @{size}": n for (name, size), n in sorted(p.replays.items())}})
+
+
 @pytest.fixture(scope="module")
 def pair(backend):
     dtype = torch.float32 if torch.float32 in backend.dtypes else backend.dtypes[0]
@@ -58,8 +97,12 @@ def _requests(n, sampled=lambda i: i % 2 == 1, new=10):
         key=i) for i in range(n)]
 
 
-def _run(pair, backend, reqs, spec=True):
+def _run(pair, backend, reqs, spec=True, proof=None, case=""):
+    """Tokens and accept histogram of one run; with ``proof``, a graph-mode run that must
+    replay every bucket it uses."""
     outs, stats = Engine(pair, backend).generate(reqs, spec=spec)
+    if proof is not None:
+        proof.check(stats, case)
     return [o.token_ids for o in outs], list(stats.accept_hist)
 
 
@@ -68,47 +111,51 @@ def _eager(pair, backend, graphs, reqs, spec=True):
         return _run(pair, backend, reqs, spec)
 
 
-def test_replay_equals_eager_across_buckets(graphs, pair, backend):
+def test_replay_equals_eager_across_buckets(graphs, pair, backend, proof):
     for n in sorted({1, *[int(b) for b in graphs.buckets], max(graphs.buckets) + 1}):
         reqs = _requests(n)
-        assert _run(pair, backend, reqs) == _eager(pair, backend, graphs, reqs), \
+        got = _run(pair, backend, reqs, proof=proof, case=f"bucket-{n}")
+        assert got == _eager(pair, backend, graphs, reqs), \
             f"[graphs case=bucket-{n}] replay differs from eager"
 
 
-def test_replay_equals_eager_after_pool_reuse(graphs, pair, backend):
+def test_replay_equals_eager_after_pool_reuse(graphs, pair, backend, proof):
     big, small = _requests(max(graphs.buckets)), _requests(1)
-    first = _run(pair, backend, small)
-    _run(pair, backend, big)                      # other buckets reuse the shared pool
-    assert _run(pair, backend, small) == first == _eager(pair, backend, graphs, small), \
+    first = _run(pair, backend, small, proof=proof, case="pool-reuse")
+    _run(pair, backend, big, proof=proof, case="pool-reuse")  # other buckets reuse the pool
+    again = _run(pair, backend, small, proof=proof, case="pool-reuse")
+    assert again == first == _eager(pair, backend, graphs, small), \
         "[graphs case=pool-reuse] a replay after other buckets ran differs"
 
 
-def test_replay_on_a_second_stream(graphs, pair, backend):
+def test_replay_on_a_second_stream(graphs, pair, backend, proof):
     mod = torch.get_device_module(backend.device) if backend.device.type != "cpu" else None
     if mod is None or not hasattr(mod, "Stream"):
         pytest.skip(f"device {backend.device} has no streams")
     reqs = _requests(3)
     with mod.stream(mod.Stream()):
-        side = _run(pair, backend, reqs)
+        side = _run(pair, backend, reqs, proof=proof, case="second-stream")
     assert side == _eager(pair, backend, graphs, reqs), "[graphs case=second-stream] differs"
 
 
-def test_mixed_greedy_and_sampled_batch(graphs, pair, backend):
+def test_mixed_greedy_and_sampled_batch(graphs, pair, backend, proof):
     for pattern in (lambda i: False, lambda i: True, lambda i: i % 3 == 0):
         reqs = _requests(5, pattern)
-        assert _run(pair, backend, reqs) == _eager(pair, backend, graphs, reqs), \
+        got = _run(pair, backend, reqs, proof=proof, case="mixed-greedy-sampled")
+        assert got == _eager(pair, backend, graphs, reqs), \
             "[graphs case=mixed-greedy-sampled] replay differs from eager"
 
 
-def test_target_only_replay_equals_eager(graphs, pair, backend):
+def test_target_only_replay_equals_eager(graphs, pair, backend, proof):
     """Target-only decoding is captured as well (forward + sample + commit per bucket)."""
     for n in (1, 3, 5):
         reqs = _requests(n)
-        assert _run(pair, backend, reqs, False) == _eager(pair, backend, graphs, reqs, False), \
+        got = _run(pair, backend, reqs, False, proof=proof, case=f"target-only-{n}")
+        assert got == _eager(pair, backend, graphs, reqs, False), \
             f"[graphs case=target-only-{n}] replay differs from eager"
 
 
-def test_kept_graphs_replay_equals_eager_in_later_calls(graphs, pair, backend):
+def test_kept_graphs_replay_equals_eager_in_later_calls(graphs, pair, backend, proof):
     """One Engine keeps its graphs and caches across generate() calls: later calls with other
     batch sizes, lengths and modes replay them over stale cache rows (or outgrow them and
     capture anew), and every call still equals eager."""
@@ -116,7 +163,8 @@ def test_kept_graphs_replay_equals_eager_in_later_calls(graphs, pair, backend):
         for n, new, spec in ((3, 10, True), (1, 6, True), (3, 12, False), (3, 8, True),
                              (5, 10, True), (2, 7, False), (2, 12, True)):
             outs, stats = engine.generate(_requests(n, new=new), spec=spec)
+            case = f"kept-{n}x{new}-{'spec' if spec else 'target-only'}"
+            proof.check(stats, case)
             got = [o.token_ids for o in outs], list(stats.accept_hist)
             assert got == _eager(pair, backend, graphs, _requests(n, new=new), spec), \
-                f"[graphs case=kept-{n}x{new}-{'spec' if spec else 'target-only'}] replay " \
-                "with kept graphs differs from eager"
+                f"[graphs case={case}] replay with kept graphs differs from eager"

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
+from dflash2rt.models.config import TargetConfig
+from dflash2rt.models.rope import inv_freq, rope_cos_sin
 from dflash2rt_conformance import models
 from dflash2rt_conformance.compare import ConformanceFailure, Context, check
 from dflash2rt_conformance.harness import DTYPES
+from dflash2rt_conformance.reference import rope as r_rope
 from dflash2rt_conformance.reference.step import spec_step
 from dflash2rt_conformance.stepper import run_step
 from dflash2rt_conformance.tolerances import decision_noise
@@ -85,3 +89,45 @@ def test_spec_step(case, dtype, backend, results):
          [want["accept_len"]] + [int(x) for x in want["tokens"]],
          ["verify_argmax", "accept_threshold", "emit_cdf"])
     results.metric("L1", f"spec_step {name} {dtype} accept_len", got["accept_len"])
+
+
+ROPE_CASES = [  # name, config.json rope keys, head_dim: every rope type the runtime supports
+    ("default_1e4_hd8", {"rope_theta": 10000.0}, 8),
+    ("default_1e6_hd128", {"rope_theta": 1e6}, 128),
+    ("linear_x2.5_hd64", {"rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 2.5}},
+     64),
+    ("llama3_x8_hd128", {"rope_theta": 5e5, "max_position_embeddings": 131072, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}}, 128),
+    ("yarn_x4_hd96", {"rope_theta": 1e6, "max_position_embeddings": 131072, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, 96),
+    ("yarn_mscale_beta_hd64", {"rope_theta": 1e4, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+        "beta_fast": 16, "mscale": 0.707, "mscale_all_dim": 1.0}}, 64),
+    ("yarn_default_factor_untruncated_hd16", {"max_position_embeddings": 4096, "rope_scaling": {
+        "rope_type": "yarn", "original_max_position_embeddings": 512, "truncate": False}}, 16),
+    ("yarn_rope_parameters_attention_factor_hd32", {
+        "original_max_position_embeddings": 128, "rope_parameters": {
+            "rope_type": "yarn", "factor": 3.0, "attention_factor": 1.3, "rope_theta": 2e4}},
+     32),
+]
+
+
+@pytest.mark.parametrize("name,rope,head_dim", [pytest.param(*c, id=c[0]) for c in ROPE_CASES])
+def test_rope_from_config(name, rope, head_dim, backend, results):
+    """The runtime's rope frequencies and attention scaling (parsed from a config.json) vs the
+    reference's, computed from the same config in NumPy (``reference.rope``): a float32 ulp
+    apart at most (a float32 ``pow`` that is not correctly rounded), within the float32 row."""
+    config = {**models._target_dict("llama"), "head_dim": head_dim, **rope}
+    cfg = TargetConfig.from_dict(config)
+    inv, scaling = inv_freq(cfg.rope, head_dim)
+    want, want_scaling = r_rope.inv_freq(config, head_dim)
+    ctx = Context("L1", "rope", "float32", name, None, {"head_dim": str(head_dim)})
+    check(ctx, "inv_freq", inv, want, dtype=DTYPES["float32"], recorder=results)
+    check(ctx, "attention_scaling", np.float64(scaling), np.float64(want_scaling),
+          recorder=results)
+    pos = torch.tensor([0, 1, 7, 63], device=backend.device)
+    cos, sin = rope_cos_sin(inv, scaling, pos, torch.float64)
+    want_cos, want_sin = r_rope.cos_sin([0, 1, 7, 63], config, head_dim)
+    check(ctx, "cos", cos, want_cos, recorder=results)
+    check(ctx, "sin", sin, want_sin, recorder=results)

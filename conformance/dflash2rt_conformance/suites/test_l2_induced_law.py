@@ -43,14 +43,30 @@ def _zero_mass(law, p):
                                                           enumerate(s))]
 
 
-@pytest.mark.parametrize("salt", ["q1", pytest.param("q2", marks=pytest.mark.dflash2rt_exhaustive)])
+# V = 3001 (> every tuned verify chunk, 1024 / 2048): the five quarter-table tokens spread over
+# different chunks, so residual and bonus draws cross chunk boundaries.
+SPREAD = np.array([10, 1500, 2100, 2900, 3000])
+
+
+def _spread(logits, p, cand, v=3001):
+    big = np.full((logits.shape[0], v), -np.inf)
+    big[:, SPREAD] = logits
+    p_big = np.zeros((p.shape[0], v))
+    p_big[:, SPREAD] = p
+    return big, p_big, SPREAD[cand]
+
+
+@pytest.mark.parametrize("salt", ["q1", pytest.param("q2", marks=pytest.mark.dflash2rt_exhaustive),
+                                  pytest.param("q1-v3001", marks=pytest.mark.dflash2rt_exhaustive)])
 def test_quarter_tables_exact_law(salt, backend, results, sizes):
-    logits, p, cand, q = _quarter_block(salt, gamma=sizes.l2_quarter_gamma)
+    logits, p, cand, q = _quarter_block(salt.split("-")[0], gamma=sizes.l2_quarter_gamma)
+    if salt.endswith("v3001"):
+        logits, p, cand = _spread(logits, p, cand)
     law = lattice.verify_law_backend(backend, logits, cand, q, 1.0, 0, 1.0, DTYPES["float32"],
                                      4, 4)
     ref = lattice.verify_law_reference(logits, cand, q, 1.0, 0, 1.0, 4, 4)
-    exact = laws.closed_form_round((), lambda c: p[len(c)], lambda c, e: _dense(cand, q, e, 5),
-                                   cand.shape[0])
+    exact = laws.closed_form_round((), lambda c: p[len(c)],
+                                   lambda c, e: _dense(cand, q, e, p.shape[1]), cand.shape[0])
     tv_ref, tv_exact = float(laws.tv(law, ref)), float(laws.tv(law, exact))
     results.metric("L2", f"TV backend vs reference, quarter [{salt}]", tv_ref)
     results.metric("L2", f"TV backend vs exact law, quarter [{salt}]", tv_exact)

@@ -83,8 +83,9 @@ def test_sampled_law_of_first_tokens(conformance, backend, results, quick, sizes
     if conformance.model in ("auto", "tiny"):
         pair = models.tiny_pair(3, torch.float32, block=3, vocab=11)
         pair = models.ModelPair(*models._to(pair, backend.device))
+        model = "tiny random pair (V=11, block 3, seed 3: a χ² over every cell needs a small V)"
     else:
-        pair = models.l4_pair(conformance.model, backend.device, torch.float32)[0]
+        pair, model = models.l4_pair(conformance.model, backend.device, torch.float32)
     prompt, temp, top_k = (2, 7, 8), 1.0, 3
     alpha, power, target_tv = 1e-3, 0.9, (0.03 if quick else 0.01)
     w, cfg = models.target_reference(pair.target)
@@ -109,7 +110,7 @@ def test_sampled_law_of_first_tokens(conformance, backend, results, quick, sizes
     tv_hat = 0.5 * sum(abs(counts.get(k, 0) / n - expected.get(k, 0))
                        for k in set(counts) | set(expected))
     det = stats.detectable_tv(n, cells, alpha, power)
-    summary = dict(samples=n, cells=cells, chi2=round(float(stat), 3), dof=dof,
+    summary = dict(model=model, samples=n, cells=cells, chi2=round(float(stat), 3), dof=dof,
                    p_value=float(pval), tv_estimate=round(float(tv_hat), 5),
                    detectable_tv=round(det, 5), alpha=alpha, power=power)
     results.metric("L4", "sampled first tokens (T=1, top_k=3)", summary)
