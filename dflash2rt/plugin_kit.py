@@ -43,9 +43,9 @@ def hardware_summary(vendor: str, vendor_id: int, *node_patterns: str) -> str:
     return f"hardware: {pci_txt}; {node_txt}"
 
 
-def visible_devices_note(var: str) -> str:
-    value = os.environ.get(var)
-    return f"; {var}={value!r}" if value is not None else ""
+def visible_devices_note(*variables: str) -> str:
+    """"; VAR='value'" for each of the vendor's device-visibility variables that is set."""
+    return "".join(f"; {v}={os.environ[v]!r}" for v in variables if v in os.environ)
 
 
 def torch_build() -> str:

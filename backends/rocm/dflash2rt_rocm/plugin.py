@@ -17,6 +17,10 @@ TUNING = Tuning(block_h=256, block_v=2048, num_warps=4)   # 64-lane wavefronts
 NODES = ("/dev/kfd",)
 
 
+# ROCm masks devices at two levels: the runtime (ROCR_) and HIP (HIP_, and CUDA_ as an alias).
+VISIBLE = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+
+
 def probe() -> Probe:
     hw = kit.hardware_summary("AMD", PCI_VENDOR, *NODES)
     build = kit.torch_build()
@@ -24,7 +28,7 @@ def probe() -> Probe:
         return Probe(False, f"{build} has no ROCm/HIP support: install a ROCm build of torch; {hw}")
     if not torch.cuda.is_available():  # ROCm builds expose the 'cuda' device type
         return Probe(False, f"{build}, but torch.cuda.is_available() is False (no AMD GPU or "
-                     f"amdgpu driver visible){kit.visible_devices_note('HIP_VISIBLE_DEVICES')}; {hw}")
+                     f"amdgpu driver visible){kit.visible_devices_note(*VISIBLE)}; {hw}")
     error = kit.try_allocate("cuda:0")
     if error:
         return Probe(False, f"{build}: {error}; {hw}")

@@ -80,6 +80,10 @@ def graph_self_test(device: str) -> str | None:
     return None
 
 
+# oneAPI selects devices with ONEAPI_DEVICE_SELECTOR; Level Zero masks them with ZE_AFFINITY_MASK.
+VISIBLE = ("ONEAPI_DEVICE_SELECTOR", "ZE_AFFINITY_MASK")
+
+
 def probe() -> Probe:
     hw = kit.hardware_summary("Intel", PCI_VENDOR, *NODES)
     build = kit.torch_build()
@@ -90,7 +94,7 @@ def probe() -> Probe:
                      f"IPEX {ipex}; {hw}")
     if not xpu.is_available():
         return Probe(False, f"{build}, but torch.xpu.is_available() is False (no Intel GPU or "
-                     f"Level Zero driver visible){kit.visible_devices_note('ZE_AFFINITY_MASK')}; "
+                     f"Level Zero driver visible){kit.visible_devices_note(*VISIBLE)}; "
                      f"IPEX {ipex}; {hw}")
     error = kit.try_allocate("xpu:0")
     if error:
