@@ -9,7 +9,6 @@ error: it never degrades silently), the tiny pair only when no bundled pair is i
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from dflash2rt.models.config import TargetConfig
@@ -139,6 +138,3 @@ def draft_reference(model: DraftModel) -> tuple[dict, dict]:
                "softcap": d.final_logit_softcapping}}
     return w, cfg
 
-
-def as_numpy(x) -> np.ndarray:
-    return x.detach().double().cpu().numpy()

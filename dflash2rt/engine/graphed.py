@@ -51,7 +51,7 @@ class _GraphedSteps:
     def _bucket_state(self, inp: dict[str, torch.Tensor], sampled: bool) -> BatchState:
         b = inp["anchor"].shape[0]
         sampling = SamplingBatch(inp["temperature"], inp["top_k"], inp["top_p"], inp["greedy"],
-                                 any_sampled=sampled, any_filtered=sampled)
+                                 any_sampled=sampled)
         return BatchState(self.full[0], self.full[1], inp["lens"], inp["anchor"], inp["seed"],
                           inp["key"], sampling, [0] * b, list(range(b)))
 

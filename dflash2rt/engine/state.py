@@ -48,7 +48,7 @@ class BatchState:
             self.draft_full.compact_(t)
         s = self.sampling
         sampling = SamplingBatch(s.temperature[t], s.top_k[t], s.top_p[t], s.greedy[t],
-                                 s.any_sampled, s.any_filtered)
+                                 s.any_sampled)
         return BatchState(self.target_full, self.draft_full, self.lens[t], self.anchor[t],
                           self.seed[t], self.key[t], sampling,
                           [self.host_lens[i] for i in idx], [self.rows[i] for i in idx])

@@ -96,23 +96,15 @@ class KVCache:
                 rows = torch.where(keep, new.to(buf.dtype), buf[req, pos])  # [R, T, n_kv, hd]
                 buf.index_put_((req, pos), rows)
 
-    def reset_rows(self, idx: torch.Tensor) -> None:
-        """Zero the whole slot of each request index in `idx` [n] (int64), so a new request starts clean."""
-        for buf in (*self.k, *self.v):
-            buf.index_fill_(0, idx, 0)
-
     def rows(self, n: int) -> KVCache:
         """A view of slots [0, n): same storage, so commits through it land in this cache."""
         return KVCache(tuple(b[:n] for b in self.k), tuple(b[:n] for b in self.v))
 
-    def select(self, idx: torch.Tensor) -> KVCache:
-        """A new cache holding requests `idx` [n] (int64) in that order (copies)."""
-        return KVCache(tuple(b.index_select(0, idx) for b in self.k), tuple(b.index_select(0, idx) for b in self.v))
-
     def compact_(self, idx: torch.Tensor) -> None:
         """In place: slots [0, n) receive requests `idx` [n] in order; storage (and graph pointers) stay put.
 
-        Slots [n, R) keep stale data; reset them before reuse. n comes from idx's shape (no sync).
+        Slots [n, R) keep stale data (never read: rows past a request's length are masked). n
+        comes from idx's shape (no sync).
         """
         n = idx.shape[0]
         if n > self.batch_size:

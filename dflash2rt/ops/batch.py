@@ -15,7 +15,7 @@ from .sampling import check_sampling_params
 class SamplingBatch:
     """Sampling parameters of R requests (select, not branch: greedy rows are flagged, not split).
 
-    ``any_sampled`` / ``any_filtered`` are host-side facts that let ops skip work no row needs.
+    ``any_sampled`` is a host-side fact that lets ops skip work no row needs.
     """
 
     temperature: torch.Tensor  # [R] float32, 0 = greedy
@@ -23,7 +23,6 @@ class SamplingBatch:
     top_p: torch.Tensor        # [R] float32, 1 = off
     greedy: torch.Tensor       # [R] bool
     any_sampled: bool
-    any_filtered: bool
 
     @staticmethod
     def build(temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
@@ -38,8 +37,6 @@ class SamplingBatch:
             top_p=torch.tensor(list(top_p), dtype=torch.float32, device=device),
             greedy=temp == 0,
             any_sampled=any(t > 0 for t in temperature),
-            any_filtered=any(t > 0 and (k > 0 or p < 1.0)
-                             for t, k, p in zip(temperature, top_k, top_p)),
         )
 
     @staticmethod
