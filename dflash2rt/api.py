@@ -11,7 +11,7 @@ import torch
 
 from .backend import Backend
 from .engine.engine import Engine
-from .engine.request import Request, RequestOutput, SamplingParams, is_int
+from .engine.request import Request, RequestOutput, SamplingParams, is_int, unicode_problem
 from .engine.stats import RunStats
 from .errors import InvalidInputError
 from .models.pair import ModelPair, load_pair
@@ -130,12 +130,10 @@ def _encode_text(pair: ModelPair, i: int, p: str) -> tuple[int, ...]:
         raise InvalidInputError("text prompts need a tokenizer; pass token id lists")
     if not p:
         raise InvalidInputError(f"prompt {i} is empty: give a non-empty string")
-    try:
-        p.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"prompt {i} is not valid Unicode text ({exc.reason} at "
-                                f"position {exc.start}: {p[exc.start]!r}); fix its "
-                                "encoding") from None
+    problem = unicode_problem(p)
+    if problem:
+        raise InvalidInputError(f"prompt {i} is not valid Unicode text ({problem}); fix its "
+                                "encoding")
     return tuple(pair.tokenizer.encode(p))
 
 

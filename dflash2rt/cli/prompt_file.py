@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from ..engine.request import unicode_problem
 from ..errors import InvalidInputError
 
 SCHEMA = ("a non-empty JSON list whose items are all non-empty strings, or all non-empty lists "
@@ -42,10 +43,9 @@ def _check(path: str, data: object) -> None:
         if not item:
             raise bad(f"item {i} is empty")
         if text:
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                raise bad(f"item {i} is not valid Unicode text (a lone surrogate)") from None
+            problem = unicode_problem(item)
+            if problem:
+                raise bad(f"item {i} is not valid Unicode text ({problem})")
             continue
         wrong = [t for t in item if type(t) is not int]      # JSON ints only: no floats, no bools
         if wrong:

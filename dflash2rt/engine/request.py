@@ -41,7 +41,7 @@ class SamplingParams:
                 f"stop_token_ids must be integer token ids >= 0, got {bad[:5]!r}")
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             raise SamplingParamsError("stop_strings must be non-empty strings")
-        if any(not _is_text(s) for s in self.stop_strings):
+        if any(unicode_problem(s) for s in self.stop_strings):
             raise SamplingParamsError("a stop string is not valid Unicode text (a lone "
                                       "surrogate): it could never match the decoded text")
         if not isinstance(self.ignore_eos, bool):
@@ -56,12 +56,14 @@ def is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_text(s: str) -> bool:
+def unicode_problem(s: str) -> str | None:
+    """None for text UTF-8 can encode; else what is wrong, e.g. "surrogates not allowed at
+    position 3: '\\ud800'" (a lone surrogate can never be tokenized or matched)."""
     try:
         s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    except UnicodeEncodeError as exc:
+        return f"{exc.reason} at position {exc.start}: {s[exc.start]!r}"
+    return None
 
 
 @dataclass(frozen=True)

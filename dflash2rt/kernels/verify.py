@@ -15,7 +15,7 @@ import triton.language as tl
 
 from ..ops.batch import BlockNoise, SamplingBatch
 from ..ops.sampling import bad_rows, target_probs
-from ..ops.verify import VerifyOut, assemble_tokens, check_verify_args
+from ..ops.verify import VerifyOut, assemble_tokens, check_verify_args, with_empty_draws
 from .tuning import DEFAULT, Tuning
 
 
@@ -137,7 +137,7 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
                          BLOCK_V=min(tuning.block_v, triton.next_power_of_2(v)),
                          BLOCK_K=triton.next_power_of_2(k), num_warps=tuning.num_warps)
     bad_q = bad_q.bool()
-    bad = bad_rows(logits).any(dim=1) | (~sampling.greedy & ~bad_q & (emit < 0))
+    bad = with_empty_draws(bad_rows(logits).any(dim=1), sampling.greedy, bad_q, emit)
     out = VerifyOut(acc, assemble_tokens(draft, acc, emit), bad, bad_q)
     if check:
         out.raise_if_bad()

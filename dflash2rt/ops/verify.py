@@ -72,6 +72,13 @@ def law_broken(q: torch.Tensor, q_d: torch.Tensor) -> torch.Tensor:
     return (~torch.isfinite(q) | (q < 0)).flatten(1).any(dim=1) | ~(q_d > 0).all(dim=1)
 
 
+def with_empty_draws(bad: torch.Tensor, greedy: torch.Tensor, bad_q: torch.Tensor,
+                     emitted: torch.Tensor) -> torch.Tensor:
+    """``bad`` plus the sampled rows whose q is a law but that had nothing to draw from
+    (emitted -1): such a row is never emitted from."""
+    return bad | (~greedy & ~bad_q & (emitted < 0))
+
+
 def check_verify_args(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
                       q: torch.Tensor) -> tuple[int, int, int]:
     """Validate shapes; return (R, γ+1, V)."""
@@ -106,7 +113,7 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
         acc = torch.where(sampling.greedy, acc, acc_s)
         emitted = torch.where(sampling.greedy, emitted, emitted_s)
         bad_q = ~sampling.greedy & law_broken(q, q_d)
-        bad = bad | (~sampling.greedy & ~bad_q & (emitted_s < 0))   # nothing to draw from
+        bad = with_empty_draws(bad, sampling.greedy, bad_q, emitted_s)
     out = VerifyOut(acc, assemble_tokens(draft, acc, emitted), bad, bad_q)
     if check:
         out.raise_if_bad()
