@@ -5,22 +5,24 @@ candidates, T = 1e-3, the mask id as a token, V not a multiple of 16/32/64, batc
 Each case returns numpy inputs; thresholds use probabilities every softmax computes exactly
 (equal logits over 2 or 4 tokens, −inf elsewhere), so the decision is defined bit for bit.
 Part 2 (``corpus_edges``): exact top-p boundaries, γ = 15 blocks, vocabularies above every
-tuned verify chunk, float32-vs-float64 acceptance thresholds.
+tuned verify chunk, float32-vs-float64 acceptance thresholds. The sample list (names, seeds,
+tiers) is ``verify_corpus``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .samples import Sample, gen_uniforms, probs64, random_logits, rng, sampled_draft
+from .samples import gen_uniforms, probs64, random_logits, sampled_draft
 
 NEG = -np.inf
 F32_1_3 = float(np.float32(1 / 3))
 ULP = 2.0 ** -24
 
 
-def _case(logits, draft, cand, q, temps, top_k=None, top_p=None, accept=None, residual=None,
-          bonus=None, g=None):
+def verify_inputs(logits, draft, cand, q, temps, top_k=None, top_p=None, accept=None,
+                  residual=None, bonus=None, g=None):
+    """One verify case as NumPy inputs; the uniforms not given are drawn from ``g``."""
     r, rows, _ = logits.shape
     gamma = rows - 1
     g = g or np.random.default_rng(0)
@@ -49,14 +51,14 @@ def random_case(g, r, gamma, v, k, temps, top_k=None, top_p=None, dup=False):
                 draft[i, j] = np.argmax(logits[i, j]) if g.random() < 0.7 else cand[i, j, 0]
                 cand[i, j, 0] = draft[i, j]
             elif g.random() < 0.5:
-                cand[i, j], q[i, j], draft[i, j] = sampled_draft(g, None, k, v, dup)
+                cand[i, j], q[i, j], draft[i, j] = sampled_draft(g, k, v, dup)
             else:
                 top = np.argsort(-p[i, j], kind="stable")[:k]
                 w = np.maximum(p[i, j, top], 1e-3)
                 cand[i, j], q[i, j] = top, (w / w.sum()).astype(np.float32)
                 draft[i, j] = top[min(int(np.searchsorted(np.cumsum(q[i, j]), g.random(),
                                                           side="right")), k - 1)]
-    return _case(logits, draft, cand, q, temps, top_k, top_p, g=g)
+    return verify_inputs(logits, draft, cand, q, temps, top_k, top_p, g=g)
 
 
 def _two_equal(v, rows):
@@ -77,7 +79,7 @@ def u_at_threshold(g):
     logits[3:, 0, 3:] = NEG
     cand = np.array([[[0, 1]]] * 3 + [[[0, 1]]] * 3)
     q = np.array([[[1.0, 0.0]]] * 3 + [[[0.5, 0.5]]] * 3)
-    return _case(logits, [[0]] * 6, cand, q, [1.0] * 6, accept=np.array(us)[:, None], g=g)
+    return verify_inputs(logits, [[0]] * 6, cand, q, [1.0] * 6, accept=np.array(us)[:, None], g=g)
 
 
 def p_zero(g):
@@ -90,7 +92,7 @@ def p_zero(g):
     cand = np.array([[[d, (d + 1) % 11] for d in row] for row in draft])
     q = np.tile([1.0, 0.0], (4, 2, 1))
     accept = np.array([[ULP, ULP], [0.0, 0.0], [ULP, 0.0], [0.0, ULP]])
-    return _case(logits, draft, cand, q, [1.0] * 4, top_k=[2, 2, 0, 0], accept=accept, g=g)
+    return verify_inputs(logits, draft, cand, q, [1.0] * 4, top_k=[2, 2, 0, 0], accept=accept, g=g)
 
 
 def p_equals_q(g):
@@ -100,7 +102,7 @@ def p_equals_q(g):
     cand = np.tile(np.arange(2, 6), (3, 2, 1))
     q = np.full((3, 2, 4), 0.25)
     accept = np.array([[ULP, ULP], [0.5, 0.5], [1 - ULP, 1 - ULP]])
-    return _case(logits, [[3, 5], [2, 2], [5, 4]], cand, q, [1.0] * 3, accept=accept, g=g)
+    return verify_inputs(logits, [[3, 5], [2, 2], [5, 4]], cand, q, [1.0] * 3, accept=accept, g=g)
 
 
 def empty_residual(g):
@@ -109,8 +111,8 @@ def empty_residual(g):
     cand = np.tile(np.arange(4), (2, 1, 1))
     q = np.full((2, 1, 4), 0.25)
     q[:, 0, 1] = 0.25 * (1 + 2.0 ** -20)
-    return _case(logits, [[1], [1]], cand, q, [1.0, 1.0], accept=[[1 - ULP]] * 2,
-                 residual=[[0.1], [0.8]], g=g)
+    return verify_inputs(logits, [[1], [1]], cand, q, [1.0, 1.0], accept=[[1 - ULP]] * 2,
+                         residual=[[0.1], [0.8]], g=g)
 
 
 def greedy_ties(g):
@@ -120,7 +122,7 @@ def greedy_ties(g):
         logits[i, :, [4, 9]] = 9.0
     draft = [[9, 4], [4, 4], [4, 9]]
     cand = np.array([[[d] for d in row] for row in draft])
-    return _case(logits, draft, cand, np.ones((3, 2, 1)), [0.0] * 3, g=g)
+    return verify_inputs(logits, draft, cand, np.ones((3, 2, 1)), [0.0] * 3, g=g)
 
 
 def nonfinite_rows(g):
@@ -132,7 +134,7 @@ def nonfinite_rows(g):
     draft = [[0, 1]] * 4
     cand = np.array([[[0, 1], [1, 2]]] * 4)
     q = np.array([[[0.5, 0.5], [0.5, 0.5]]] * 4)
-    return _case(logits, draft, cand, q, [1.0, 0.0, 1.0, 1.0], g=g)
+    return verify_inputs(logits, draft, cand, q, [1.0, 0.0, 1.0, 1.0], g=g)
 
 
 def duplicated_candidates(g):
@@ -140,7 +142,7 @@ def duplicated_candidates(g):
     logits = np.zeros((3, 2, 4))
     cand = np.tile([2, 2, 0], (3, 1, 1))
     q = np.tile([0.25, 0.25, 0.5], (3, 1, 1))
-    return _case(logits, [[2]] * 3, cand, q, [1.0] * 3, accept=[[0.49], [0.5], [0.51]], g=g)
+    return verify_inputs(logits, [[2]] * 3, cand, q, [1.0] * 3, accept=[[0.49], [0.5], [0.51]], g=g)
 
 
 def mask_id_tokens(g):
@@ -149,7 +151,7 @@ def mask_id_tokens(g):
     logits[:, :, 18] = 12.0
     cand = np.tile([[18, 0, 1]], (2, 3, 1))
     q = np.tile([0.9, 0.05, 0.05], (2, 3, 1))
-    return _case(logits, [[18, 18, 18]] * 2, cand, q, [0.0, 1.0], g=g)
+    return verify_inputs(logits, [[18, 18, 18]] * 2, cand, q, [0.0, 1.0], g=g)
 
 
 def bad_q(g):
@@ -157,7 +159,7 @@ def bad_q(g):
     logits = random_logits(g, (2, 2, 6))
     cand = np.array([[[0, 1]], [[0, 1]]])
     q = np.array([[[0.5, 0.5]], [[0.5, 0.5]]])
-    return _case(logits, [[3], [1]], cand, q, [1.0, 1.0], g=g)
+    return verify_inputs(logits, [[3], [1]], cand, q, [1.0, 1.0], g=g)
 
 
 def nonfinite_q(g):
@@ -166,41 +168,4 @@ def nonfinite_q(g):
     logits = random_logits(g, (4, 2, 6))
     cand = np.array([[[0, 1]]] * 4)
     q = np.array([[[0.5, 0.5]], [[np.nan, 0.5]], [[0.5, np.nan]], [[1.5, -0.5]]])
-    return _case(logits, [[0]] * 4, cand, q, [1.0] * 4, g=g)
-
-
-def corpus() -> list[Sample]:
-    hand = [("u_at_threshold", u_at_threshold), ("p_zero_u_to_0", p_zero),
-            ("p_equals_q", p_equals_q), ("empty_residual_falls_back_to_p", empty_residual),
-            ("greedy_ties_lowest_index", greedy_ties), ("nan_inf_rows_flagged", nonfinite_rows),
-            ("duplicated_candidates", duplicated_candidates), ("mask_id_tokens", mask_id_tokens),
-            ("draft_outside_q_flagged", bad_q), ("nonfinite_q_flagged", nonfinite_q)]
-    out = [Sample(n, 400 + i, {"fn": f.__name__}) for i, (n, f) in enumerate(hand)]
-    rnd = [("batch1_v5", 1, 3, 5, 3, [1.0], None, None, "small"),
-           ("mixed_v37", 5, 4, 37, 5, [0.0, 0.8, 1.0, 1.7, 0.0], [0, 5, 0, 0, 0],
-            [1.0, 1.0, 0.9, 1.0, 1.0], "small"),
-           ("t_1e-3_v31", 3, 3, 31, 4, [1e-3] * 3, None, None, "small"),
-           ("dup_candidates_random_v23", 4, 5, 23, 6, [1.0] * 4, None, None, "small"),
-           ("b16_v61", 3, 15, 61, 8, [0.0, 1.0, 0.6], [0, 0, 20], [1.0, 0.95, 1.0], "exhaustive"),
-           ("v97", 2, 7, 97, 16, [1.2, 1.0], None, [0.8, 1.0], "exhaustive"),
-           ("v129", 6, 5, 129, 32, [1.0, 0.0, 0.9, 1.1, 0.0, 2.0], None, None, "exhaustive"),
-           ("t_tiny_v31", 3, 3, 31, 4, [1e-38, 1.4e-45, 1e-30], None, None, "small")]
-    for i, (n, r, gm, v, k, t, tk, tp, tier) in enumerate(rnd):
-        out.append(Sample(n, 500 + i, dict(fn="random", r=r, gamma=gm, v=v, k=k, temps=t,
-                                           top_k=tk, top_p=tp, dup="dup" in n), tier))
-    from . import corpus_edges          # part 2 (it imports this module's helpers)
-
-    out += [Sample(n, 450 + i, {"fn": f.__name__}, tier)
-            for i, (n, f, tier) in enumerate(corpus_edges.CASES)]
-    return out
-
-
-def build(sample: Sample) -> dict:
-    g = rng(sample)
-    p = sample.params
-    if p["fn"] == "random":
-        return random_case(g, p["r"], p["gamma"], p["v"], p["k"], p["temps"], p["top_k"],
-                           p["top_p"], p["dup"])
-    from . import corpus_edges
-
-    return (globals().get(p["fn"]) or getattr(corpus_edges, p["fn"]))(g)
+    return verify_inputs(logits, [[0]] * 4, cand, q, [1.0] * 4, g=g)

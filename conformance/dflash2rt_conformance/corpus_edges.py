@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .corpus import NEG, ULP, _case
+from .corpus import NEG, ULP, verify_inputs
 from .samples import HALF_UP
 
 F32 = np.float32
@@ -41,9 +41,9 @@ def topp_boundary_ties(g):
     cand = np.array([[[d, 3 if d != 3 else 11] for d in row] for row in draft])
     q = np.tile([1.0, 0.0], (4, 2, 1))
     accept = [[0.25, 0.5], [0.4, 0.4], [0.125, 0.125], [0.3, 0.25]]
-    return _case(logits, draft, cand, q, [1.0, 1.0, 1.0, 0.7], top_k=[0, 0, 0, 3],
-                 top_p=[0.5, 0.5, HALF_UP, 0.5], accept=accept, residual=[[0.75, 0.5]] * 4,
-                 bonus=[0.5, 1 - ULP, 0.5, 0.5], g=g)
+    return verify_inputs(logits, draft, cand, q, [1.0, 1.0, 1.0, 0.7], top_k=[0, 0, 0, 3],
+                         top_p=[0.5, 0.5, HALF_UP, 0.5], accept=accept,
+                         residual=[[0.75, 0.5]] * 4, bonus=[0.5, 1 - ULP, 0.5, 0.5], g=g)
 
 
 def deep_accept_greedy(g):
@@ -58,7 +58,7 @@ def deep_accept_greedy(g):
         draft[i, i] = (top[i, i] + 1 + g.integers(0, v - 1)) % v        # ≠ the argmax
         draft[i, i + 1:] = g.integers(0, v, gamma - i - 1)
     cand = draft[..., None]
-    return _case(logits, draft, cand, np.ones((r, gamma, 1)), [0.0] * r, g=g)
+    return verify_inputs(logits, draft, cand, np.ones((r, gamma, 1)), [0.0] * r, g=g)
 
 
 def deep_accept_sampled(g):
@@ -75,7 +75,7 @@ def deep_accept_sampled(g):
     q = np.tile([0.75, 0.25], (r, gamma, 1))
     accept = np.full((r, gamma), 0.5)
     accept[np.arange(gamma), np.arange(gamma)] = 0.875
-    return _case(logits, draft, cand, q, [1.0] * r, accept=accept, g=g)
+    return verify_inputs(logits, draft, cand, q, [1.0] * r, accept=accept, g=g)
 
 
 def chunk_greedy_ties(g, v: int = 3001, ties=((100, 2100), (2047, 2048), (1023, 1024, 3000))):
@@ -87,7 +87,7 @@ def chunk_greedy_ties(g, v: int = 3001, ties=((100, 2100), (2047, 2048), (1023, 
         logits[:, j, list(ids)] = 9.0
     draft = [[ties[0][1], ties[1][0]], [ties[0][0], ties[1][0]], [ties[0][0], ties[1][1]]]
     cand = np.array(draft)[..., None]
-    return _case(logits, draft, cand, np.ones((3, 2, 1)), [0.0] * 3, g=g)
+    return verify_inputs(logits, draft, cand, np.ones((3, 2, 1)), [0.0] * 3, g=g)
 
 
 def chunk_residual_bonus(g, v: int = 3001, ids=(10, 1500, 2100, 2900)):
@@ -100,8 +100,9 @@ def chunk_residual_bonus(g, v: int = 3001, ids=(10, 1500, 2100, 2900)):
     cand = np.array([[[d, ids[0] if d != ids[0] else 7] for d in row] for row in draft])
     q = np.array([[[1.0, 0.0]] * 2, [[1.0, 0.0]] * 2, [[0.5, 0.5]] * 2])
     accept = [[0.5, 0.5], [0.125, 0.125], [0.25, 0.75]]
-    return _case(logits, draft, cand, q, [1.0] * 3, accept=accept,
-                 residual=[[0.5, 0.5], [0.5, 0.5], [0.75, 0.75]], bonus=[0.5, 0.6, 0.5], g=g)
+    return verify_inputs(logits, draft, cand, q, [1.0] * 3, accept=accept,
+                         residual=[[0.5, 0.5], [0.5, 0.5], [0.75, 0.75]],
+                         bonus=[0.5, 0.6, 0.5], g=g)
 
 
 def real_vocab(g, v: int = 151_936):
@@ -115,9 +116,9 @@ def real_vocab(g, v: int = 151_936):
     draft = [[7, 151000], [3, 70000], [3, 70000]]
     cand = np.array([[[d, 1] for d in row] for row in draft])
     q = np.tile([1.0, 0.0], (3, 2, 1))
-    return _case(logits, draft, cand, q, [0.0, 1.0, 1.0], accept=[[0.5, 0.5], [0.5, 0.5],
-                                                                   [0.125, 0.125]],
-                 residual=[[0.5, 0.5]] * 3, bonus=[0.5, 0.5, 0.9], g=g)
+    return verify_inputs(logits, draft, cand, q, [0.0, 1.0, 1.0],
+                         accept=[[0.5, 0.5], [0.5, 0.5], [0.125, 0.125]],
+                         residual=[[0.5, 0.5]] * 3, bonus=[0.5, 0.5, 0.9], g=g)
 
 
 def f32_flips(p: float, want: int, above: bool = False) -> list[tuple[float, float]]:
@@ -158,16 +159,5 @@ def f32_product_flips(g):
         cand.append([[int(ids[0]), v - 1]])                   # token V-1 has p = 0
         q.append([[qd, float(F32(1) - F32(qd))]])
         accept.append([u])
-    return _case(logits, draft, np.array(cand), np.array(q), [1.0] * len(rows), accept=accept,
-                 residual=[[0.5]] * len(rows), g=g)
-
-
-CASES = [  # (name, function, tier); appended to the corpus after the first hand cases
-    ("topp_boundary_ties", topp_boundary_ties, "small"),
-    ("deep_accept_b16_greedy_every_slot", deep_accept_greedy, "small"),
-    ("deep_accept_b16_sampled_every_slot", deep_accept_sampled, "small"),
-    ("vocab_chunks_greedy_ties_v3001", chunk_greedy_ties, "small"),
-    ("vocab_chunks_residual_bonus_v3001", chunk_residual_bonus, "small"),
-    ("real_vocab_v151936", real_vocab, "exhaustive"),   # ~18 s in the Triton interpreter
-    ("accept_f32_vs_f64_q_not_pow2", f32_product_flips, "small"),
-]
+    return verify_inputs(logits, draft, np.array(cand), np.array(q), [1.0] * len(rows),
+                         accept=accept, residual=[[0.5]] * len(rows), g=g)

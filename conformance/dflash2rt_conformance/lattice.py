@@ -6,7 +6,7 @@ lattice. With quarter tables every breakpoint (walk CDF, acceptance ratio min(1,
 multiple of 1/4 (the tables keep the residual mass in {0, 1/4, 1/2, 1}), at least 1/8 away
 from a midpoint: float32 rounding of p and q cannot move a decision, and the lattice law is the
 continuous law. Residual and bonus share one coordinate (a correct verifier reads
-exactly one of them per round).
+exactly one of them per round). One block's verify law alone (level L2): ``verify_lattice``.
 """
 
 from __future__ import annotations
@@ -96,7 +96,9 @@ def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int
     r = len(walks)
     u_walk = midpoints(m_walk)[walks]
     logits, proj = sel.inputs(ctx, gamma)
-    t = lambda x, dt=dtype: torch.tensor(np.asarray(x), dtype=torch.float64).to(dt).to(dev)  # noqa: E731
+
+    def t(x, dt=dtype):
+        return torch.tensor(np.asarray(x), dtype=torch.float64).to(dt).to(dev)
     out = backend.select(t(np.broadcast_to(logits, (r, gamma, v))),
                          t(np.broadcast_to(proj, (r, gamma, v * v))),
                          torch.full((r,), ctx[-1], dtype=torch.int64, device=dev),
@@ -132,76 +134,9 @@ def worst(law: dict, target: dict, n: int = 5) -> str:
                      f"{float(target.get(k, 0)):.6g}" for k in keys[:n])
 
 
-def walk_point(cand: np.ndarray, q: np.ndarray, token: int) -> float:
-    """A walk uniform that draws ``token`` from (cand, q) by inverse CDF: the float32 midpoint
-    of its first interval (the draft's own randomness, unlike any acceptance coin)."""
-    k = int(np.flatnonzero((cand == token) & (q > 0))[0])
-    return float(np.float32((q[:k].sum() + q[k] / 2) / q.sum()))
-
-
-def verify_rows(cand: np.ndarray, q: np.ndarray, m_acc: int, m_res: int):
-    """Every (draft, accept coins, residual coin) of one block: drafts over each slot's
-    candidates weighted by q (duplicates summed), coins on midpoint lattices →
-    (draft [R, γ], u_walk [R, γ], u_accept [R, γ], u_residual [R], weight [R]). ``u_walk`` is
-    the uniform that drew each draft token (``walk_point``): never an acceptance coin, so a
-    verifier that reads the walk stream for its coins gets coins tied to the draft and fails."""
-    gamma = cand.shape[0]
-    choices = []
-    for j in range(gamma):
-        toks = sorted({int(c) for c, w in zip(cand[j], q[j]) if w > 0})
-        choices.append([(t, float(q[j][cand[j] == t].sum())) for t in toks])
-    drafts = list(itertools.product(*choices))
-    coins = grid(*(m_acc,) * gamma, m_res)
-    rows_d, rows_w, rows_a, rows_r, weight = [], [], [], [], []
-    for d in drafts:
-        w = float(np.prod([x[1] for x in d])) / len(coins)
-        rows_d.append(np.tile([x[0] for x in d], (len(coins), 1)))
-        rows_w.append(np.tile([walk_point(cand[j], q[j], x[0]) for j, x in enumerate(d)],
-                              (len(coins), 1)))
-        rows_a.append(midpoints(m_acc)[coins[:, :gamma]])
-        rows_r.append(midpoints(m_res)[coins[:, gamma]])
-        weight.append(np.full(len(coins), w))
-    return (np.concatenate(rows_d), np.concatenate(rows_w), np.concatenate(rows_a),
-            np.concatenate(rows_r), np.concatenate(weight))
-
-
 def law_of(tokens: np.ndarray, weight: np.ndarray) -> dict:
     law: dict = {}
     for row, w in zip(tokens, weight):
         key = tuple(int(x) for x in row if x >= 0)
         law[key] = law.get(key, 0.0) + w
     return law
-
-
-def verify_law_backend(backend, logits, cand, q, temperature, top_k, top_p, dtype,
-                       m_acc: int, m_res: int) -> dict:
-    """The backend verifier's exact law of emitted tokens on the lattice (one request)."""
-    draft, uw, ua, ur, w = verify_rows(cand, q, m_acc, m_res)
-    r, gamma = draft.shape
-    dev = backend.device
-    f32 = lambda x: torch.tensor(np.asarray(x), dtype=torch.float32, device=dev)  # noqa: E731
-    rep = lambda x: np.broadcast_to(x, (r, *np.shape(x))).copy()  # noqa: E731
-    sampling = SamplingBatch.build([temperature] * r, [top_k] * r, [top_p] * r, dev)
-    noise = BlockNoise(f32(uw), f32(ua), f32(np.repeat(ur[:, None], gamma, 1)), f32(ur))
-    out = backend.verify(torch.tensor(rep(logits), dtype=torch.float64).to(dtype).to(dev),
-                         torch.tensor(draft, device=dev), torch.tensor(rep(cand), device=dev),
-                         f32(rep(q)), sampling, noise, check=True)
-    return law_of(out.tokens.cpu().numpy(), w)
-
-
-def verify_law_reference(logits, cand, q, temperature, top_k, top_p, m_acc: int,
-                         m_res: int) -> dict:
-    """The float64 reference verifier's law on the same lattice."""
-    from .reference.sampling import target_probs
-    from .reference.verify import verify_sampled_row
-
-    draft, _, ua, ur, w = verify_rows(cand, q, m_acc, m_res)
-    p = target_probs(logits[None], np.array([temperature]), np.array([top_k]),
-                     np.array([top_p]))[0]
-    toks = np.full((len(draft), draft.shape[1] + 1), -1)
-    for i in range(len(draft)):
-        acc, tok = verify_sampled_row(p, draft[i], cand, q, ua[i], [ur[i]] * draft.shape[1],
-                                      [ur[i]])
-        toks[i, :acc] = draft[i, :acc]
-        toks[i, acc] = tok
-    return law_of(toks, w)

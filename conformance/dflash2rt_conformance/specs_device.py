@@ -1,6 +1,6 @@
 """Op specs of the dflash2rt.ops functions every engine path runs on the backend's device:
-target_probs, inverse_cdf, topk_lowest_index, unary_scores, sample_next, and the sampling
-parameter checks."""
+target_probs, sample_next, inverse_cdf and the sampling parameter checks (the selector's
+topk_lowest_index and unary_scores: ``specs_device_selector``)."""
 
 from __future__ import annotations
 
@@ -8,155 +8,129 @@ import numpy as np
 import torch
 
 from dflash2rt.errors import SamplingParamsError
-from dflash2rt.ops import sampling as t_sampling, selector as t_selector, verify as t_verify
+from dflash2rt.ops import sampling as ops_sampling, verify as ops_verify
 from dflash2rt.ops.batch import SamplingBatch
-from dflash2rt.ops.selector import SelectorParams
 
-from . import samples as S
-from .harness import In
-from .opspec import ALL, ErrorInput, OpSpec
-from .reference import sampling as r_sampling, selector as r_selector, verify as r_verify
-
-I64, F32, F64, BOOL = torch.int64, torch.float32, torch.float64, torch.bool
+from .harness import Arg
+from .opspec import ALL_DTYPES, ErrorInput, OpSpec, sampling_batch
+from .reference import sampling as ref_sampling, verify as ref_verify
+from .samples import Sample, gen_uniforms, probs_samples, random_logits, rng, tied_logits
 
 
 def _f32(x):
+    """As staged by the runtime: rounded to float32."""
     return np.asarray(x, np.float32).astype(np.float64)
 
 
-def _make_probs(s, dtype):
-    p, g = s.params, S.rng(s)
+# ---- target_probs and sample_next ---------------------------------------------------------
+def make_probs_inputs(sample, dtype):
+    p, g = sample.params, rng(sample)
     shape = (p["r"], p["t"], p["v"])
-    logits = S.tied_logits(g, shape, p["tied"]) if p.get("tied") else \
-        S.random_logits(g, shape, ties=p["ties"])
-    u = np.full(p["r"], 1 - 2.0 ** -24) if p.get("u_max") else S.gen_uniforms(g, (p["r"],))
-    return {"logits": In(logits), "temps": In(p["temps"], "obj"), "top_k": In(p["top_k"], "obj"),
-            "top_p": In(p["top_p"], "obj"), "u": In(u, "f32")}
+    logits = tied_logits(g, shape, p["tied"]) if p["tied"] else \
+        random_logits(g, shape, ties=p["ties"])
+    u = np.full(p["r"], 1 - 2.0 ** -24) if p["u_max"] else gen_uniforms(g, (p["r"],))
+    return {"logits": Arg(logits), "temps": Arg(p["temps"], "obj"),
+            "top_k": Arg(p["top_k"], "obj"), "top_p": Arg(p["top_p"], "obj"), "u": Arg(u, "f32")}
 
 
-def _sb(t, device):
-    return SamplingBatch.build(t["temps"], t["top_k"], t["top_p"], device)
+def reference_target_probs(x):
+    return {"p": ref_sampling.target_probs(x["logits"], _f32(x["temps"]), np.asarray(x["top_k"]),
+                                           _f32(x["top_p"]))}
+
+
+def call_target_probs(backend, x):
+    s = sampling_batch(x, backend.device)
+    return {"p": ops_sampling.target_probs(x["logits"], s.temperature, s.top_k, s.top_p)}
 
 
 TARGET_PROBS = OpSpec(
-    "target_probs", "device", ALL, S.probs_samples, _make_probs,
-    lambda r: {"p": r_sampling.target_probs(r["logits"], _f32(r["temps"]), np.asarray(r["top_k"]),
-                                            _f32(r["top_p"]))},
-    lambda b, t: (lambda s: {"p": t_sampling.target_probs(t["logits"], s.temperature, s.top_k,
-                                                          s.top_p)})(_sb(t, b.device)),
-    {"p": ("float", F32)}, doc="temperature → top-k (ties kept) → top-p, float32 probabilities")
+    name="target_probs", kind="device", dtypes=ALL_DTYPES,
+    samples=probs_samples, make_inputs=make_probs_inputs,
+    reference=reference_target_probs, call=call_target_probs,
+    outputs={"p": ("float", torch.float32)},
+    doc="temperature → top-k (ties kept) → top-p, float32 probabilities")
 
 
-def _ref_sample_next(r):
-    temps = np.asarray(r["temps"], np.float64)
-    out = r_verify.sample_next(r["logits"][:, 0], _f32(temps), np.asarray(r["top_k"]),
-                               _f32(r["top_p"]), temps == 0, r["u"])
+def reference_sample_next(x):
+    temps = np.asarray(x["temps"], np.float64)
+    out = ref_verify.sample_next(x["logits"][:, 0], _f32(temps), np.asarray(x["top_k"]),
+                                 _f32(x["top_p"]), temps == 0, x["u"])
     return {**out, "_rows": ~out["bad"]}
 
 
-def _call_sample_next(b, t):
-    tok, bad = t_verify.sample_next(t["logits"][:, 0], _sb(t, b.device), t["u"])
-    return {"token": tok, "bad": bad}
+def call_sample_next(backend, x):
+    token, bad = ops_verify.sample_next(x["logits"][:, 0], sampling_batch(x, backend.device),
+                                        x["u"])
+    return {"token": token, "bad": bad}
 
 
 SAMPLE_NEXT = OpSpec(
-    "sample_next", "device", ALL, S.probs_samples, _make_probs, _ref_sample_next,
-    _call_sample_next, {"token": ("exact", I64), "bad": ("exact", BOOL)}, frozenset({"token"}),
+    name="sample_next", kind="device", dtypes=ALL_DTYPES,
+    samples=probs_samples, make_inputs=make_probs_inputs,
+    reference=reference_sample_next, call=call_sample_next,
+    outputs={"token": ("exact", torch.int64), "bad": ("exact", torch.bool)},
+    row_masked=frozenset({"token"}),
     doc="one token per request after prefill / in target-only decoding")
 
 
-def _icdf_samples():
-    return [S.Sample("batch1_v5", 600, dict(r=1, v=5)),
-            S.Sample("zeros_and_tail_v37", 601, dict(r=9, v=37, zeros=True)),
-            S.Sample("u_near_one_v61", 602, dict(r=5, v=61, zeros=True, near_one=True)),
-            S.Sample("v1000", 603, dict(r=17, v=1000, zeros=True), "exhaustive")]
+# ---- inverse_cdf ------------------------------------------------------------------------
+def inverse_cdf_samples():
+    return [Sample(name="batch1_v5", seed=600, params=dict(r=1, v=5)),
+            Sample(name="zeros_and_tail_v37", seed=601, params=dict(r=9, v=37, zeros=True)),
+            Sample(name="u_near_one_v61", seed=602,
+                   params=dict(r=5, v=61, zeros=True, near_one=True)),
+            Sample(name="v1000", seed=603, params=dict(r=17, v=1000, zeros=True),
+                   tier="exhaustive")]
 
 
-def _make_icdf(s, dtype):
-    p, g = s.params, S.rng(s)
+def make_inverse_cdf_inputs(sample, dtype):
+    p, g = sample.params, rng(sample)
     w = g.dirichlet(np.ones(p["v"]), p["r"])
     if p.get("zeros"):
         w[g.random(w.shape) < 0.4] = 0.0
         w[:, -max(1, p["v"] // 5):] = 0.0                   # trailing zeros: the clamp case
         w[:, 0] += 1e-3
-    u = S.gen_uniforms(g, (p["r"],))
+    u = gen_uniforms(g, (p["r"],))
     if p.get("near_one"):
         u[:] = 1 - 2.0 ** -24
-    return {"w": In(w, "f64"), "u": In(u, "f64")}
+    return {"w": Arg(w, "f64"), "u": Arg(u, "f64")}
+
+
+def reference_inverse_cdf(x):
+    return {"idx": np.array([ref_sampling.inverse_cdf(w, u) for w, u in zip(x["w"], x["u"])])}
+
+
+def call_inverse_cdf(backend, x):
+    return {"idx": ops_sampling.inverse_cdf(x["w"], x["u"])}
 
 
 INVERSE_CDF = OpSpec(
-    "inverse_cdf", "device", ("float64",), _icdf_samples, _make_icdf,
-    lambda r: {"idx": np.array([r_sampling.inverse_cdf(w, u) for w, u in zip(r["w"], r["u"])])},
-    lambda b, t: {"idx": t_sampling.inverse_cdf(t["w"], t["u"])},
-    {"idx": ("exact", I64)}, doc="first index with cdf > u·total, clamped to the last positive")
+    name="inverse_cdf", kind="device", dtypes=("float64",),
+    samples=inverse_cdf_samples, make_inputs=make_inverse_cdf_inputs,
+    reference=reference_inverse_cdf, call=call_inverse_cdf,
+    outputs={"idx": ("exact", torch.int64)},
+    doc="first index with cdf > u·total, clamped to the last positive")
 
 
-def _topk_samples():
-    return [S.Sample("batch1_v5_k5", 610, dict(r=1, v=5, k=5, ties=False)),
-            S.Sample("ties_v23_k6", 611, dict(r=6, v=23, k=6, ties=True)),
-            S.Sample("ties_v61_k1", 612, dict(r=4, v=61, k=1, ties=True)),
-            S.Sample("neg_inf_tail_v41_k7", 613, dict(r=3, v=41, k=7, ties=True, tail=30)),
-            S.Sample("ties_v129_k64", 614, dict(r=5, v=129, k=64, ties=True), "exhaustive")]
+# ---- sampling parameter checks -----------------------------------------------------------
+def _sampling_batch_call(temperature, top_k, top_p):
+    """An ErrorInput builder: a one-request SamplingBatch with these parameters."""
+    def build(device):
+        return lambda be: SamplingBatch.build([temperature], [top_k], [top_p], device)
+    return build
 
 
-def _make_topk(s, dtype):
-    p, g = s.params, S.rng(s)
-    x = S.random_logits(g, (p["r"], p["v"]), ties=p["ties"])
-    if p.get("tail"):
-        x[:, -p["tail"]:] = -np.inf
-    return {"logits": In(x), "k": In(p["k"], "obj")}
-
-
-def _ref_topk(r):
-    vals, ids = r_selector.topk_lowest_index(r["logits"], r["k"])
-    return {"values": vals, "ids": ids}
-
-
-def _call_topk(b, t):
-    vals, ids = t_selector.topk_lowest_index(t["logits"], t["k"])
-    return {"values": vals, "ids": ids}
-
-
-TOPK = OpSpec(
-    "topk_lowest_index", "device", ALL, _topk_samples, _make_topk, _ref_topk, _call_topk,
-    {"values": ("exact", "x"), "ids": ("exact", I64)},
-    doc="top-K by value, descending, lowest id first among equal values")
-
-
-def _unary_samples():
-    return [S.Sample("plain_k5", 620, dict(r=2, k=5, mult=1.0, cap=None)),
-            S.Sample("softcap_k8", 621, dict(r=3, k=8, mult=0.5, cap=10.0)),
-            S.Sample("neg_inf_k6", 622, dict(r=2, k=6, mult=2.0, cap=3.0, neg_inf=True))]
-
-
-def _make_unary(s, dtype):
-    p, g = s.params, S.rng(s)
-    x = g.normal(0, 8, (p["r"], p["k"]))
-    if p.get("neg_inf"):
-        x[:, -2:] = -np.inf
-    return {"vals": In(x), "params": In(SelectorParams(p["k"], p["mult"], p["cap"]), "obj")}
-
-
-UNARY = OpSpec(
-    "unary_scores", "device", ALL, _unary_samples, _make_unary,
-    lambda r: {"unary": r_selector.unary(r["vals"], r["params"].output_multiplier,
-                                         r["params"].softcap)},
-    lambda b, t: {"unary": t_selector.unary_scores(t["vals"], t["params"])},
-    {"unary": ("float", F32)}, doc="softcap(val · output_multiplier), −inf kept")
-
-
-def _params_errors():
-    def build(t, k, p):
-        return lambda device: (lambda be: SamplingBatch.build([t], [k], [p], device))
-    return [ErrorInput("negative_temperature", build(-0.1, 0, 1.0), SamplingParamsError, "temp"),
-            ErrorInput("nan_temperature", build(float("nan"), 0, 1.0), SamplingParamsError, "temp"),
-            ErrorInput("inf_temperature", build(float("inf"), 0, 1.0), SamplingParamsError, "temp"),
-            ErrorInput("negative_top_k", build(1.0, -1, 1.0), SamplingParamsError, "top_k"),
-            ErrorInput("top_p_zero", build(1.0, 0, 0.0), SamplingParamsError, "top_p"),
-            ErrorInput("top_p_above_one", build(1.0, 0, 1.5), SamplingParamsError, "top_p")]
+def sampling_params_errors():
+    def err(name, build, match):
+        return ErrorInput(name=name, build=build, error=SamplingParamsError, match=match)
+    return [err("negative_temperature", _sampling_batch_call(-0.1, 0, 1.0), "temp"),
+            err("nan_temperature", _sampling_batch_call(float("nan"), 0, 1.0), "temp"),
+            err("inf_temperature", _sampling_batch_call(float("inf"), 0, 1.0), "temp"),
+            err("negative_top_k", _sampling_batch_call(1.0, -1, 1.0), "top_k"),
+            err("top_p_zero", _sampling_batch_call(1.0, 0, 0.0), "top_p"),
+            err("top_p_above_one", _sampling_batch_call(1.0, 0, 1.5), "top_p")]
 
 
 SAMPLING_PARAMS = OpSpec(
-    "sampling_params", "device", ("float32",), lambda: [], None, None, None, {},
-    errors=_params_errors, doc="sampling parameters a request may not carry")
+    name="sampling_params", kind="device", dtypes=("float32",), errors=sampling_params_errors,
+    doc="sampling parameters a request may not carry")

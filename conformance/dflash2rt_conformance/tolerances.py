@@ -20,9 +20,6 @@ class Tol:
     rtol: float
     reason: str = ""
 
-    def allows(self, err: float, ref: float) -> bool:
-        return err <= self.atol + self.rtol * abs(ref)
-
 
 BASE = MappingProxyType({
     "float64": Tol(1e-12, 1e-12, "float64 on both sides: only summation order differs"),

@@ -8,6 +8,8 @@ near-tie is listed as an exemption and the step stops there (its inputs then dif
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import torch
@@ -24,31 +26,58 @@ from dflash2rt_conformance.tolerances import decision_noise
 
 pytestmark = pytest.mark.dflash2rt_level("L1")
 
-CASES = [  # name, model type, seed, prompt, T, top_k, top_p, block, conv taps, vocab, tier
-    ("qwen3_greedy", "qwen3", 0, (3, 14, 15, 9, 26, 5, 35), 0.0, 0, 1.0, 8, 2, 61, "small"),
-    ("qwen3_sampled_v11", "qwen3", 3, (2, 7, 8, 10), 1.0, 0, 1.0, 8, 3, 11, "small"),
-    ("llama_filtered_v13", "llama", 2, (11, 5, 8, 12, 1, 2, 3, 4, 5, 6, 7), 0.8, 6, 0.9, 5, 2,
-     13, "small"),
-    ("qwen3_prompt1_b3", "qwen3", 3, (42,), 1.3, 0, 0.95, 3, 3, 61, "exhaustive"),
-    ("llama_greedy_b16", "llama", 4, (1, 1, 2, 3, 5, 8, 13), 0.0, 0, 1.0, 16, 2, 61,
-     "exhaustive"),
-    ("qwen3_sampled_v7_b16", "qwen3", 4, (1, 2, 3), 2.0, 0, 1.0, 16, 2, 7, "small"),
+
+@dataclass(frozen=True, kw_only=True)
+class StepCase:
+    """One speculative step: a tiny ``model`` pair ("qwen3" / "llama") made from ``seed`` with
+    the draft's ``block`` size, ``taps`` conv taps and ``vocab``; the request's prompt and
+    temperature / top_k / top_p."""
+
+    name: str
+    model: str
+    seed: int
+    prompt: tuple[int, ...]
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    block: int
+    taps: int
+    vocab: int
+    tier: str = "small"
+
+
+CASES = [
+    StepCase(name="qwen3_greedy", model="qwen3", seed=0, prompt=(3, 14, 15, 9, 26, 5, 35),
+             temperature=0.0, block=8, taps=2, vocab=61),
+    StepCase(name="qwen3_sampled_v11", model="qwen3", seed=3, prompt=(2, 7, 8, 10),
+             temperature=1.0, block=8, taps=3, vocab=11),
+    StepCase(name="llama_filtered_v13", model="llama", seed=2,
+             prompt=(11, 5, 8, 12, 1, 2, 3, 4, 5, 6, 7), temperature=0.8, top_k=6, top_p=0.9,
+             block=5, taps=2, vocab=13),
+    StepCase(name="qwen3_prompt1_b3", model="qwen3", seed=3, prompt=(42,), temperature=1.3,
+             top_p=0.95, block=3, taps=3, vocab=61, tier="exhaustive"),
+    StepCase(name="llama_greedy_b16", model="llama", seed=4, prompt=(1, 1, 2, 3, 5, 8, 13),
+             temperature=0.0, block=16, taps=2, vocab=61, tier="exhaustive"),
+    StepCase(name="qwen3_sampled_v7_b16", model="qwen3", seed=4, prompt=(1, 2, 3),
+             temperature=2.0, block=16, taps=2, vocab=7),
 ]
 
 
 def _params():
     for c in CASES:
         for dtype in ("float64", "float32"):
-            marks = [pytest.mark.dflash2rt_exhaustive] if c[-1] == "exhaustive" else []
-            yield pytest.param(c, dtype, id=f"{c[0]}-{dtype}", marks=marks)
+            marks = [pytest.mark.dflash2rt_exhaustive] if c.tier == "exhaustive" else []
+            yield pytest.param(c, dtype, id=f"{c.name}-{dtype}", marks=marks)
 
 
 @pytest.mark.parametrize("case,dtype", list(_params()))
 def test_spec_step(case, dtype, backend, results):
-    name, mtype, seed, prompt, temp, top_k, top_p, block, taps, vocab, _ = case
+    name, seed, prompt, block = case.name, case.seed, case.prompt, case.block
+    temp, top_k, top_p = case.temperature, case.top_k, case.top_p
     if DTYPES[dtype] not in backend.dtypes:
         pytest.skip(f"backend {backend.name} does not declare {dtype}")
-    pair = models.tiny_pair(seed, DTYPES[dtype], mtype, block, taps, vocab=vocab)
+    pair = models.tiny_pair(seed, DTYPES[dtype], case.model, block, case.taps,
+                            vocab=case.vocab)
     pair = models.ModelPair(*models._to(pair, backend.device))
     got = run_step(pair, backend, prompt, seed, 7, temp, top_k, top_p)
     tw, tcfg = models.target_reference(pair.target)

@@ -6,6 +6,7 @@ tables the lattice law is the continuous law, so it also equals the closed-form 
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from dflash2rt_conformance import lattice
 from dflash2rt_conformance.harness import DTYPES
 from dflash2rt_conformance.reference import laws
 from dflash2rt_conformance.reference.sampling import target_probs
+from dflash2rt_conformance.verify_lattice import verify_law_backend, verify_law_reference
 
 pytestmark = pytest.mark.dflash2rt_level("L2")
 
@@ -62,9 +64,8 @@ def test_quarter_tables_exact_law(salt, backend, results, sizes):
     logits, p, cand, q = _quarter_block(salt.split("-")[0], gamma=sizes.l2_quarter_gamma)
     if salt.endswith("v3001"):
         logits, p, cand = _spread(logits, p, cand)
-    law = lattice.verify_law_backend(backend, logits, cand, q, 1.0, 0, 1.0, DTYPES["float32"],
-                                     4, 4)
-    ref = lattice.verify_law_reference(logits, cand, q, 1.0, 0, 1.0, 4, 4)
+    law = verify_law_backend(backend, logits, cand, q, 1.0, 0, 1.0, DTYPES["float32"], 4, 4)
+    ref = verify_law_reference(logits, cand, q, 1.0, 0, 1.0, 4, 4)
     exact = laws.closed_form_round((), lambda c: p[len(c)],
                                    lambda c, e: _dense(cand, q, e, p.shape[1]), cand.shape[0])
     tv_ref, tv_exact = float(laws.tv(law, ref)), float(laws.tv(law, exact))
@@ -84,26 +85,42 @@ def _dense(cand, q, e, v):
     return out
 
 
-FLOAT_CASES = [("plain", 1.0, 0, 1.0, "float32"), ("filtered", 0.8, 4, 0.9, "float32"),
-               ("filtered_bf16", 1.3, 5, 0.85, "bfloat16"),
-               ("filtered_f64", 0.7, 3, 1.0, "float64")]
+@dataclass(frozen=True, kw_only=True)
+class FloatCase:
+    """A random float block (``_float_block(name)``) verified at these sampling parameters."""
+
+    name: str
+    temperature: float
+    top_k: int
+    top_p: float
+    dtype: str
+    tier: str = "small"
 
 
-@pytest.mark.parametrize("name,temp,top_k,top_p,dtype", [
-    pytest.param(*c, id=c[0], marks=[pytest.mark.dflash2rt_exhaustive] if i > 1 else [])
-    for i, c in enumerate(FLOAT_CASES)])
-def test_float_tables_law_equals_reference(name, temp, top_k, top_p, dtype, backend, results,
-                                           sizes):
+FLOAT_CASES = [
+    FloatCase(name="plain", temperature=1.0, top_k=0, top_p=1.0, dtype="float32"),
+    FloatCase(name="filtered", temperature=0.8, top_k=4, top_p=0.9, dtype="float32"),
+    FloatCase(name="filtered_bf16", temperature=1.3, top_k=5, top_p=0.85, dtype="bfloat16",
+              tier="exhaustive"),
+    FloatCase(name="filtered_f64", temperature=0.7, top_k=3, top_p=1.0, dtype="float64",
+              tier="exhaustive"),
+]
+
+
+@pytest.mark.parametrize("case,dtype", [     # "dtype": the session counts dtype skips by it
+    pytest.param(c, c.dtype, id=c.name,
+                 marks=[pytest.mark.dflash2rt_exhaustive] if c.tier == "exhaustive" else [])
+    for c in FLOAT_CASES])
+def test_float_tables_law_equals_reference(case, dtype, backend, results, sizes):
+    name, temp, top_k, top_p = case.name, case.temperature, case.top_k, case.top_p
     if DTYPES[dtype] not in backend.dtypes:
         pytest.skip(f"backend {backend.name} does not declare {dtype}")
     logits, cand, q = _float_block(name)
     rounded = np.asarray(__import__("torch").tensor(logits).to(DTYPES[dtype]).double())
     m = sizes.l2_float_points
-    law = lattice.verify_law_backend(backend, logits, cand, q, temp, top_k, top_p,
-                                     DTYPES[dtype], m, m)
+    law = verify_law_backend(backend, logits, cand, q, temp, top_k, top_p, DTYPES[dtype], m, m)
     t32 = float(np.float32(temp))
-    ref = lattice.verify_law_reference(rounded, cand, q, t32, top_k, float(np.float32(top_p)),
-                                       m, m)
+    ref = verify_law_reference(rounded, cand, q, t32, top_k, float(np.float32(top_p)), m, m)
     p = target_probs(rounded[None], np.array([t32]), np.array([top_k]),
                      np.array([float(np.float32(top_p))]))[0]
     tv = float(laws.tv(law, ref))
