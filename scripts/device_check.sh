@@ -72,8 +72,8 @@ section "benchmark: spec vs target-only vs transformers" 75 \
 $PY - "$OUT/bench.json" <<'PY' || true
 import json, sys
 r = json.load(open(sys.argv[1]))
-print({k: r.get(k) for k in ("tau", "ar_tokens_per_s", "spec_tokens_per_s", "hf_tokens_per_s",
-                             "speedup_vs_ar", "speedup_vs_hf", "efficiency")})
+print({k: r.get(k) for k in ("tau", "target_only_tokens_per_s", "spec_tokens_per_s", "hf_tokens_per_s",
+                             "speedup_vs_target_only", "speedup_vs_hf", "efficiency")})
 PY
 section "benchmark in bfloat16 (the same runs)" 75 \
     $PY -m dflash2rt bench --backend "$BACKEND" --dtype bfloat16 --repeats 2 --prompts 4 \

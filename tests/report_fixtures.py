@@ -20,10 +20,12 @@ def _level(title: str, result: str, passed: int, failed: int = 0, skipped: int =
             "note": note, "metrics": metrics or {}, "tests": []}
 
 
-def _e2e(ar: float, spec: float, tau: float, batch: int) -> dict[str, Any]:
-    return {"prompts": batch, "tokens": 32 * batch, "tau": tau, "ar_tokens_per_s": ar,
+def _e2e(tonly: float, spec: float, tau: float, batch: int) -> dict[str, Any]:
+    return {"prompts": batch, "tokens": 32 * batch, "tau": tau,
+            "target_only_tokens_per_s": tonly, "ar_tokens_per_s": tonly,    # + deprecated alias
             "spec_tokens_per_s": spec, "hf_tokens_per_s": None, "greedy_equal": True,
-            "hf_equal": None, "speedup_vs_ar": spec / ar, "speedup_vs_hf": None,
+            "hf_equal": None, "speedup_vs_target_only": spec / tonly, "speedup_vs_ar": spec / tonly,
+            "speedup_vs_hf": None,
             "efficiency": 0.39, "mismatched_prompts": [],
             "time_split_per_step_s": {"draft": 0.0133, "select": 0.0053, "verify": 0.0220,
                                       "graphs": 0.0, "host": 0.0017}}
@@ -74,7 +76,8 @@ def passing_cpu() -> dict[str, Any]:
                 {"op": "verify.accept_len", "dtype": "float32", "kind": "exact", "max_abs": 0.0,
                  "max_rel": 0.0, "atol": None, "rtol": None, "checks": 12, "mismatches": 0,
                  "passed": True}]}
-    sweep = [{"block_size": b, "tau": t, "speedup_vs_ar": s, "predicted_speedup": p,
+    sweep = [{"block_size": b, "tau": t, "speedup_vs_target_only": s, "speedup_vs_ar": s,
+              "predicted_speedup": p,
               "t_target_s": 0.025, "t_draft_s": 0.012, "t_verify_s": 0.02}
              for b, t, s, p in ((2, 1.8, 0.9, 0.85), (4, 2.44, 1.23, 1.13), (8, 3.19, 1.7, 1.45))]
     return {

@@ -90,3 +90,17 @@ def test_merged_matrix_opens_with_the_verdicts(tmp_path):
     page = (tmp_path / "m" / "matrix.html").read_text(encoding="utf-8")
     assert page.index('id="verdict-matrix"') < page.index('id="checks"')
     assert 'data-backend="cuda"' in page and 'class="big fail">FAIL<' in page
+
+
+def test_reports_with_only_the_deprecated_ar_keys_still_render():
+    """Reports written before the rename carry ar_tokens_per_s / speedup_vs_ar only: the first
+    screen and the detail tables read them as the target-only numbers."""
+    new, old = fixtures.passing_cpu(), fixtures.passing_cpu()
+    sec = old["sections"]
+    for row in [*(sec["end_to_end"][b] for b in ("batch1", "batch4")),
+                *sec["block_sweep"]["rows"]]:
+        row.pop("target_only_tokens_per_s", None)
+        row.pop("speedup_vs_target_only")
+    assert summarize(old).speed == summarize(new).speed
+    assert summarize(old).speed[0].target_only == 39.75
+    assert html.render(old) == html.render(new)

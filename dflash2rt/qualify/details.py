@@ -93,29 +93,35 @@ def _ops(conf: dict[str, Any]) -> list[str]:
     return out
 
 
+def _renamed(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` with the target_only keys filled from the deprecated ar_* keys of older reports."""
+    return {**d, "target_only_tokens_per_s": d.get("target_only_tokens_per_s",
+                                                   d.get("ar_tokens_per_s")),
+            "speedup_vs_target_only": d.get("speedup_vs_target_only", d.get("speedup_vs_ar"))}
+
+
 def _speed(sec: dict[str, Any]) -> list[str]:
     e2e = sec.get("end_to_end", {})
     out = [_h2("end-to-end", "End to end: target-only vs speculative")]
-    rows = [{"batch": k, **{c: v.get(c) for c in ("prompts", "tokens", "ar_tokens_per_s",
-                                                   "spec_tokens_per_s", "speedup_vs_ar", "tau",
-                                                   "greedy_equal", "mismatched_prompts")}}
+    cols = ["prompts", "tokens", "target_only_tokens_per_s", "spec_tokens_per_s",
+            "speedup_vs_target_only", "tau", "greedy_equal", "mismatched_prompts"]
+    rows = [{"batch": k, **{c: _renamed(v).get(c) for c in cols}}
             for k, v in e2e.items() if isinstance(v, dict)]
-    out.append(table(rows, ["batch", "prompts", "tokens", "ar_tokens_per_s", "spec_tokens_per_s",
-                            "speedup_vs_ar", "tau", "greedy_equal", "mismatched_prompts"]))
+    out.append(table(rows, ["batch", *cols]))
     split = e2e.get("batch1", {}).get("time_split_per_step_s", {})
     out.append(svg.bar_chart("latency breakdown per step, batch 1",
                              [(k, {"ms": v * 1e3}) for k, v in split.items()],
                              xlabel="milliseconds per speculative step", ylabel="phase"))
     sw = sec.get("block_sweep", {})
-    rows = sw.get("rows", [])
+    rows = [_renamed(x) for x in sw.get("rows", [])]
     out.append(_h2("block-sweep", "Block-size sweep (recommended: "
                    f"{sw.get('recommended_block_size', NOT_RECORDED)})"))
     out.append(svg.line_chart("tau and speedup vs block size", {
         "τ (tokens per verify)": [(x["block_size"], x.get("tau")) for x in rows],
-        "speedup ×": [(x["block_size"], x.get("speedup_vs_ar")) for x in rows],
+        "speedup ×": [(x["block_size"], x.get("speedup_vs_target_only")) for x in rows],
         "fitted speedup ×": [(x["block_size"], x.get("predicted_speedup")) for x in rows],
     }, "block size (draft tokens + 1)", "τ / speedup vs target-only"))
-    out.append(table(rows, ["block_size", "tau", "speedup_vs_ar", "predicted_speedup",
+    out.append(table(rows, ["block_size", "tau", "speedup_vs_target_only", "predicted_speedup",
                             "t_target_s", "t_draft_s", "t_verify_s"]))
     if sw.get("fit"):
         out.append(f"<p class=note>fit: {escape(sw['fit'])}</p>")

@@ -8,13 +8,16 @@ from typing import Any
 
 LABELS = {"tau": "τ", "gamma": "γ", "chi2": "χ²", "dof": "degrees of freedom",
           "p_value": "p-value", "tv_estimate": "TV estimate", "detectable_tv": "detectable TV",
-          "alpha": "α", "ar_tokens_per_s": "target-only tok/s",
-          "spec_tokens_per_s": "speculative tok/s", "speedup_vs_ar": "speculative / target-only",
+          "alpha": "α", "target_only_tokens_per_s": "target-only tok/s",
+          "ar_tokens_per_s": "target-only tok/s",            # deprecated key (old reports)
+          "spec_tokens_per_s": "speculative tok/s",
+          "speedup_vs_target_only": "speculative / target-only",
+          "speedup_vs_ar": "speculative / target-only",      # deprecated key (old reports)
           "hf_tokens_per_s": "HF tok/s", "speedup_vs_hf": "speculative / HF",
           "greedy_equal": "greedy spec == target-only", "latency_us": "latency µs",
           "achieved_gbps": "achieved GB/s", "peak_gbps": "peak GB/s",
           "fraction_of_peak": "fraction of peak", "block_size": "block size",
-          "speedup_vs_ar_pred": "fitted speedup", "predicted_speedup": "fitted speedup",
+          "predicted_speedup": "fitted speedup", "capture_s": "graph capture s",
           "t_target_s": "T target s", "t_draft_s": "T draft s", "t_verify_s": "T verify s",
           "max_abs": "max abs", "max_rel": "max rel", "tokens_equal": "tokens equal",
           "own_argmax": "own argmax"}

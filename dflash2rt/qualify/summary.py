@@ -73,11 +73,13 @@ def _level(name: str, d: dict[str, Any]) -> Level:
 
 
 def _speed(batch: int, d: dict[str, Any]) -> Speed:
-    ar, spec = d.get("ar_tokens_per_s"), d.get("spec_tokens_per_s")
-    ratio = d.get("speedup_vs_ar")
-    if ratio is None and ar and spec is not None:
-        ratio = spec / ar
-    return Speed(batch, ar, spec, ratio, d.get("tau"), d.get("greedy_equal"))
+    # reports before the rename carry only the deprecated ar_* keys
+    tonly = d.get("target_only_tokens_per_s", d.get("ar_tokens_per_s"))
+    spec = d.get("spec_tokens_per_s")
+    ratio = d.get("speedup_vs_target_only", d.get("speedup_vs_ar"))
+    if ratio is None and tonly and spec is not None:
+        ratio = spec / tonly
+    return Speed(batch, tonly, spec, ratio, d.get("tau"), d.get("greedy_equal"))
 
 
 def summarize(r: dict[str, Any]) -> Summary:

@@ -165,7 +165,7 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
     greedy = evaluate.measure(pair, backend, ids, cfg.eval_new_tokens, 0.0)
     sampled = evaluate.measure(pair, backend, ids, cfg.eval_new_tokens, 1.0, baseline=False)
     log(f"eval T=0: tau {greedy['tau']:.3f}, spec {greedy['spec_tokens_per_s']:.1f} tok/s vs "
-        f"target-only {greedy['target_tokens_per_s']:.1f} tok/s, mismatches "
+        f"target-only {greedy['target_only_tokens_per_s']:.1f} tok/s, mismatches "
         f"{greedy['greedy_mismatches']}; T=1: tau {sampled['tau']:.3f}")
     phase("eval")
 
