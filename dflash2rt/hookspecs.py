@@ -4,7 +4,7 @@ A plugin is a module (or object) exposed through the entry-point group ``dflash2
 whose functions are marked with ``dflash2rt.hookspecs.hookimpl``. Hooks are called with keyword
 arguments only; specs carry no default values (pluggy does not pass defaults).
 
-Example (``backends/cuda/dflash2rt_cuda/plugin.py`` is a complete one)::
+Example (a plugin with its own probe and create)::
 
     from dflash2rt.hookspecs import hookimpl
     from dflash2rt.backend import BackendSpec
@@ -12,6 +12,10 @@ Example (``backends/cuda/dflash2rt_cuda/plugin.py`` is a complete one)::
     @hookimpl
     def dflash2rt_backends():
         return [BackendSpec(name="mydev", priority=50, probe=probe, create=create)]
+
+A GPU plugin declares its vendor as data instead (``backends/cuda/dflash2rt_cuda/plugin.py`` is a
+complete one): ``VENDOR = plugin_kit.GpuVendor(...)``, ``dflash2rt_backends`` returning
+``[plugin_kit.backend_spec(VENDOR)]`` and ``dflash2rt_gpu_vendors`` returning ``[VENDOR]``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .backend import BackendSpec
+    from .plugin_kit import GpuVendor
 
 PROJECT = "dflash2rt"
 ENTRY_POINT_GROUP = "dflash2rt.backends"
@@ -40,4 +45,16 @@ def dflash2rt_backends() -> "Sequence[BackendSpec]":
 
     :return: a sequence of :class:`dflash2rt.backend.BackendSpec` with names unique across all
         plugins (a duplicate name is refused and reported, the first registration stays).
+    """
+
+
+@hookspec
+def dflash2rt_gpu_vendors() -> "Sequence[GpuVendor]":
+    """Return the GPU vendor facts behind this plugin's backends (optional hook).
+
+    Core asks these instead of naming a plugin: ``kernels.compile_check`` reads each vendor's
+    Triton compile targets and tuning, ``qualify.microbench`` its peak bandwidth table. Data only:
+    must not touch a device.
+
+    :return: a sequence of :class:`dflash2rt.plugin_kit.GpuVendor`.
     """

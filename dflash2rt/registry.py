@@ -19,7 +19,7 @@ import pluggy
 
 from . import hookspecs
 from .backend import Backend, BackendSpec, Probe
-from .errors import BackendUnavailableError, PluginError, UnknownBackendError
+from .errors import BackendUnavailableError, UnknownBackendError
 
 ENV_VAR = "DFLASH2RT_BACKEND"
 
@@ -40,6 +40,7 @@ class BackendStatus:
     dtypes: tuple[str, ...] = ()
     graphs: str = ""
     summary: str = ""
+    fp64: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -79,6 +80,7 @@ class Registry:
         hookspecs.PROJECT))
     entries: dict[str, _Entry] = field(default_factory=dict)
     failures: list[BackendStatus] = field(default_factory=list)
+    vendors: list[Any] = field(default_factory=list)    # plugin_kit.GpuVendor, from the plugins
 
     def __post_init__(self) -> None:
         self.pm.add_hookspecs(hookspecs)
@@ -112,15 +114,13 @@ class Registry:
                 self.pm.unregister(plugin)
             self._fail(name, f"plugin breaks the hook contract: {exc}", distribution, version)
             return
-        for impl in self.pm.hook.dflash2rt_backends.get_hookimpls():
-            if impl.plugin is not plugin:
-                continue
-            try:  # one impl at a time, so a plugin that raises cannot hide the others
-                specs = list(impl.function())
-                if not all(isinstance(s, BackendSpec) for s in specs):
-                    raise PluginError("dflash2rt_backends must return BackendSpec objects")
-            except Exception as exc:  # noqa: BLE001 - reported, never raised
-                self._fail(name, f"dflash2rt_backends() raised {type(exc).__name__}: {exc}",
+        hook = self.pm.hook
+        for impl in [i for i in hook.dflash2rt_gpu_vendors.get_hookimpls() if i.plugin is plugin]:
+            self.vendors += self._call(impl, name, distribution, version) or []
+        for impl in [i for i in hook.dflash2rt_backends.get_hookimpls() if i.plugin is plugin]:
+            specs = self._call(impl, name, distribution, version) or []
+            if not all(isinstance(s, BackendSpec) for s in specs):
+                self._fail(name, "dflash2rt_backends must return BackendSpec objects",
                            distribution, version)
                 continue
             for spec in specs:
@@ -130,6 +130,15 @@ class Registry:
                                distribution, version)
                     continue
                 self.entries[spec.name] = _Entry(spec, name, distribution, version)
+
+    def _call(self, impl: Any, name: str, distribution: str, version: str) -> list:
+        """One hook impl of one plugin, so a plugin that raises cannot hide the others."""
+        try:
+            return list(impl.function())
+        except Exception as exc:  # noqa: BLE001 - reported, never raised
+            self._fail(name, f"{impl.function.__name__}() raised {type(exc).__name__}: {exc}",
+                       distribution, version)
+            return []
 
     def _fail(self, name: str, reason: str, distribution: str, version: str) -> None:
         self.failures.append(BackendStatus(name, False, reason, "", distribution, version))
@@ -151,7 +160,8 @@ class Registry:
             p = self.probe(name)
             rows.append(BackendStatus(
                 name, p.available, p.reason, p.device, e.distribution, e.version,
-                e.spec.priority, e.spec.opt_in, p.kernels, p.dtypes, p.graphs, e.spec.summary))
+                e.spec.priority, e.spec.opt_in, p.kernels, p.dtypes, p.graphs, e.spec.summary,
+                p.fp64))
         rows.sort(key=lambda s: -(s.priority or 0))
         return rows + list(self.failures)
 

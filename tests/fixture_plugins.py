@@ -45,8 +45,44 @@ from dflash2rt.hookspecs import hookimpl
 def dflash2rt_backends():
     return [BackendSpec("cpu", 1000, lambda: Probe(True), lambda p: None)]
 '''
+# GPU-style plugins on the CPU: their create goes through plugin_kit.gpu_backend with a vendor's
+# Triton facts, and with the Triton target lookup / the kernel smoke launch injected.
+_GPU_STYLE = '''
+import torch
+from dflash2rt import plugin_kit
+from dflash2rt.backend import BackendSpec, Probe
+from dflash2rt.hookspecs import hookimpl
+
+NAME = "{name}"
+TRITON = plugin_kit.TritonFacts(backend="hip", distribution="pytorch-triton-rocm",
+                         tuning={{64: plugin_kit.Tuning(block_h=64, block_v=512)}})
+
+
+def probe():
+    return Probe(True, device="cpu (GPU-style fixture)", kernels="triton kernels",
+                 dtypes=("float32",), details={{"torch_device": "cpu"}})
+
+
+def smoke_fails(backend):
+    raise RuntimeError("fixture: the verify kernel faulted on its smoke launch")
+
+
+def create(p):
+    return plugin_kit.gpu_backend(NAME, p, (torch.float32,), TRITON.tuning_for(None), triton=TRITON,
+                           target_lookup=lambda: "{target}", smoke={smoke})
+
+
+@hookimpl
+def dflash2rt_backends():
+    return [BackendSpec(NAME, 60, probe, create, summary="GPU-style fixture")]
+'''
+# Triton's active target is "cuda" where the vendor needs "hip" (the wrong Triton installed).
+MISMATCH = _GPU_STYLE.format(name="fx-mismatch", target="cuda", smoke="None")
+# The right target, but a kernel's smoke launch fails on the device.
+SMOKE_FAILS = _GPU_STYLE.format(name="fx-smokefail", target="hip", smoke="smoke_fails")
 PLUGINS = {"good": GOOD, "broken": BROKEN_IMPORT, "raising": RAISING_HOOK,
-           "misspelled": MISSPELLED, "duplicate": DUPLICATE}
+           "misspelled": MISSPELLED, "duplicate": DUPLICATE, "mismatch": MISMATCH,
+           "smokefail": SMOKE_FAILS}
 
 
 def write_plugin(root: Path, kind: str) -> str:

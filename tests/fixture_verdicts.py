@@ -67,7 +67,7 @@ import sys
 import types
 
 import torch
-from dflash2rt import plugin_kit as kit
+from dflash2rt import plugin_kit
 from dflash2rt.backend import BackendSpec, Probe
 from dflash2rt.hookspecs import hookimpl
 from dflash2rt.kernels.tuning import Tuning
@@ -90,7 +90,7 @@ def create(p):
     saved = sys.modules.get(KERNELS)
     sys.modules[KERNELS] = _Unbuildable(KERNELS)
     try:
-        return kit.gpu_backend(NAME, p, (torch.float32,), Tuning(block_h=64, block_v=512))
+        return plugin_kit.gpu_backend(NAME, p, (torch.float32,), Tuning(block_h=64, block_v=512))
     finally:
         if saved is None:
             del sys.modules[KERNELS]

@@ -143,6 +143,6 @@ def test_gpu_backend_never_runs_its_kernels_in_the_interpreter(monkeypatch):
     probe = Probe(True, device="cpu", details={"torch_device": torch.device("cpu")})
     be = gpu_backend("fakegpu", probe, (torch.float32,), DEFAULT)
     assert type(be) is TorchOpsBackend
-    assert len(be.fallbacks) == 1 and "TRITON_INTERPRET=1" in be.fallbacks[0]
+    assert len(be.standing_fallbacks) == 1 and "TRITON_INTERPRET=1" in be.standing_fallbacks[0]
     usable, what = kernel_mode()
     assert not usable and "TRITON_INTERPRET=1" in what

@@ -1,6 +1,7 @@
-"""The XPU plugin's optional IPEX: used (ipex.optimize on target and draft) when installed and
-matching torch's major.minor; a mismatch is reported in the run stats and IPEX is left alone.
-IPEX cannot be installed here, so a stand-in module records the calls."""
+"""The XPU plugin's vendor code: the optional IPEX (ipex.optimize on target and draft when
+installed and matching torch's major.minor; a mismatch is reported in the run stats and IPEX is
+left alone; a stand-in module records the calls, IPEX cannot be installed here), float64 support
+read from the device, and opt-in graphs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import types
 import pytest
 import torch
 
+from dflash2rt import get_backend
+from dflash2rt import plugin_kit
 from dflash2rt.backend import Probe
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
@@ -38,7 +41,7 @@ def _installed(monkeypatch, version):
 def _backend():
     probe = Probe(True, device="xpu:0 (stand-in on cpu)", dtypes=("float32", "float64"),
                   graphs="off by default", details={"torch_device": "cpu"})
-    return xpu.create(probe)
+    return plugin_kit.create(xpu.VENDOR, probe)
 
 
 def _run(backend, pair=None):
@@ -55,7 +58,7 @@ def test_compatible_ipex_optimizes_target_and_draft_once(monkeypatch, fake_ipex)
     outs, stats = _run(backend, pair)
     assert [type(m).__name__ for m, _, _ in fake_ipex] == ["TargetModel", "DraftModel"]
     assert all(inplace and dtype == torch.float64 for _, dtype, inplace in fake_ipex)
-    want, _ = _run("cpu")
+    want, _ = _run(get_backend("cpu"))
     assert outs[0].token_ids == want[0].token_ids
     _run(backend, pair)                                  # the same models: not optimized twice
     assert len(fake_ipex) == 2
@@ -78,7 +81,7 @@ def test_absent_ipex_is_reported_by_the_probe_only(monkeypatch):
         pytest.skip(f"IPEX is installed here: {text}")
     assert "not installed" in text
     backend = _backend()
-    assert backend.model_pass is None and not any("IPEX" in f for f in backend.fallbacks)
+    assert backend.model_pass is None and not any("IPEX" in f for f in backend.standing_fallbacks)
 
 
 def test_a_failing_model_pass_is_reported_and_leaves_models_alone(monkeypatch, fake_ipex):
@@ -87,3 +90,21 @@ def test_a_failing_model_pass_is_reported_and_leaves_models_alone(monkeypatch, f
     sys.modules["intel_extension_for_pytorch"].optimize = lambda *a, **k: 1 / 0
     _, stats = _run(_backend())
     assert any("model pass skipped (ZeroDivisionError" in f for f in stats.fallbacks)
+
+
+def test_fp64_comes_from_the_device_and_reaches_the_backend():
+    assert xpu.has_fp64(types.SimpleNamespace(has_fp64=False)) is False
+    assert xpu.has_fp64(types.SimpleNamespace(has_fp64=True)) is True
+    assert xpu.VENDOR.fp64 is xpu.has_fp64
+    probe = Probe(True, device="xpu:0 (stand-in on cpu)", dtypes=("float32",), fp64=False,
+                  details={"torch_device": "cpu"})
+    assert plugin_kit.create(xpu.VENDOR, probe).has_fp64 is False
+
+
+def test_xpu_graphs_are_opt_in_and_the_vendor_declares_its_facts(monkeypatch):
+    monkeypatch.delenv(xpu.GRAPHS_OPT_IN, raising=False)
+    text, on = plugin_kit.graph_mode(xpu.VENDOR, "xpu:0")
+    assert not on and f"set {xpu.GRAPHS_OPT_IN}=1" in text
+    v = xpu.VENDOR
+    assert (v.torch_device, v.triton.backend, v.graphs.graph_class) == ("xpu", "xpu", "XPUGraph")
+    assert v.triton.compile_targets == {} and v.peak_bandwidth("Intel Data Center GPU Max 1550")

@@ -1,11 +1,14 @@
-"""``dflash2rt backends``: every installed backend, whether it can run here, and why not."""
+"""``dflash2rt backends``: every installed backend, whether it can run here, and why not; each
+available one that ``auto`` may pick (not opt-in) is built once, to show what runs each op and
+its standing fallbacks (a kernel fallback among them)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
-from ..registry import Registry
+from ..registry import BackendStatus, Registry
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -14,13 +17,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _built(reg: Registry, row: BackendStatus) -> dict[str, Any]:
+    """What the created backend runs and its standing fallbacks (kernel fallbacks included)."""
+    if not row.available or row.opt_in or row.name not in reg.entries:
+        return {"implementation": "", "fallbacks": []}
+    try:
+        backend = reg.create(row.name)
+    except Exception as exc:  # noqa: BLE001 - shown in the row
+        return {"implementation": f"create raised {type(exc).__name__}: {exc}", "fallbacks": []}
+    return {"implementation": backend.implementation_summary(),
+            "fallbacks": list(backend.standing_fallbacks)}
+
+
 def run(args: argparse.Namespace) -> int:
-    rows = Registry.discover().statuses()
+    reg = Registry.discover()
+    rows = [(r, _built(reg, r)) for r in reg.statuses()]
     if args.json:
-        print(json.dumps([r.as_dict() for r in rows], indent=2))
+        print(json.dumps([{**r.as_dict(), **b} for r, b in rows], indent=2))
         return 0
     print(f"{'backend':<18} {'avail':<6} {'prio':>4}  {'plugin':<28} device / reason")
-    for r in rows:
+    for r, b in rows:
         plugin = f"{r.distribution} {r.version}"
         prio = "" if r.priority is None else str(r.priority)
         avail = "yes" if r.available else "no"
@@ -29,5 +45,9 @@ def run(args: argparse.Namespace) -> int:
         if r.available or r.kernels:
             flags = " (opt-in)" if r.opt_in else ""
             print(f"{'':<18} kernels: {r.kernels}; dtypes: {', '.join(r.dtypes)}; "
-                  f"graphs: {r.graphs}{flags}")
+                  f"float64: {'yes' if r.fp64 else 'no'}; graphs: {r.graphs}{flags}")
+        if b["implementation"]:
+            print(f"{'':<18} runs: {b['implementation']}")
+        for f in b["fallbacks"]:
+            print(f"{'':<18} fallback: {f}")
     return 0

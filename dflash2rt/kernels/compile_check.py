@@ -3,13 +3,15 @@
 The interpreter (TRITON_INTERPRET=1) runs the kernels' logic but never type-checks them: a
 loop-carried value that changes dtype, for one, runs there and fails to compile on a device.
 Triton lowers a kernel to a cubin (NVIDIA) or an hsaco (AMD) with no device present, so this
-closes that gap, with each vendor plugin's tuning table where that plugin is installed (Intel
-targets need pytorch-triton-xpu, which the PyPI triton does not include)::
+closes that gap. The targets and their tuning are the installed plugins' vendor facts
+(``TritonFacts.compile_targets``, asked through the hook ``dflash2rt_gpu_vendors``; Intel declares
+none: its targets need pytorch-triton-xpu, which the PyPI triton does not include)::
 
     TRITON_INTERPRET=0 python -m dflash2rt.kernels.compile_check [--target sm90 ...]
 
-Each case runs the real wrapper (kernels.conv / selector / verify) on small CPU tensors with the
-kernel swapped for a recorder, so the compiled signature is exactly what the wrapper launches.
+Each case is one of ``kernels.smoke.cases`` run through ``KernelBackend`` (the real wrappers) on
+CPU tensors with the kernel swapped for a recorder, so the compiled signature is exactly what
+the wrapper launches.
 """
 
 from __future__ import annotations
@@ -22,13 +24,12 @@ from typing import Any, Callable
 
 import torch
 
+from .smoke import DTYPES, cases
+from .tuning import Tuning, interpreting
+
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
         torch.float64: "*fp64", torch.int64: "*i64", torch.int32: "*i32", torch.int8: "*i8",
         torch.bool: "*i1"}
-# target → (triton backend, arch, warp size, the plugin whose tuning table it compiles with)
-TARGETS = {"sm90": ("cuda", 90, 32, "dflash2rt_cuda"), "sm80": ("cuda", 80, 32, "dflash2rt_cuda"),
-           "gfx942": ("hip", "gfx942", 64, "dflash2rt_rocm"),
-           "gfx90a": ("hip", "gfx90a", 64, "dflash2rt_rocm")}
 BINARY = {"cuda": "cubin", "hip": "hsaco"}
 
 
@@ -79,75 +80,62 @@ def _record(module, name: str, call: Callable[[], Any]) -> tuple[Any, tuple, dic
     return fn, *rec.launch
 
 
-def _tuning(plugin: str):
-    """(the plugin's Tuning, its name) when the plugin is installed, else the default."""
-    import importlib
+def vendors() -> tuple[list[Any], list[str]]:
+    """The GPU vendor facts the installed plugins declare (hook ``dflash2rt_gpu_vendors`` of each
+    entry point of ``dflash2rt.backends``, loaded one at a time), and why any could not be read.
+    Core names no plugin: the entry points say which are installed."""
+    from importlib import metadata
 
-    from .tuning import DEFAULT
+    found, problems = [], []
+    # hookspecs.ENTRY_POINT_GROUP (spelled out: kernels sit in hookspecs' layer, not above it)
+    for ep in sorted(metadata.entry_points(group="dflash2rt.backends"), key=lambda e: e.name):
+        try:
+            hook = getattr(ep.load(), "dflash2rt_gpu_vendors", None)
+            found += list(hook()) if hook is not None else []
+        except Exception as exc:  # noqa: BLE001 - reported, the other plugins still compile
+            problems.append(f"plugin {ep.name}: {type(exc).__name__}: {exc}")
+    return found, problems
 
-    try:
-        return importlib.import_module(f"{plugin}.plugin").TUNING, plugin
-    except ImportError:
-        return DEFAULT, f"default ({plugin} not installed)"
+
+def targets() -> dict[str, tuple[str, int | str, int, Tuning, str]]:
+    """target → (triton backend, arch, warp size, the vendor's tuning for it, the vendor)."""
+    out = {}
+    for v in vendors()[0]:
+        for name, (arch, warp) in v.triton.compile_targets.items():
+            out[name] = (v.triton.backend, arch, warp, v.triton.tuning_for(warp), v.name)
+    return out
 
 
-def _cases(tuning) -> dict[str, tuple[Any, str, Callable[[], Any]]]:
-    from ..ops.batch import BlockNoise, SamplingBatch
-    from ..ops.selector import SelectorParams
+def _cases(tuning: Tuning) -> dict[str, tuple[Any, str, Callable[[], Any]]]:
     from . import conv, selector, verify
+    from .backend import KernelBackend
 
-    def conv_call(dtype, finish):
-        g = torch.Generator().manual_seed(0)
-        x, a = (torch.randn(12, 96, generator=g).to(dtype) for _ in range(2))
-        base, delta = torch.randn(3, 96).to(dtype), torch.randn(12, 3, 6).to(dtype)
-        return (lambda: conv.conv_finish(x, a, base, delta, 4, tuning)) if finish else \
-            (lambda: conv.conv_prepare(x, base, delta, 4, tuning))
-
-    def select_call(dtype, sampled):
-        r, gamma, v, rank = 2, 5, 64, 8
-        sampling = SamplingBatch.build([1.0 if sampled else 0.0, 0.0], [0, 0], [1.0, 1.0])
-        args = (torch.randn(r, gamma, v).to(dtype), torch.randn(r, gamma, rank).to(dtype),
-                torch.tensor([1, 2]), torch.randn(v, rank).to(dtype),
-                torch.randn(v, rank).to(dtype), SelectorParams(4, 0.5, None), sampling,
-                torch.rand(r, gamma))
-        return lambda: selector.select(*args, tuning=tuning)
-
-    def verify_call(dtype, sampled):
-        r, gamma, v, k = 2, 4, 3001, 4     # V above every block_v: the tuned chunk compiles
-        cand = torch.arange(r * gamma * k).view(r, gamma, k) % v
-        sampling = SamplingBatch.build([0.8 if sampled else 0.0, 0.0], [0, 0], [1.0, 1.0])
-        noise = BlockNoise.draw(torch.tensor([1, 2]), torch.zeros(2, dtype=torch.long),
-                                torch.tensor([0, 3]), gamma)
-        args = (torch.randn(r, gamma + 1, v).to(dtype), cand[..., 0], cand,
-                torch.full((r, gamma, k), 1.0 / k), sampling, noise)
-        return lambda: verify.verify(*args, check=False, tuning=tuning)
-
-    dts = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    cases = {}
-    for d, dt in dts.items():
-        for f in ("prepare", "finish"):
-            cases[f"conv-{f}-{d}"] = (conv, "_conv_kernel", conv_call(dt, f == "finish"))
-        for m in ("greedy", "sampled"):
-            cases[f"select-{m}-{d}"] = (selector, "_walk_kernel", select_call(dt, m == "sampled"))
-            cases[f"verify-{m}-{d}"] = (verify, "_verify_kernel", verify_call(dt, m == "sampled"))
-    return cases
+    kernel = {"conv_prepare": (conv, "_conv_kernel"), "conv_finish": (conv, "_conv_kernel"),
+              "select": (selector, "_walk_kernel"), "verify": (verify, "_verify_kernel")}
+    out = {}
+    for d, dt in DTYPES.items():
+        be = KernelBackend("compile-check", "cpu", (dt,), tuning)
+        for case, (method, make) in cases(dt).items():
+            module, name = kernel[method]
+            call = lambda b=be, m=method, a=make(): getattr(b, m)(*a)   # noqa: E731
+            out[f"{case}-{d}"] = (module, name, call)
+    return out
 
 
-def compile_all(targets: list[str]) -> list[dict[str, Any]]:
+def compile_all(chosen: dict[str, tuple[str, int | str, int, Tuning, str]]
+                ) -> list[dict[str, Any]]:
     """One row per (case, target): ok, seconds, and the error where compilation failed."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     rows = []
-    for t in targets:
-        backend, arch, warp, plugin = TARGETS[t]
-        tuning, tuned_by = _tuning(plugin)
+    for t, (backend, arch, warp, tuning, vendor) in chosen.items():
         for case, (module, name, call) in _cases(tuning).items():
             fn, args, kw = _record(module, name, call)
             sig, consts = _signature(fn, args, kw)
             start = time.perf_counter()
-            row = {"case": case, "kernel": name, "target": t, "tuning": tuned_by}
+            row = {"case": case, "kernel": name, "target": t, "tuning": f"{vendor} warp {warp}"}
             try:
                 out = triton.compile(ASTSource(fn, sig, consts),
                                      target=GPUTarget(backend, arch, warp),
@@ -162,18 +150,22 @@ def compile_all(targets: list[str]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    known = targets()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--target", action="append", choices=list(TARGETS),
+    ap.add_argument("--target", action="append", choices=list(known),
                     help="GPU target(s) to compile for (default: all)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
-    from ..plugin_kit import interpreting
-
     if interpreting():
         print("compile_check needs TRITON_INTERPRET=0 (the interpreter replaces the compiler)",
               file=sys.stderr)
         return 2
-    rows = compile_all(args.target or list(TARGETS))
+    if not known:
+        why = "; ".join(vendors()[1]) or "install dflash2rt-cuda or dflash2rt-rocm"
+        print(f"no installed plugin declares compile targets (dflash2rt_gpu_vendors): {why}",
+              file=sys.stderr)
+        return 2
+    rows = compile_all({t: known[t] for t in args.target or known})
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

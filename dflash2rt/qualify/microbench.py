@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -14,13 +14,15 @@ from ..bench.measure import sync
 from ..ops.batch import BlockNoise, SamplingBatch
 from ..ops.selector import SelectorParams
 
-# Peak DRAM bandwidth (GB/s) by device-name substring, from vendor data sheets.
-PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0, "L40S": 864.0, "MI300X": 5300.0,
-             "MI250X": 3277.0, "Max 1550": 3277.0, "Arc A770": 560.0}
 
+def peak_bandwidth(device_name: str, vendors: Sequence[Any] | None = None) -> float | None:
+    """Peak DRAM bandwidth (GB/s) of ``device_name`` from the first GPU vendor that lists it
+    (``GpuVendor.peak_gbps``, declared by the installed plugins); None when none does."""
+    if vendors is None:
+        from ..registry import Registry
 
-def peak_bandwidth(device_name: str) -> float | None:
-    return next((v for k, v in PEAK_GBPS.items() if k in device_name), None)
+        vendors = Registry.discover().vendors
+    return next((gbps for v in vendors if (gbps := v.peak_bandwidth(device_name))), None)
 
 
 def _time(fn: Callable[[], Any], device: torch.device, reps: int) -> float:

@@ -1,55 +1,28 @@
-"""NVIDIA CUDA backend: probe, dtypes, kernels and graph mode (vendor facts only)."""
+"""NVIDIA CUDA backend: vendor facts only (the generic probe and create are plugin_kit's)."""
 
 from __future__ import annotations
 
-import torch
+from dflash2rt import plugin_kit
+from dflash2rt.kernels.tuning import TritonFacts, Tuning
 
-from dflash2rt import plugin_kit as kit
-from dflash2rt.backend import Backend, BackendSpec, Probe
-from dflash2rt.hookspecs import hookimpl
-from dflash2rt.kernels.tuning import Tuning
-
-NAME = "cuda"
-PRIORITY = 100
-PCI_VENDOR = 0x10DE
-# Initial launch parameters; to be tuned on hardware (qualification reports the latency).
-TUNING = Tuning(block_h=128, block_v=2048, num_warps=4)   # 32-lane warps
-NODES = ("/dev/nvidia[0-9]*",)
-
-
-def probe() -> Probe:
-    hw = kit.hardware_summary("NVIDIA", PCI_VENDOR, *NODES)
-    build = kit.torch_build()
-    if getattr(torch.version, "hip", None):
-        return Probe(False, f"{build} is a ROCm build: use the 'rocm' backend; {hw}")
-    if not torch.version.cuda:
-        return Probe(False, f"{build} has no CUDA support: install a CUDA build of torch; {hw}")
-    if not torch.cuda.is_available():
-        return Probe(False, f"{build}, but torch.cuda.is_available() is False (no NVIDIA GPU "
-                     f"or driver visible){kit.visible_devices_note('CUDA_VISIBLE_DEVICES')}; {hw}")
-    error = kit.try_allocate("cuda:0")
-    if error:
-        return Probe(False, f"{build}: {error}; {hw}")
-    props = torch.cuda.get_device_properties(0)
-    dtypes = ("float32", "float16") + (("bfloat16",) if torch.cuda.is_bf16_supported() else ())
-    return Probe(
-        available=True,
-        device=f"cuda:0 {props.name} (sm_{props.major}{props.minor}, "
-               f"{props.total_memory / 2**30:.0f} GiB)",
-        kernels=kit.kernel_mode()[1], dtypes=dtypes, graphs=kit.cuda_graph_mode("CUDA"),
-        details={"torch": torch.__version__, "cuda": torch.version.cuda or "",
-                 "torch_device": "cuda:0"},
-    )
+VENDOR = plugin_kit.GpuVendor(
+    name="cuda", priority=100, summary="NVIDIA GPUs through CUDA",
+    vendor="NVIDIA", pci_vendor=0x10DE, device_nodes=("/dev/nvidia[0-9]*",),
+    visible_env=("CUDA_VISIBLE_DEVICES",),
+    torch_device="cuda", build="cuda", build_label="CUDA", other_builds=(("hip", "rocm"),),
+    driver_hint="no NVIDIA GPU or driver visible",
+    describe="{p.name} (sm_{p.major}{p.minor}, {gib:.0f} GiB)",
+    dtypes=("float32", "float16", "bfloat16"), bf16_if_supported=True,
+    # Initial launch parameters by warp size; to be tuned on hardware (qualification reports
+    # the latency). NVIDIA warps are 32 lanes.
+    triton=TritonFacts(backend="cuda", distribution="triton",
+                       tuning={32: Tuning(block_h=128, block_v=2048, num_warps=4)},
+                       compile_targets={"sm90": (90, 32), "sm80": (80, 32)}),
+    graphs=plugin_kit.GraphPolicy(graph_class="CUDAGraph", label="CUDA graphs"),
+    # Peak DRAM bandwidth (GB/s) by device-name substring, from the data sheets.
+    peak_gbps={"H200": 4800.0, "H100": 3350.0, "A100": 2039.0, "L40S": 864.0},
+)
 
 
-def create(p: Probe) -> Backend:
-    from dflash2rt.graphs.adapter import CudaGraphAdapter
-
-    return kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING,
-                           CudaGraphAdapter(torch.device(p.details["torch_device"])))
-
-
-@hookimpl
-def dflash2rt_backends() -> list[BackendSpec]:
-    return [BackendSpec(name=NAME, priority=PRIORITY, probe=probe, create=create,
-                        summary="NVIDIA GPUs through CUDA")]
+# The registry calls these (pluggy hook implementations made for VENDOR).
+dflash2rt_backends, dflash2rt_gpu_vendors = plugin_kit.vendor_hooks(VENDOR)

@@ -1,23 +1,24 @@
-"""Intel XPU backend: probe, dtypes, kernels, graph mode and optional IPEX (vendor facts only)."""
+"""Intel XPU backend: vendor facts, plus what only Intel needs: the optional IPEX pass, the
+graph self-test that gates opt-in XPU graphs, and float64 support read from the device."""
 
 from __future__ import annotations
 
 from importlib import metadata
+from typing import Any
 
 import torch
 
-from dflash2rt import plugin_kit as kit
-from dflash2rt.backend import Backend, BackendSpec, Probe
-from dflash2rt.hookspecs import hookimpl
-from dflash2rt.kernels.tuning import Tuning
+from dflash2rt import plugin_kit
+from dflash2rt.backend import Backend
+from dflash2rt.kernels.tuning import TritonFacts, Tuning
 
-NAME = "xpu"
-PRIORITY = 80
-PCI_VENDOR = 0x8086
-# Initial launch parameters; to be tuned on hardware (qualification reports the latency).
-TUNING = Tuning(block_h=128, block_v=1024, num_warps=8)    # 16/32-wide sub-groups
-NODES = ("/dev/dri/renderD*",)
 IPEX = "intel-extension-for-pytorch"
+GRAPHS_OPT_IN = "DFLASH2RT_XPU_GRAPHS"
+# Initial launch parameters; to be tuned on hardware (qualification reports the latency).
+# Intel GPUs run 16/32-wide sub-groups; torch's XPU wheels bring pytorch-triton-xpu, and the
+# PyPI triton cannot compile for Intel here, so there are no compile targets.
+TRITON = TritonFacts(backend="xpu", distribution="pytorch-triton-xpu",
+                     tuning={32: Tuning(block_h=128, block_v=1024, num_warps=8)})
 
 
 def ipex_state() -> tuple[bool | None, str]:
@@ -45,91 +46,74 @@ def ipex_pass(modules: list[torch.nn.Module]) -> str:
     return f"ipex {metadata.version(IPEX)}: ipex.optimize on {len(modules)} model(s)"
 
 
-GRAPHS_OPT_IN = "DFLASH2RT_XPU_GRAPHS"
-
-
-def graph_self_test(device: str) -> str | None:
-    """Capture and replay a small step; None when replay == eager, else why not."""
-    import os
-
-    if os.environ.get(GRAPHS_OPT_IN) != "1":
-        return f"off by default: set {GRAPHS_OPT_IN}=1 to opt in (gated by replay == eager)"
-    if not kit.graphs_wanted():
-        return f"off ({kit.GRAPHS_ENV}=0)"
-    from dflash2rt.graphs.adapter import GraphCaptureError, XpuGraphAdapter
-
-    try:
-        adapter = XpuGraphAdapter(torch.device(device))
-        x = torch.arange(64, dtype=torch.float32, device=device)
-        out = {}
-
-        def step() -> None:
-            out["y"] = torch.cumsum(x * 2 + 1, 0)
-
-        step()
-        graph = adapter.capture(step, adapter.new_pool())
-        x.add_(1)
-        graph.replay()
-        torch.xpu.current_stream().synchronize()   # stream-level sync (device sync has crashed)
-        if not torch.equal(out["y"].cpu(), torch.cumsum((x * 2 + 1).cpu(), 0)):
-            return "self-test failed: XPU graph replay != eager"
-    except GraphCaptureError as exc:
-        return f"self-test failed: {exc}"
-    except Exception as exc:  # noqa: BLE001 - the reason is the result
-        return f"self-test failed: {type(exc).__name__}: {exc}"
-    return None
-
-
-# oneAPI selects devices with ONEAPI_DEVICE_SELECTOR; Level Zero masks them with ZE_AFFINITY_MASK.
-VISIBLE = ("ONEAPI_DEVICE_SELECTOR", "ZE_AFFINITY_MASK")
-
-
-def probe() -> Probe:
-    hw = kit.hardware_summary("Intel", PCI_VENDOR, *NODES)
-    build = kit.torch_build()
-    ipex = ipex_state()[1]
-    xpu = getattr(torch, "xpu", None)
-    if xpu is None or not getattr(torch.version, "xpu", None):
-        return Probe(False, f"{build} has no XPU support: install an XPU build of torch; "
-                     f"IPEX {ipex}; {hw}")
-    if not xpu.is_available():
-        return Probe(False, f"{build}, but torch.xpu.is_available() is False (no Intel GPU or "
-                     f"Level Zero driver visible){kit.visible_devices_note(*VISIBLE)}; "
-                     f"IPEX {ipex}; {hw}")
-    error = kit.try_allocate("xpu:0")
-    if error:
-        return Probe(False, f"{build}: {error}; {hw}")
-    props = xpu.get_device_properties(0)
-    dtypes = ("float32", "float16", "bfloat16")
-    return Probe(
-        available=True,
-        device=f"xpu:0 {props.name} ({props.total_memory / 2**30:.0f} GiB)",
-        kernels=f"{kit.kernel_mode()[1]}; IPEX {ipex}", dtypes=dtypes,
-        graphs=graph_self_test("xpu:0") or "XPU graphs (torch.xpu.XPUGraph), self-test passed",
-        details={"torch": torch.__version__, "xpu": getattr(torch.version, "xpu", "") or "",
-                 "ipex": ipex, "torch_device": "xpu:0"},
-    )
-
-
-def create(p: Probe) -> Backend:
-    adapter = None
-    if p.graphs.startswith("XPU graphs"):
-        from dflash2rt.graphs.adapter import XpuGraphAdapter
-
-        adapter = XpuGraphAdapter(torch.device(p.details["torch_device"]))
-    backend = kit.gpu_backend(NAME, p, tuple(getattr(torch, d) for d in p.dtypes), TUNING,
-                              adapter)
-    if adapter is None:
-        backend.report_fallback(f"XPU graphs not used: {p.graphs}")
+def finish(backend: Backend) -> None:
+    """Use IPEX where it matches torch; report it where it is installed but does not."""
     usable, ipex = ipex_state()
     if usable:
         backend.model_pass = ipex_pass
     elif usable is False:
         backend.report_fallback(f"IPEX {ipex}")
-    return backend
 
 
-@hookimpl
-def dflash2rt_backends() -> list[BackendSpec]:
-    return [BackendSpec(name=NAME, priority=PRIORITY, probe=probe, create=create,
-                        summary="Intel GPUs through torch.xpu (IPEX optional)")]
+def has_fp64(props: Any) -> bool:
+    """Some Intel GPUs (Arc) have no float64 units: torch.xpu reports it per device."""
+    return bool(getattr(props, "has_fp64", True))
+
+
+def graph_self_test(adapter: Any) -> str | None:
+    """Capture a conv step (triton kernel when the kernels are usable, else torch ops, then a
+    cumsum) for two buckets into one shared pool, warmed up on the capture stream; replay both
+    and the first again after changing their inputs; None when every replay == eager."""
+    from dflash2rt.backend import TorchOpsBackend
+
+    dev, f32 = adapter.device, (torch.float32,)
+    if plugin_kit.kernel_mode()[0]:
+        from dflash2rt.kernels.backend import KernelBackend
+
+        be: Backend = KernelBackend("xpu-self-test", dev, f32, TRITON.tuning_for(None))
+    else:
+        be = TorchOpsBackend("xpu-self-test", dev, f32)
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(dev)   # noqa: E731
+    base, pool, runs = rnd(3, 96), adapter.new_pool(), []
+    for n in (8, 16):                                # two buckets (block 4), one shared pool
+        x, delta, out = rnd(n, 96), rnd(n, 3, 6), {}
+
+        def step(x=x, delta=delta, out=out) -> None:
+            out["y"] = torch.cumsum(be.conv_prepare(x, base, delta, 4), 0)   # [n, 96]
+
+        with adapter.capture_stream():
+            step()                                   # warm-up where the capture runs
+        runs.append((adapter.capture(step, pool), x, delta, out))
+    for graph, x, delta, out in runs + runs[:1]:
+        x.mul_(-0.5)
+        delta.add_(0.25)
+        graph.replay()
+        want = torch.cumsum(be.conv_prepare(x, base, delta, 4), 0)
+        torch.xpu.current_stream(dev).synchronize()  # stream-level sync (device sync has crashed)
+        if not torch.equal(out["y"].cpu(), want.cpu()):
+            return f"XPU graph replay != eager (bucket of {x.shape[0]} rows, shared pool)"
+    return None
+
+
+VENDOR = plugin_kit.GpuVendor(
+    name="xpu", priority=80, summary="Intel GPUs through torch.xpu (IPEX optional)",
+    vendor="Intel", pci_vendor=0x8086, device_nodes=("/dev/dri/renderD*",),
+    # oneAPI selects devices with ONEAPI_DEVICE_SELECTOR; Level Zero masks them with
+    # ZE_AFFINITY_MASK.
+    visible_env=("ONEAPI_DEVICE_SELECTOR", "ZE_AFFINITY_MASK"),
+    torch_device="xpu", build="xpu", build_label="XPU",
+    driver_hint="no Intel GPU or Level Zero driver visible",
+    describe="{p.name} ({gib:.0f} GiB)", dtypes=("float32", "float16", "bfloat16"),
+    triton=TRITON,
+    # XPU graphs are driver-sensitive (see PORTABILITY.md): opt-in, gated by the self-test.
+    graphs=plugin_kit.GraphPolicy(graph_class="XPUGraph", label="XPU graphs",
+                           opt_in_env=GRAPHS_OPT_IN, self_test=graph_self_test),
+    # Peak DRAM bandwidth (GB/s) by device-name substring, from the data sheets.
+    peak_gbps={"Max 1550": 3277.0, "Arc A770": 560.0},
+    fp64=has_fp64, note=lambda: ("IPEX", ipex_state()[1]), finish=finish,
+)
+
+
+# The registry calls these (pluggy hook implementations made for VENDOR).
+dflash2rt_backends, dflash2rt_gpu_vendors = plugin_kit.vendor_hooks(VENDOR)

@@ -1,0 +1,82 @@
+"""Tiny inputs for every kernel case (greedy and sampled paths), and the one-time smoke launch
+of a backend's ops on them. ``compile_check`` compiles the same cases without a device."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from ..ops.batch import BlockNoise, SamplingBatch
+from ..ops.selector import SelectorParams
+
+if TYPE_CHECKING:
+    from ..backend import Backend
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cases(dtype: torch.dtype, device: torch.device | str = "cpu"
+          ) -> dict[str, tuple[str, Callable[[], tuple[Any, ...]]]]:
+    """case → (Backend method, a function making its arguments): conv prepare / finish, select
+    and verify greedy / sampled, on ``device`` in ``dtype``."""
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(device, dtype)   # noqa: E731
+    ids = lambda *v: torch.tensor(v, device=device)                    # noqa: E731
+
+    def batch(temp: float) -> SamplingBatch:
+        return SamplingBatch.build([temp, 0.0], [0, 0], [1.0, 1.0], device)
+
+    def conv(finish: bool) -> tuple[Any, ...]:
+        x, a = rnd(12, 96), rnd(12, 96)                  # [N, H], block 4
+        base, delta = rnd(3, 96), rnd(12, 3, 6)          # [Tk, H], [N, Tk, G]
+        return (x, a, base, delta, 4) if finish else (x, base, delta, 4)
+
+    def select(temp: float) -> tuple[Any, ...]:
+        r, gamma, v, rank = 2, 5, 64, 8
+        return (rnd(r, gamma, v), rnd(r, gamma, rank), ids(1, 2), rnd(v, rank), rnd(v, rank),
+                SelectorParams(4, 0.5, None), batch(temp),
+                torch.rand(r, gamma, generator=g).to(device))
+
+    def verify(temp: float) -> tuple[Any, ...]:
+        r, gamma, v, k = 2, 4, 3001, 4      # V above every block_v: the tuned chunk runs
+        cand = (torch.arange(r * gamma * k).view(r, gamma, k) % v).to(device)
+        noise = BlockNoise.draw(ids(1, 2), torch.zeros(2, dtype=torch.long, device=device),
+                                ids(0, 3), gamma)
+        return (rnd(r, gamma + 1, v), cand[..., 0], cand,
+                torch.full((r, gamma, k), 1.0 / k, device=device), batch(temp), noise, False)
+
+    out: dict[str, tuple[str, Callable[[], tuple[Any, ...]]]] = {}
+    for f in ("prepare", "finish"):
+        out[f"conv-{f}"] = (f"conv_{f}", lambda f=f: conv(f == "finish"))
+    for mode, temp in (("greedy", 0.0), ("sampled", 0.8)):
+        out[f"select-{mode}"] = ("select", lambda t=temp: select(t))
+        out[f"verify-{mode}"] = ("verify", lambda t=temp: verify(t))
+    return out
+
+
+def smoke_launch(backend: "Backend") -> None:
+    """Launch every op of ``backend`` once on tiny float32 inputs on its device and wait for
+    the results; raises RuntimeError naming the first case that fails."""
+    for case, (method, make) in cases(torch.float32, backend.device).items():
+        try:
+            out = getattr(backend, method)(*make())
+            for t in _tensors(out):
+                t.cpu()                                  # waits for the launch to finish
+        except Exception as exc:  # noqa: BLE001 - one reason for the caller
+            raise RuntimeError(f"smoke launch of {case} on {backend.device} failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [v for v in vars(out).values() if isinstance(v, torch.Tensor)] \
+        if hasattr(out, "__dict__") else []
+
+
+def active_target() -> str:
+    """The target backend of Triton's active driver in this process ("cuda", "hip", "xpu")."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_target().backend
