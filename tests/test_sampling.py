@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dflash2rt.errors import SamplingParamsError
+from dflash2rt.ops import exact32
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
 from dflash2rt.ops.sampling import check_sampling_params, inverse_cdf, target_probs
 from dflash2rt.ops.verify import verify
@@ -67,3 +68,61 @@ def test_induced_law_of_draft_then_verify_is_p():
     accept = float((out.accept_len == 1).double().mean())
     tv_pq = float((p - q_law.double()).abs().sum()) / 2
     assert abs(accept - (1 - tv_pq)) < 3 / n
+
+
+# ---- the float32 formulation (devices without float64, ops.exact32) ----
+def test_inverse_cdf32_reads_the_low_part():
+    """w = (1 + 2^-30, 1), u = 1/2: the target 1 + 2^-31 falls below the first CDF step only
+    when the low part 2^-30 is counted (float64 counts it)."""
+    hi, lo = torch.tensor([[1.0, 1.0]]), torch.tensor([[2.0 ** -30, 0.0]])
+    u = torch.tensor([0.5])
+    assert inverse_cdf(hi.double() + lo.double(), u).tolist() == [0]
+    assert exact32.inverse_cdf32(hi, u, lo).tolist() == [0]
+    assert exact32.inverse_cdf32(hi, u).tolist() == [1]
+
+
+def test_inverse_cdf32_scales_subnormal_weights():
+    """w = 3 × 2^-149, u = 1/2: u·total = 1.5·2^-149 is no float32; scaled first, it is exact."""
+    w, u = torch.full((1, 3), 2.0 ** -149), torch.tensor([0.5])
+    assert exact32.inverse_cdf32(w, u).tolist() == inverse_cdf(w.double(), u).tolist() == [1]
+
+
+def test_mantissa_exponent_from_bits_matches_frexp():
+    x = torch.randint(-2 ** 31, 2 ** 31 - 1, (50000,), generator=torch.Generator().manual_seed(9),
+                      dtype=torch.int64).to(torch.int32).view(torch.float32)
+    x = torch.cat([x[torch.isfinite(x) & (x != 0)], torch.tensor([2.0 ** -149, -2.0 ** -127])])
+    m, e = exact32._mant_exp(x)
+    f, want_e = torch.frexp(x)
+    assert torch.equal(m, (f * 2.0 ** 24).to(torch.int64))
+    assert torch.equal(e, want_e.to(torch.int64) - 24)
+
+
+def _weights(g, shape, kind):
+    w = torch.rand(*shape, generator=g) ** 4
+    w[torch.rand(*shape, generator=g) < 0.3] = 0.0
+    w[..., -3:] = 0.0                                           # trailing zeros: the clamp
+    if kind == "tiny":
+        w = w * 1e-38                                           # subnormal weights
+    if kind == "dyadic":
+        w = torch.randint(0, 16, shape, generator=g).to(torch.float32) / 16
+    return w
+
+
+@pytest.mark.parametrize("kind", ["plain", "tiny", "dyadic"])
+def test_inverse_cdf32_matches_float64(kind):
+    g = torch.Generator().manual_seed(2)
+    w = _weights(g, (64, 300), kind)
+    w[0] = 0.0                                                  # no mass
+    for u in (torch.rand(64, generator=g), torch.full((64,), 1 - 2.0 ** -24),
+              torch.full((64,), 2.0 ** -24), torch.randint(0, 16, (64,), generator=g) / 16,
+              torch.randint(0, 16, (64,), generator=g) / 16 + 1 / 32):
+        u = u.to(torch.float32)
+        assert torch.equal(exact32.inverse_cdf32(w, u), inverse_cdf(w.double(), u))
+
+
+def test_inverse_cdf32_bad_laws():
+    nan, inf = float("nan"), float("inf")
+    w = torch.tensor([[0.2, 0.3], [nan, 1.0], [inf, 1.0], [-0.1, 1.0], [0.0, 0.0]])
+    u = torch.full((5,), 0.5)
+    assert exact32.inverse_cdf32(w, u).tolist() == inverse_cdf(w.double(), u).tolist() \
+        == [1, -1, -1, -1, -1]

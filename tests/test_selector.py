@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dflash2rt.errors import InvalidInputError
+from dflash2rt.ops import exact32, selector, verify as ops_verify
 from dflash2rt.ops.batch import SamplingBatch
 from dflash2rt.ops.selector import SelectorParams, select, topk_lowest_index, unary_scores
 
@@ -107,3 +108,22 @@ def test_nan_rows_are_flagged_and_bad_args_raise():
     with pytest.raises(InvalidInputError, match="top_k"):
         select(logits, proj, anchor, a, b, SelectorParams(top_k=13),
                SamplingBatch.greedy_batch(2), u)
+
+
+def test_selector_and_sample_next_fp32_equal_fp64():
+    g = torch.Generator().manual_seed(4)
+    r, gamma, v, rank = 16, 4, 50, 3
+    logits = torch.randn(r, gamma, v, generator=g)
+    args = (logits, torch.randn(r, gamma, rank, generator=g),
+            torch.randint(0, v, (r,), generator=g),
+            torch.randn(v, rank, generator=g), torch.randn(v, rank, generator=g),
+            selector.SelectorParams(6), SamplingBatch.build([0.9] * (r - 1) + [0.0], [0] * r,
+                                                            [1.0] * r),
+            torch.rand(r, gamma, generator=g))
+    a, b = selector.select(*args, has_fp64=True), selector.select(*args, has_fp64=False)
+    assert torch.equal(a.draft, b.draft) and torch.equal(a.q, b.q)
+    u = torch.rand(r, generator=g)
+    want = ops_verify.sample_next(logits[:, 0], args[6], u)
+    with exact32.without_fp64():
+        got = ops_verify.sample_next(logits[:, 0], args[6], u)
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])

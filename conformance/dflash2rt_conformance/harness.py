@@ -16,14 +16,15 @@ _FIXED = {"f32": torch.float32, "f64": torch.float64, "i64": torch.int64, "bool"
 
 
 @dataclass(frozen=True)
-class In:
-    """One input: ``kind`` "x" (the dtype under test), "f32", "f64", "i64", "bool" or "obj"."""
+class Arg:
+    """One input of an op: ``kind`` "x" (a tensor in the dtype under test), a fixed tensor dtype
+    ("f32", "f64", "i64", "bool") or "obj" (a Python object passed as is to both sides)."""
 
     value: Any
     kind: str = "x"
 
 
-def materialize(inputs: dict[str, In], dtype: str, device) -> tuple[dict, dict]:
+def materialize(inputs: dict[str, Arg], dtype: str, device) -> tuple[dict, dict]:
     """→ (torch inputs on ``device``, reference inputs: the same values as float64 NumPy)."""
     t_in, r_in = {}, {}
     for name, x in inputs.items():
@@ -38,7 +39,7 @@ def materialize(inputs: dict[str, In], dtype: str, device) -> tuple[dict, dict]:
     return t_in, r_in
 
 
-def shapes(inputs: dict[str, In], dtype: str) -> dict[str, str]:
+def shapes(inputs: dict[str, Arg], dtype: str) -> dict[str, str]:
     out = {}
     for k, x in inputs.items():
         if x.kind != "obj":
@@ -49,10 +50,11 @@ def shapes(inputs: dict[str, In], dtype: str) -> dict[str, str]:
 
 def run_sample(spec, sample, dtype: str, backend, recorder, level: str = "L1") -> None:
     """Compare every output of ``spec`` on ``sample`` (raises ConformanceFailure)."""
-    inputs = spec.make(sample, dtype)
+    inputs = spec.make_inputs(sample, dtype)
     t_in, r_in = materialize(inputs, dtype, backend.device)
     want = spec.reference(r_in)
-    got = spec.call(backend, t_in)
+    with backend.run_context():       # as inside a decode (e.g. float32 path without fp64)
+        got = spec.call(backend, t_in)
     ctx = Context(level, spec.name, dtype, sample.name, sample.seed, shapes(inputs, dtype))
     for name, (kind, out_dtype) in spec.outputs.items():
         out_dtype = DTYPES[dtype] if out_dtype == "x" else out_dtype

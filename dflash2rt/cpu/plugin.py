@@ -9,7 +9,7 @@ import torch
 
 from ..backend import Backend, BackendSpec, Probe, TorchOpsBackend
 from ..hookspecs import hookimpl
-from . import interpret
+from . import interpret, nofp64
 
 DTYPES = ("float32", "float64", "bfloat16")
 
@@ -33,4 +33,5 @@ def create(_: Probe) -> Backend:
 @hookimpl
 def dflash2rt_backends() -> list[BackendSpec]:
     return [BackendSpec(name="cpu", priority=0, probe=probe, create=create,
-                        summary="built-in CPU backend (embedded default)"), interpret.SPEC]
+                        summary="built-in CPU backend (embedded default)"), interpret.SPEC,
+            nofp64.SPEC]

@@ -1,10 +1,16 @@
-"""A backend whose conv, selector walk and verification run as the shared Triton kernels."""
+"""A backend whose conv, selector walk and verification run as the shared Triton kernels.
+
+On a device without float64 (``has_fp64=False``: Intel Arc A-series) the sampled select / verify,
+whose kernels compute in tl.float64, run the float32 formulation of the torch ops instead
+(``dflash2rt.ops.exact32``), reported as a standing fallback; greedy batches stay on the kernels.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from ..backend import TORCH_OPS, TRITON_INTERPRETER, TRITON_KERNEL, TorchOpsBackend
+from ..ops import selector as ops_selector, verify as ops_verify
 from . import conv, selector, verify
 from .tuning import DEFAULT, Tuning
 
@@ -22,9 +28,12 @@ class KernelBackend(TorchOpsBackend):
     Triton kernels launched with the vendor's ``tuning``."""
 
     def __init__(self, name: str, device: torch.device | str, dtypes: tuple[torch.dtype, ...],
-                 tuning: Tuning = DEFAULT) -> None:
-        super().__init__(name, device, dtypes)
+                 tuning: Tuning = DEFAULT, has_fp64: bool = True) -> None:
+        super().__init__(name, device, dtypes, has_fp64)
         self.tuning = tuning
+        if not has_fp64:
+            self.report_fallback("no float64 on this device: sampled select / verify run the "
+                                 "float32 torch ops (exact acceptance; the kernels use float64)")
 
     @property
     def implementation(self) -> dict[str, str]:
@@ -40,8 +49,14 @@ class KernelBackend(TorchOpsBackend):
         return conv.conv_finish(h, a, base, delta, block_size, self.tuning)
 
     def select(self, logits, proj, anchor, pred_codebook, succ_codebook, params, sampling, u_walk):
+        if sampling.any_sampled and not self.has_fp64:
+            return ops_selector.select(logits, proj, anchor, pred_codebook, succ_codebook,
+                                       params, sampling, u_walk, has_fp64=False)
         return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params,
                                sampling, u_walk, self.tuning)
 
     def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
+        if sampling.any_sampled and not self.has_fp64:
+            return ops_verify.verify(logits, draft, candidates, q, sampling, noise, check,
+                                     has_fp64=False)
         return verify.verify(logits, draft, candidates, q, sampling, noise, check, self.tuning)

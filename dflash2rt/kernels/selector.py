@@ -3,7 +3,8 @@
 Top-K and the unary scores come from torch (``topk_lowest_index``, ``unary_scores``); the kernel
 keeps the K candidates of a slot in registers, scores the lattice row of the previous pick, and
 walks: greedy argmax (lowest index on ties) or inverse CDF of softmax((row - max row) / T), and
-flags a request whose walk read a lattice row that is not a finite law.
+flags a request whose walk read a lattice row that is not a finite law. The sampled walk sums
+in tl.float64; on a device without float64 ``KernelBackend`` uses the float32 torch ops.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ One program per request. Greedy rows scan the logits for per-row argmaxes (lowes
 Sampled rows decide u·q(d) < p(d) in float64, then scan the vocabulary twice in chunks for the
 residual norm((p − q)+) (or p when that mass is 0, or p_γ for the bonus): once for its mass, once
 for the inverse CDF; a row with no finite positive mass emits -1 and is flagged. Logit
-processing (temperature, top-k, top-p) stays in torch (``p`` input).
+processing (temperature, top-k, top-p) stays in torch (``p`` input). On a device without float64
+``KernelBackend`` runs sampled batches through the float32 torch ops instead (``ops.exact32``).
 """
 
 from __future__ import annotations

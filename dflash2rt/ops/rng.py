@@ -7,7 +7,8 @@ CPU tensors the arithmetic is exact uint64 NumPy; elsewhere int64 tensors with 1
 the 32x32-bit products, which is exact on every torch device (both paths are tested equal).
 
 Uniforms are ``(2k + 1) * 2**-24`` for a 23-bit ``k``: exactly representable in float32, never 0
-or 1, and ``u * q`` with float32 ``q`` is exact in float64 (24 + 24 < 53 bits).
+or 1, and ``u * q`` with float32 ``q`` is exact in float64 (24 + 24 < 53 bits); devices without
+float64 decide ``u * q < p`` exactly in int64 instead (``exact32.accept``).
 """
 
 from __future__ import annotations

@@ -100,6 +100,7 @@ def bad_rows(logits: torch.Tensor) -> torch.Tensor:
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Sample index per row from non-negative weights [..., V] (float64) with uniforms u [...].
+    (Devices without float64 use ``exact32.inverse_cdf32``, the same contract in float32.)
 
     Returns the first index whose cumulative weight exceeds u·total, clamped to the last index
     with positive weight (rounding can leave the cumulative sum short of u·total). An index with

@@ -7,8 +7,10 @@
 The walk starts at the anchor and at slot e reads the lattice row of the candidate it took at
 slot e-1: greedy takes the argmax (lowest index on ties, q one-hot); sampling draws from
 q_e = softmax(row / T) (computed as softmax((row - max row) / T), which cannot overflow) by
-inverse CDF with the slot's walk uniform. A lattice row the walk reads that holds NaN / +inf or
-no finite entry flags the request (``bad_lattice``): its draft is not drawn from a law.
+inverse CDF with the slot's walk uniform — over float64 cumulative sums, or with ``has_fp64``
+False over double-float float32 sums (``exact32.inverse_cdf32``: the same index except within
+(2^-40 + K·2^-53)·total of a CDF breakpoint; no float64 tensor). A lattice row the walk reads that holds NaN /
++inf or no finite entry flags the request (``bad_lattice``): its draft is not drawn from a law.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InvalidInputError
+from . import exact32
 from .batch import SamplingBatch
 from .sampling import bad_rows, inverse_cdf, scale
 
@@ -82,8 +85,10 @@ def check_select_args(logits: torch.Tensor, proj: torch.Tensor, pred_codebook: t
 
 def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
            pred_codebook: torch.Tensor, succ_codebook: torch.Tensor, params: SelectorParams,
-           sampling: SamplingBatch, u_walk: torch.Tensor) -> SelectorOut:
-    """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], u_walk [R, γ] → SelectorOut."""
+           sampling: SamplingBatch, u_walk: torch.Tensor, has_fp64: bool | None = None
+           ) -> SelectorOut:
+    """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], u_walk [R, γ] → SelectorOut.
+    ``has_fp64`` False: the walk draw in float32 (None: ``exact32.fp64_enabled()``)."""
     r, gamma, v = logits.shape
     k = params.top_k
     check_select_args(logits, proj, pred_codebook, succ_codebook, params, u_walk)
@@ -97,7 +102,9 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
     if sampling.any_sampled:
         temp = torch.where(sampling.greedy, 1.0, sampling.temperature).view(r, 1, 1, 1)
         law = torch.softmax(scale(score, temp), dim=-1)                   # [R, γ, K, K] float32
-        drawn = inverse_cdf(law.double(), u_walk.view(r, gamma, 1).expand(r, gamma, k))
+        u = u_walk.view(r, gamma, 1).expand(r, gamma, k)
+        drawn = inverse_cdf(law.double(), u) if exact32.fp64_enabled(has_fp64) else \
+            exact32.inverse_cdf32(law, u)
         sampled = ~sampling.greedy.view(r, 1, 1)
         row_bad = row_bad | (sampled & (drawn < 0))
         choice = torch.where(sampled, drawn.clamp(min=0), choice)

@@ -4,10 +4,14 @@ Greedy rows (T = 0): accept the longest prefix with d_j == argmax(logits_j) (low
 ties); emit the target argmax at the first mismatch, or the bonus after the last slot.
 
 Sampled rows: chain speculative sampling with the sparse draft law q (q(x) = Σ_k q_k [cand_k = x]).
-Accept d_j iff u_j · q_j(d_j) < p_j(d_j), evaluated in float64 where it is exact for float32
-p, q and 24-bit u. On the first rejection draw from norm((p_j - q_j)_+) — from p_j when that mass
-is 0 — and after a fully accepted block draw the bonus from p_γ. Tokens with p = 0 are never
-emitted. Acceptance, residual and bonus uniforms are separate inputs (separate RNG streams).
+Accept d_j iff u_j · q_j(d_j) < p_j(d_j). Two formulations (``has_fp64``): in float64, where
+the product of float32 u and q is exact; or, on devices without float64, in float32 and int64
+only (``exact32``), where the decision is exact by integer mantissa/exponent arithmetic — the
+same decision bit for bit. On the first rejection draw from norm((p_j - q_j)_+) — from p_j when
+that mass is 0 — and after a fully accepted block draw the bonus from p_γ: by inverse CDF over
+float64 sums, or over exact double-float (p - q)+ and double-float prefix sums, which agree with
+float64 except within (2^-40 + V·2^-53)·total of a CDF breakpoint (``exact32``). Tokens
+with p = 0 are never emitted. Acceptance, residual and bonus uniforms are separate inputs (separate RNG streams).
 A sampled row whose q is not finite and non-negative, or gives its own draft token no mass (NaN
 included), is flagged ``bad_q``; any other row with nothing to draw from is flagged ``bad``.
 """
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InvalidInputError, NonFiniteLogitsError
+from . import exact32
 from .batch import BlockNoise, SamplingBatch
 from .sampling import bad_rows, inverse_cdf, target_probs
 
@@ -96,10 +101,13 @@ def check_verify_args(logits: torch.Tensor, draft: torch.Tensor, candidates: tor
 
 
 def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor,
-           sampling: SamplingBatch, noise: BlockNoise, check: bool = True) -> VerifyOut:
+           sampling: SamplingBatch, noise: BlockNoise, check: bool = True,
+           has_fp64: bool | None = None) -> VerifyOut:
     """logits [R, γ+1, V] of the verify pass over [anchor, d_1..d_γ]; draft [R, γ];
     candidates, q [R, γ, K]. With ``check`` a NaN row raises at once; the engine passes False
-    and checks ``bad`` at its one device→host synchronisation per step."""
+    and checks ``bad`` at its one device→host synchronisation per step. ``has_fp64`` False
+    takes the float32 formulation (None: ``exact32.fp64_enabled()``)."""
+    fp64 = exact32.fp64_enabled(has_fp64)
     r, rows, v = check_verify_args(logits, draft, candidates, q)
     gamma = rows - 1
     bad = bad_rows(logits).any(dim=1)
@@ -108,8 +116,10 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
     emitted = top.gather(1, acc.view(r, 1)).view(r)
     bad_q = torch.zeros_like(bad)
     if sampling.any_sampled:
-        q_d = draft_mass(draft, candidates, q)                                      # [R, γ]
-        acc_s, emitted_s = _verify_sampled(logits, draft, candidates, q, q_d, sampling, noise)
+        q_d, q_lo = (draft_mass(draft, candidates, q), None) if fp64 else \
+            exact32.draft_mass32(draft, candidates, q)                              # [R, γ]
+        acc_s, emitted_s = _verify_sampled(logits, draft, candidates, q, (q_d, q_lo), sampling,
+                                           noise)
         acc = torch.where(sampling.greedy, acc, acc_s)
         emitted = torch.where(sampling.greedy, emitted, emitted_s)
         bad_q = ~sampling.greedy & law_broken(q, q_d)
@@ -121,44 +131,57 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
 
 
 def _verify_sampled(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
-                    q: torch.Tensor, q_d: torch.Tensor, sampling: SamplingBatch,
-                    noise: BlockNoise) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chain speculative sampling → (accept_len [R], emitted token [R])."""
+                    q: torch.Tensor, q_d: tuple[torch.Tensor, torch.Tensor | None],
+                    sampling: SamplingBatch, noise: BlockNoise
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chain speculative sampling → (accept_len [R], emitted token [R]). ``q_d``: (float64 q(d),
+    None), or the float32 formulation's double-float (hi, lo)."""
     r, rows, v = logits.shape
     gamma = rows - 1
+    fp64 = q_d[1] is None
     p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)  # [R, γ+1, V]
-    p_d = p[:, :gamma].gather(-1, draft.unsqueeze(-1)).squeeze(-1).double()       # [R, γ]
-    acc = _prefix_len(noise.accept.double() * q_d < p_d)                            # strict <
+    p_d = p[:, :gamma].gather(-1, draft.unsqueeze(-1)).squeeze(-1)                 # [R, γ]
+    ok = noise.accept.double() * q_d[0] < p_d.double() if fp64 else \
+        exact32.accept(noise.accept, q_d[0], q_d[1], p_d)
+    acc = _prefix_len(ok)                                                           # strict <
     # The row that emits: the first rejected slot, or row γ (bonus, where q is empty).
     row = acc.view(r, 1, 1)
-    p_row = p.gather(1, row.expand(r, 1, v)).squeeze(1).double()                   # [R, V]
+    p_row = p.gather(1, row.expand(r, 1, v)).squeeze(1)                            # [R, V]
     rejected = acc < gamma
     slot = acc.clamp(max=gamma - 1).view(r, 1, 1)
-    q_dense = torch.zeros(r, v, dtype=torch.float64, device=logits.device)
-    q_dense.scatter_add_(1, candidates.gather(1, slot.expand(-1, 1, candidates.shape[2]))
-                         .squeeze(1), q.gather(1, slot.expand(-1, 1, q.shape[2])).squeeze(1)
-                         .double())
-    q_dense = torch.where(rejected.view(r, 1), q_dense, 0.0)
-    resid = (p_row - q_dense).clamp(min=0.0)
-    empty = resid.sum(dim=1, keepdim=True) <= 0
-    weights = torch.where(empty, p_row, resid)
+    cand_s = candidates.gather(1, slot.expand(-1, 1, candidates.shape[2])).squeeze(1)
+    q_s = torch.where(rejected.view(r, 1), q.gather(1, slot.expand(-1, 1, q.shape[2])).squeeze(1),
+                      0.0)                                                          # [R, K]
     u = torch.where(rejected, noise.residual.gather(1, acc.clamp(max=gamma - 1).view(r, 1))
                     .view(r), noise.bonus)
-    return acc, inverse_cdf(weights, u)
+    if not fp64:
+        hi, lo = exact32.residual32(p_row, cand_s, q_s)
+        empty = ~(hi > 0).any(dim=1, keepdim=True)
+        return acc, exact32.inverse_cdf32(torch.where(empty, p_row, hi), u,
+                                          torch.where(empty, 0.0, lo))
+    p_row = p_row.double()
+    q_dense = torch.zeros(r, v, dtype=torch.float64, device=logits.device)
+    q_dense.scatter_add_(1, cand_s, q_s.double())
+    resid = (p_row - q_dense).clamp(min=0.0)
+    empty = resid.sum(dim=1, keepdim=True) <= 0
+    return acc, inverse_cdf(torch.where(empty, p_row, resid), u)
 
 
-def sample_next(logits: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(logits: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor,
+                has_fp64: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per request from target logits [R, V] (greedy rows: argmax) with uniforms u [R].
 
-    Used after prefill and by target-only decoding. Returns (token [R], bad [R]).
+    Used after prefill and by target-only decoding (the engine calls it directly: inside
+    ``Backend.run_context()`` of a backend without float64 it takes the float32 formulation).
+    Returns (token [R], bad [R]).
     """
     bad = bad_rows(logits)
     token = torch.argmax(logits, dim=-1)
     if sampling.any_sampled:
         p = target_probs(logits.unsqueeze(1), sampling.temperature, sampling.top_k,
                          sampling.top_p)[:, 0]
-        drawn = inverse_cdf(p.double(), u)                                # -1: not a law
+        drawn = inverse_cdf(p.double(), u) if exact32.fp64_enabled(has_fp64) else \
+            exact32.inverse_cdf32(p, u)                                   # -1: not a law
         token = torch.where(sampling.greedy, token, drawn)
         bad = bad | (~sampling.greedy & (drawn < 0))
     return token, bad

@@ -1,0 +1,90 @@
+"""The opt-in ``cpu-nofp64`` backend: the CPU torch ops with float64 forbidden, as on Intel GPUs
+without float64 (Arc A-series), so CI proves that a decode never touches a float64 tensor.
+
+``Float64Forbidden`` is a TorchDispatchMode that raises ``Float64Error`` on any aten op with a
+float64 tensor among its inputs or outputs (Python scalars are not tensors and pass). The
+backend's ``run_context()`` (the whole decode of ``Engine.generate``) and every op method run
+under it; ``has_fp64 = False`` makes the ops take their float32 formulation (``ops.exact32``).
+NumPy work outside torch (the CPU Philox path) is not seen by the mode and is not device work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ..backend import Backend, BackendSpec, Probe, TorchOpsBackend
+
+NAME = "cpu-nofp64"
+
+
+class Float64Error(RuntimeError):
+    """A float64 tensor appeared where the device has no float64."""
+
+
+def _has_f64(tree) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.dtype == torch.float64
+               for x in tree_flatten(tree)[0])
+
+
+class Float64Forbidden(TorchDispatchMode):
+    """Raise ``Float64Error`` on any op with a float64 tensor input or output."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _has_f64((args, kwargs)):
+            raise Float64Error(f"{func}: float64 tensor input on a device without float64")
+        if kwargs.get("dtype") == torch.float64:
+            raise Float64Error(f"{func}: dtype=float64 on a device without float64")
+        out = func(*args, **kwargs)
+        if _has_f64(out):
+            raise Float64Error(f"{func}: float64 tensor output on a device without float64")
+        return out
+
+
+def _forbidding(method):
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        with Float64Forbidden():
+            return method(self, *args, **kwargs)
+    return wrapped
+
+
+class NoFp64Backend(TorchOpsBackend):
+    """``TorchOpsBackend`` with ``has_fp64=False``, every op under ``Float64Forbidden``."""
+
+    def __init__(self) -> None:
+        super().__init__(NAME, "cpu", (torch.float32, torch.bfloat16), has_fp64=False)
+
+    def run_context(self) -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        stack.enter_context(super().run_context())
+        stack.enter_context(Float64Forbidden())
+        return stack
+
+    conv_prepare = _forbidding(TorchOpsBackend.conv_prepare)
+    conv_finish = _forbidding(TorchOpsBackend.conv_finish)
+    select = _forbidding(TorchOpsBackend.select)
+    verify = _forbidding(TorchOpsBackend.verify)
+    noise = _forbidding(TorchOpsBackend.noise)
+
+
+def probe() -> Probe:
+    return Probe(available=True, device="cpu (float64 forbidden)",
+                 kernels="torch eager ops, float32 formulation of the sampled path",
+                 dtypes=("float32", "bfloat16"), fp64=False,
+                 graphs="none: eager on CPU (no graph API for CPU tensors)",
+                 details={"torch": torch.__version__})
+
+
+def create(_: Probe) -> Backend:
+    return NoFp64Backend()
+
+
+SPEC = BackendSpec(name=NAME, priority=0, probe=probe, create=create, opt_in=True,
+                   summary="CPU torch ops with float64 forbidden, as on Intel GPUs without fp64 "
+                           "(CI lane for the float32 formulation of the sampled path)")
