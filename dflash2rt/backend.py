@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .ops import conv, selector, verify
+from .ops import conv, exact32, selector, verify
 from .ops.batch import BlockNoise, SamplingBatch
 
 # What executes an op (Backend.implementation): the words every report uses.
@@ -21,7 +22,8 @@ class Probe:
     """What a backend found at run time on this machine.
 
     ``reason`` says why the backend is unavailable (never empty then); for an available backend it
-    may add a note. ``kernels``, ``dtypes`` and ``graphs`` say what the backend would use here.
+    may add a note. ``kernels``, ``dtypes`` and ``graphs`` say what the backend would use here;
+    ``fp64``: whether the device computes in float64 (some Intel GPUs do not).
     """
 
     available: bool
@@ -31,10 +33,26 @@ class Probe:
     dtypes: tuple[str, ...] = ()
     graphs: str = ""
     details: Mapping[str, str] = field(default_factory=dict)
+    fp64: bool = True
 
     def __post_init__(self) -> None:
         if not self.available and not self.reason.strip():
             raise ValueError("an unavailable backend must say why (Probe.reason)")
+
+
+class Fallbacks:
+    """One run's record of every alternative path taken, each once, in order: the backend's
+    standing fallbacks first, then what the run reported (a graph bucket run eagerly, a model
+    pass skipped, ...). One is made per ``Engine.generate()`` and ends in its RunStats."""
+
+    def __init__(self, standing: Sequence[str] = ()) -> None:
+        self.reported: list[str] = []
+        for what in standing:
+            self.report(what)
+
+    def report(self, what: str) -> None:
+        if what not in self.reported:
+            self.reported.append(what)
 
 
 @dataclass(frozen=True)
@@ -60,12 +78,17 @@ class Backend(abc.ABC):
     device: torch.device
     dtypes: tuple[torch.dtype, ...]
     graph_adapter: Any = None            # a dflash2rt.graphs GraphAdapter, or None for eager
+    has_fp64: bool = True                # False: the device has no float64 (Intel Arc A-series)
 
     def __init__(self) -> None:
-        self.fallbacks: list[str] = []   # every alternative path taken, reported in run stats
-        self.standing_fallbacks: list[str] = []   # reported outside any run: apply to every run
-        self._run: list[str] | None = None        # fallbacks of the generate() in progress
+        self._standing: list[str] = []            # creation-time fallbacks: apply to every run
         self.kernel_fallbacks: list[str] = []     # why the plugin's kernels do not run (standing)
+
+    @property
+    def standing_fallbacks(self) -> tuple[str, ...]:
+        """The alternative paths reported when the backend was made (torch ops instead of
+        kernels, graphs disabled, ...): every run's ``Fallbacks`` starts from them."""
+        return tuple(self._standing)
 
     @property
     def implementation(self) -> dict[str, str]:
@@ -91,43 +114,38 @@ class Backend(abc.ABC):
         self.report_fallback(why)
 
     def report_fallback(self, what: str) -> None:
-        """Record an alternative path. Outside a run it is standing (it applies to every run, e.g.
-        torch ops instead of kernels); inside one it belongs to that run's stats."""
-        if what not in self.fallbacks:
-            self.fallbacks.append(what)
-        if self._run is None:
-            if what not in self.standing_fallbacks:
-                self.standing_fallbacks.append(what)
-        elif what not in self._run:
-            self._run.append(what)
-
-    def begin_run(self) -> None:
-        self._run = []
-
-    def end_run(self) -> list[str]:
-        """Every fallback that applies to the run just ended: standing ones, then the run's."""
-        ran, self._run = self._run or [], None
-        return self.standing_fallbacks + [f for f in ran if f not in self.standing_fallbacks]
+        """Record a standing alternative path while the backend is being made (plugins call
+        this from their factory, e.g. torch ops instead of kernels); what falls back during a
+        run is reported to that run's ``Fallbacks`` instead."""
+        if what not in self._standing:
+            self._standing.append(what)
 
     model_pass: Callable[[list[torch.nn.Module]], str] | None = None
     """Optional vendor pass over the loaded models (XPU: ``ipex.optimize``); returns what it did."""
 
-    def prepare_models(self, modules: list[torch.nn.Module]) -> str | None:
-        """Run ``model_pass`` once per module (the Engine calls this); a failure is reported as
-        a fallback and leaves the modules as they were."""
+    def prepare_models(self, modules: list[torch.nn.Module], fallbacks: Fallbacks
+                       ) -> str | None:
+        """Run ``model_pass`` once per module (the Engine calls this); a failure is reported to
+        ``fallbacks`` (again by every later caller for the same modules) and leaves the
+        modules as they were."""
         if self.model_pass is None:
             return None
-        todo = [m for m in modules if id(self) not in getattr(m, "_dflash2rt_prepared", ())]
+        for m in modules:                          # passes already tried: their failure, if any
+            why = getattr(m, "_dflash2rt_prepared", {}).get(id(self))
+            if why:
+                fallbacks.report(why)
+        todo = [m for m in modules if id(self) not in getattr(m, "_dflash2rt_prepared", {})]
         if not todo:
             return None
+        why = ""
         try:
             done = self.model_pass(todo)
         except Exception as exc:  # noqa: BLE001 - reported; the plain modules stay correct
-            self.report_fallback(f"model pass skipped ({type(exc).__name__}: {exc}); the models "
-                                 "run unmodified")
+            why = f"model pass skipped ({type(exc).__name__}: {exc}); the models run unmodified"
+            fallbacks.report(why)
             done = None
         for m in todo:
-            m._dflash2rt_prepared = (*getattr(m, "_dflash2rt_prepared", ()), id(self))
+            m._dflash2rt_prepared = {**getattr(m, "_dflash2rt_prepared", {}), id(self): why}
         return done
 
     @abc.abstractmethod
@@ -158,16 +176,23 @@ class Backend(abc.ABC):
         """All uniforms of one step, from the counter-based generator (identical on every device)."""
         return BlockNoise.draw(seed, request, anchor_pos, gamma)
 
+    def run_context(self) -> contextlib.AbstractContextManager:
+        """Entered by the Engine around the whole decode of a ``generate()`` call. Default: a
+        null context, or with ``has_fp64`` False one in which the ops the engine calls directly
+        (``sample_next``) take their float32 formulation (``dflash2rt.ops.exact32``)."""
+        return contextlib.nullcontext() if self.has_fp64 else exact32.without_fp64()
+
 
 class TorchOpsBackend(Backend):
     """The reference semantics: device-generic torch ops, eager, on ``device``."""
 
     def __init__(self, name: str, device: torch.device | str,
-                 dtypes: tuple[torch.dtype, ...]) -> None:
+                 dtypes: tuple[torch.dtype, ...], has_fp64: bool = True) -> None:
         super().__init__()
         self.name = name
         self.device = torch.device(device)
         self.dtypes = dtypes
+        self.has_fp64 = has_fp64
 
     @property
     def implementation(self) -> dict[str, str]:
@@ -181,10 +206,10 @@ class TorchOpsBackend(Backend):
 
     def select(self, logits, proj, anchor, pred_codebook, succ_codebook, params, sampling, u_walk):
         return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params,
-                               sampling, u_walk)
+                               sampling, u_walk, self.has_fp64)
 
     def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
-        return verify.verify(logits, draft, candidates, q, sampling, noise, check)
+        return verify.verify(logits, draft, candidates, q, sampling, noise, check, self.has_fp64)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} on {self.device}>"

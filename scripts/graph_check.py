@@ -10,7 +10,7 @@ import torch
 
 from dflash2rt.api import resolve_model
 from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.graphs.compare import graph_vs_eager
+from dflash2rt.engine.compare import graph_vs_eager
 from dflash2rt.registry import Registry
 
 PROMPTS = ("def parse(self, text):\n", "import os\nimport sys\n", "class Node:\n",
@@ -26,7 +26,8 @@ def main() -> int:
     args = ap.parse_args()
     backend = Registry.discover().select(args.backend).backend
     if backend.graph_adapter is None:
-        print(f"{args.backend} has no graph adapter: {backend.fallbacks}", file=sys.stderr)
+        print(f"{args.backend} has no graph adapter: {list(backend.standing_fallbacks)}",
+              file=sys.stderr)
     pair = resolve_model(args.model, backend.device, getattr(torch, args.dtype))
     prompts = [tuple(pair.tokenizer.encode(t)) for t in PROMPTS]
     configs = [(True, b, t) for b in (1, 3, 8) for t in ((0.0,), (0.0, 1.0))] + \

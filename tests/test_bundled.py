@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from dflash2rt import get_backend
 from dflash2rt.bundled import bundled_models, bundled_path
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
@@ -63,7 +64,7 @@ def test_heldout_prompts_come_from_heldout_files(prompts, pair):
 
 
 def test_greedy_spec_equals_target_only_on_heldout(pair, prompts):
-    engine = Engine(pair, "cpu")
+    engine = Engine(pair, get_backend("cpu"))
     reqs = [Request(tuple(p["prompt_ids"]), SamplingParams(max_new_tokens=24, ignore_eos=True))
             for p in prompts[:2]]
     for req in reqs:

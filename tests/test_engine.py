@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dflash2rt import get_backend
 from dflash2rt.engine.engine import Engine
+from dflash2rt.engine.memory import make_caches
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.errors import InvalidInputError, NonFiniteLogitsError, SamplingParamsError
 from dflash2rt.models.kv_cache import KVCache
@@ -36,7 +38,7 @@ def naive_greedy(pair, prompt, n_new):
 @pytest.mark.parametrize("block", [2, 4, 8, 16])
 def test_greedy_spec_equals_target_only_bad_draft(block):
     pair = tiny_pair("dflash2", block=block, seed=block)
-    eng = Engine(pair, "cpu")
+    eng = Engine(pair, get_backend("cpu"))
     spec, s = eng.generate(_reqs(), spec=True)
     ar, _ = eng.generate(_reqs(), spec=False)
     assert [o.token_ids for o in spec] == [o.token_ids for o in ar]
@@ -48,7 +50,7 @@ def test_greedy_spec_equals_target_only_bad_draft(block):
 @pytest.mark.parametrize("block", [2, 4, 8, 16])
 def test_greedy_spec_equals_target_only_good_draft(block):
     pair = oracle_pair(block)
-    eng = Engine(pair, "cpu")
+    eng = Engine(pair, get_backend("cpu"))
     prompts = [(1, 2), (3, 4, 5, 6, 7), (8,)]
     spec, s = eng.generate(_reqs(prompts=prompts), spec=True)
     ar, _ = eng.generate(_reqs(prompts=prompts), spec=False)
@@ -80,10 +82,11 @@ def test_identity_conv_and_zero_successor_equal_dflash1_drafts():
               if "conv" not in k and "candidate_selector" not in k}
     v1_draft.load_state_dict(shared, strict=True)
     v1 = ModelPair(v2.target, v1_draft.eval())
-    eng = Engine(v2, "cpu")
+    eng = Engine(v2, get_backend("cpu"))
     for pair_ in (v2, v1):
         reqs = _reqs(prompts=PROMPTS)
-        st = eng._new_state(reqs, *eng._caches(len(reqs), eng._max_len(reqs, 6), spec=True))
+        st = eng._new_state(reqs, *make_caches(v2, eng.backend.device, len(reqs),
+                                               eng._max_len(reqs, 6), spec=True))
         with torch.inference_mode():
             steps.prefill(pair_, st, PROMPTS)
             pos = steps.block_positions(st, 6)
@@ -99,7 +102,7 @@ def test_identity_conv_and_zero_successor_equal_dflash1_drafts():
 
 def test_same_seed_same_tokens_across_runs_batches_and_positions():
     pair = oracle_pair(8)
-    eng = Engine(pair, "cpu")
+    eng = Engine(pair, get_backend("cpu"))
     params = dict(temperature=1.3, top_p=0.95, seed=11)
     batch, s = eng.generate(_reqs(prompts=[(1, 2), (3, 4, 5), (6,)], **params))
     again, _ = eng.generate(_reqs(prompts=[(1, 2), (3, 4, 5), (6,)], **params))
@@ -121,21 +124,25 @@ def test_same_seed_same_tokens_across_runs_batches_and_positions():
     (dict(prompt=(1, 999)), InvalidInputError),
 ])
 def test_bad_requests_raise_typed_errors(bad, err):
-    eng = Engine(tiny_pair(), "cpu")
+    eng = Engine(tiny_pair(), get_backend("cpu"))
     prompt = bad.pop("prompt", (1, 2))
     with pytest.raises(err):
         eng.generate([Request(prompt, SamplingParams(**bad))])
 
 
-def test_unknown_backend_raises():
+def test_engine_takes_a_backend_and_unknown_names_raise():
+    """Selecting a backend by name is the API's and the CLI's job; the Engine takes a Backend."""
     from dflash2rt.errors import UnknownBackendError
+    for not_a_backend in ("cpu", None):
+        with pytest.raises(InvalidInputError, match="get_backend"):
+            Engine(tiny_pair(), not_a_backend)
     with pytest.raises(UnknownBackendError):
-        Engine(tiny_pair(), "no-such-backend")
+        get_backend("no-such-backend")
 
 
 def test_failure_in_a_step_leaves_engine_usable(monkeypatch):
     pair = tiny_pair()
-    eng = Engine(pair, "cpu")
+    eng = Engine(pair, get_backend("cpu"))
     good, _ = eng.generate(_reqs(8))
     real = type(pair.target).forward
     calls = {"n": 0}
@@ -176,7 +183,7 @@ class _SyncCounter(torch.overrides.TorchFunctionMode):
 @pytest.mark.parametrize("spec", [True, False])
 def test_exactly_one_device_to_host_sync_per_step(spec):
     pair = tiny_pair("dflash2", block=4)
-    eng = Engine(pair, "cpu")
+    eng = Engine(pair, get_backend("cpu"))
     counter = _SyncCounter()
     with counter:
         _, stats = eng.generate(_reqs(10, temperature=0.7), spec=spec)

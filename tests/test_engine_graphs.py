@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from dflash2rt import get_backend
 from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
@@ -57,7 +58,7 @@ def test_graphed_steps_equal_eager_with_padding_and_compaction():
         for temps in ((0.0, 0.0, 0.0), (0.0, 1.0, 0.6)):
             adapter = ReplayAdapter()
             got, stats = Engine(pair, _backend(adapter)).generate(_reqs(temps))
-            want, _ = Engine(pair, "cpu").generate(_reqs(temps))
+            want, _ = Engine(pair, get_backend("cpu")).generate(_reqs(temps))
             assert _tokens(got) == _tokens(want)
             assert adapter.captures >= 4 and adapter.replays > 0    # buckets 4, 2, 1 × 2 graphs
             assert stats.fallbacks == [] and stats.syncs == stats.steps
@@ -70,7 +71,7 @@ def test_graphed_target_only_steps_equal_eager():
     for temps in ((0.0, 0.0, 0.0), (0.0, 1.0, 0.6)):
         adapter = ReplayAdapter()
         got, stats = Engine(pair, _backend(adapter)).generate(_reqs(temps), spec=False)
-        want, _ = Engine(pair, "cpu").generate(_reqs(temps), spec=False)
+        want, _ = Engine(pair, get_backend("cpu")).generate(_reqs(temps), spec=False)
         assert _tokens(got) == _tokens(want)
         assert adapter.captures >= 3 and adapter.replays > 0       # buckets 4, 2, 1
         assert stats.fallbacks == [] and stats.syncs == stats.steps and stats.capture_s > 0
@@ -79,7 +80,7 @@ def test_graphed_target_only_steps_equal_eager():
 def test_capture_failure_is_reported_and_output_unchanged():
     pair = tiny_pair("dflash2", block=4)
     got, stats = Engine(pair, _backend(ReplayAdapter(fail=True))).generate(_reqs((0.0,) * 3))
-    want, _ = Engine(pair, "cpu").generate(_reqs((0.0,) * 3))
+    want, _ = Engine(pair, get_backend("cpu")).generate(_reqs((0.0,) * 3))
     assert _tokens(got) == _tokens(want)
     assert stats.fallbacks and all("refuses to capture" in f for f in stats.fallbacks)
 
@@ -118,7 +119,7 @@ def test_graphs_are_kept_across_calls_and_released_by_close():
             return g
 
     pair, adapter = tiny_pair("dflash2", block=4), Tracking()
-    want, _ = Engine(pair, "cpu").generate(_reqs((0.0, 1.0, 0.6)))
+    want, _ = Engine(pair, get_backend("cpu")).generate(_reqs((0.0, 1.0, 0.6)))
     gc.disable()
     try:
         with Engine(pair, _backend(adapter)) as engine:
@@ -147,7 +148,7 @@ def test_every_mode_shares_one_set_of_static_caches():
         for spec, block in ((False, None), (True, 4), (True, 3), (False, None), (True, 4)):
             before = adapter.captures
             got, _ = engine.generate(_reqs((0.0, 1.0, 0.6)), spec=spec, block_size=block)
-            want, _ = Engine(pair, "cpu").generate(_reqs((0.0, 1.0, 0.6)), spec=spec,
+            want, _ = Engine(pair, get_backend("cpu")).generate(_reqs((0.0, 1.0, 0.6)), spec=spec,
                                                    block_size=block)
             assert _tokens(got) == _tokens(want)
             ptrs.add(engine._static[0].k[0].data_ptr())
@@ -164,7 +165,7 @@ def test_replayed_steps_are_timed_as_graphs():
     pair = tiny_pair("dflash2", block=4)
     for spec in (True, False):
         _, g = Engine(pair, _backend(ReplayAdapter())).generate(_reqs((0.0, 1.0, 0.6)), spec=spec)
-        _, e = Engine(pair, "cpu").generate(_reqs((0.0, 1.0, 0.6)), spec=spec)
+        _, e = Engine(pair, get_backend("cpu")).generate(_reqs((0.0, 1.0, 0.6)), spec=spec)
         assert g.time["graphs"] > 0 and g.time["draft"] == g.time["select"] == \
             g.time["verify"] == 0
         assert e.time["graphs"] == 0 and e.time["verify"] > 0
@@ -185,7 +186,7 @@ def test_run_stats_say_which_buckets_were_captured_and_replayed():
                 assert sum(b["replays"] for b in buckets.values()) == stats.steps
         _, stats = engine.generate(_reqs((0.0, 0.0, 0.0)), spec=False)
         assert set(stats.graphs) == {"target-only greedy"}
-    _, eager = Engine(pair, "cpu").generate(_reqs((0.0, 0.0, 0.0)))
+    _, eager = Engine(pair, get_backend("cpu")).generate(_reqs((0.0, 0.0, 0.0)))
     assert eager.graphs == {}
 
 
@@ -224,7 +225,7 @@ def test_replay_that_differs_from_eager_is_caught_after_capture():
             return G()
 
     got, stats = Engine(pair, _backend(Differing())).generate(_reqs((0.0,) * 3))
-    want, _ = Engine(pair, "cpu").generate(_reqs((0.0,) * 3))
+    want, _ = Engine(pair, get_backend("cpu")).generate(_reqs((0.0,) * 3))
     assert _tokens(got) == _tokens(want)
     assert stats.fallbacks and all("differed from eager" in f for f in stats.fallbacks)
     assert any(f.startswith("graph replay of bucket 4 (draft greedy) differed from eager: draft:")
@@ -234,7 +235,7 @@ def test_replay_that_differs_from_eager_is_caught_after_capture():
 
 
 def test_graph_vs_eager_counts_replays_and_names_eager_buckets():
-    from dflash2rt.graphs.compare import graph_vs_eager
+    from dflash2rt.engine.compare import graph_vs_eager
 
     pair = tiny_pair("dflash2", block=4)
     ok = graph_vs_eager(pair, _backend(ReplayAdapter()), lambda: _reqs((0.0, 1.0, 0.6)))

@@ -7,7 +7,7 @@ import torch
 
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.graphs.adapter import GraphCaptureError
-from dflash2rt.graphs.runner import GraphRunner
+from dflash2rt.graphs.runner import GraphRunner, bucket_for
 
 
 class FakeGraph:
@@ -41,9 +41,10 @@ class FakeAdapter:
         return FakeGraph(fn, self.log)
 
 
-def make_runner(adapter, state, fallbacks, buckets=(1, 2, 4, 8)):
+def make_runner(adapter, state, buckets=(1, 2, 4, 8)):
     """Body: scores = 2·x + slot; writes x into the shared per-request ``state`` at ``slot``
-    for rows whose ``write`` flag is set (padded rows get write = False)."""
+    for rows whose ``write`` flag is set (padded rows get write = False). Each run is given
+    where to report its fallbacks (runners outlive runs)."""
     def make_inputs(size):
         adapter.current = size
         return {"x": torch.zeros(size), "slot": torch.zeros(size, dtype=torch.long),
@@ -58,8 +59,7 @@ def make_runner(adapter, state, fallbacks, buckets=(1, 2, 4, 8)):
                 "written": inp["write"].clone()}
 
     return GraphRunner(adapter, buckets, make_inputs, body,
-                       pad={"x": float("nan"), "slot": 0, "write": False},
-                       on_fallback=fallbacks.append)
+                       pad={"x": float("nan"), "slot": 0, "write": False})
 
 
 def live(rows):
@@ -69,13 +69,14 @@ def live(rows):
 
 def test_bucket_choice_and_warm_up_before_capture():
     adapter, fallbacks, state = FakeAdapter(), [], torch.full((8,), -1.0)
-    runner = make_runner(adapter, state, fallbacks)
-    assert [runner.bucket_for(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, None]
-    out = runner.run(live(3))
+    runner = make_runner(adapter, state)
+    assert [bucket_for(n, runner.buckets) for n in (1, 2, 3, 4, 5, 8, 9)] == \
+        [1, 2, 4, 4, 8, 8, None]
+    out = runner.run(live(3), fallbacks.append)
     # warm-up ×2, capture (the fake runs the body), one checked replay whose outputs are used
     assert adapter.log == ["body 4", "body 4", "capture 4", "body 4", "replay", "body 4"]
     assert out["score"].tolist() == [20.0, 23.0, 26.0]
-    runner.run(live(3))                       # captured once, replayed after
+    runner.run(live(3), fallbacks.append)                       # captured once, replayed after
     assert adapter.log.count("capture 4") == 1 and adapter.log.count("replay") == 2
     assert not fallbacks
 
@@ -83,32 +84,32 @@ def test_bucket_choice_and_warm_up_before_capture():
 def test_padded_rows_never_touch_live_requests():
     adapter, fallbacks = FakeAdapter(), []
     state = torch.full((8,), -1.0)
-    runner = make_runner(adapter, state, fallbacks)
-    runner.run(live(3))
+    runner = make_runner(adapter, state)
+    runner.run(live(3), fallbacks.append)
     # Slot 0 belongs to a live request; padded row 3 (slot pad 0) must not overwrite it.
     assert state.tolist()[:4] == [10.0, 11.0, 12.0, -1.0]
     assert torch.isnan(runner.state[4].inputs["x"][3])   # padding is inert, not stale data
     out = runner.run({"x": torch.tensor([7.0]), "slot": torch.tensor([5]),
-                      "write": torch.tensor([True])})
+                      "write": torch.tensor([True])}, fallbacks.append)
     assert out["score"].shape == (1,) and state[5] == 7.0 and state[0] == 10.0
 
 
 def test_capture_failure_falls_back_to_eager_and_is_reported():
     adapter, fallbacks, state = FakeAdapter(fail_sizes={4}), [], torch.zeros(8)
-    runner = make_runner(adapter, state, fallbacks)
-    out = runner.run(live(3))
+    runner = make_runner(adapter, state)
+    out = runner.run(live(3), fallbacks.append)
     assert out["score"].tolist() == [20.0, 23.0, 26.0]
     assert len(fallbacks) == 1 and "bucket 4" in fallbacks[0] and "refused" in fallbacks[0]
-    runner.run(live(4))                      # reported again (a later run's stats need it) ...
+    runner.run(live(4), fallbacks.append)      # reported again (a later run's stats need it) ...
     assert fallbacks == [fallbacks[0]] * 2 and adapter.log.count("refuse 4") == 1  # not retried
-    runner.run(live(2))                                              # other buckets still graph
+    runner.run(live(2), fallbacks.append)                            # other buckets still graph
     assert "capture 2" in adapter.log
 
 
 def test_batch_above_the_largest_bucket_runs_eagerly_and_is_reported():
     adapter, fallbacks, state = FakeAdapter(), [], torch.zeros(16)
-    runner = make_runner(adapter, state, fallbacks, buckets=(1, 2))
-    out = runner.run(live(5))
+    runner = make_runner(adapter, state, buckets=(1, 2))
+    out = runner.run(live(5), fallbacks.append)
     assert out["score"].tolist() == [20.0, 23.0, 26.0, 29.0, 32.0]
     assert fallbacks and "exceeds the largest graph bucket" in fallbacks[0]
 
@@ -116,15 +117,15 @@ def test_batch_above_the_largest_bucket_runs_eagerly_and_is_reported():
 def test_replay_equals_eager_across_buckets():
     for rows in (1, 2, 3, 5, 8):
         adapter, fallbacks = FakeAdapter(), []
-        graphed = make_runner(adapter, torch.zeros(8), fallbacks).run(live(rows))
-        eager = make_runner(FakeAdapter(fail_sizes={1, 2, 4, 8}), torch.zeros(8), []).run(
-            live(rows))
+        graphed = make_runner(adapter, torch.zeros(8)).run(live(rows), fallbacks.append)
+        eager = make_runner(FakeAdapter(fail_sizes={1, 2, 4, 8}), torch.zeros(8)).run(
+            live(rows), [].append)
         assert torch.equal(graphed["score"], eager["score"])
 
 
 def test_bad_buckets_raise():
     with pytest.raises(InvalidInputError):
-        make_runner(FakeAdapter(), torch.zeros(1), [], buckets=(4, 2))
+        make_runner(FakeAdapter(), torch.zeros(1), buckets=(4, 2))
 
 
 def test_failed_capture_gets_a_fresh_pool_and_close_releases_graphs():
@@ -137,10 +138,10 @@ def test_failed_capture_gets_a_fresh_pool_and_close_releases_graphs():
     pools = []
     capture = adapter.capture
     adapter.capture = lambda fn, pool: (pools.append(pool), capture(fn, pool))[1]
-    runner = make_runner(adapter, state, fallbacks)
-    runner.run(live(1))
-    runner.run(live(3))                 # bucket 4 refused
-    runner.run(live(2))
+    runner = make_runner(adapter, state)
+    runner.run(live(1), fallbacks.append)
+    runner.run(live(3), fallbacks.append)                 # bucket 4 refused
+    runner.run(live(2), fallbacks.append)
     assert len(pools) == 3 and pools[0] is pools[1] and pools[2] is not pools[1]
     graphs = [weakref.ref(b.graph) for b in runner.state.values() if b.graph is not None]
     assert len(graphs) == 2 and runner.capture_s > 0
@@ -188,10 +189,10 @@ class PerturbingAdapter(FakeAdapter):
 
 def test_stats_count_captures_replays_and_eager_runs():
     adapter, fallbacks = FakeAdapter(fail_sizes={2}), []
-    runner = make_runner(adapter, torch.zeros(8), fallbacks)
+    runner = make_runner(adapter, torch.zeros(8))
     assert runner.stats() == {}
     for rows in (3, 4, 1, 2, 2):
-        runner.run(live(rows))
+        runner.run(live(rows), fallbacks.append)
     st = runner.stats()
     assert list(st) == [1, 2, 4]
     assert st[4] == {"captured": True, "verified": True, "replays": 2, "eager": 0,
@@ -206,8 +207,8 @@ def test_checked_replay_runs_from_the_warm_up_inputs():
     inert padding), so their idempotent side effects agree; the check replay's outputs are
     the step's result (no extra replay)."""
     adapter, state = FakeAdapter(), torch.full((8,), -1.0)
-    runner = make_runner(adapter, state, [])
-    out = runner.run(live(3))
+    runner = make_runner(adapter, state)
+    out = runner.run(live(3), [].append)
     assert len(adapter.seen) == 4 and adapter.log.count("replay") == 1
     for inp in adapter.seen[1:]:
         for name, t in inp.items():
@@ -219,15 +220,15 @@ def test_checked_replay_runs_from_the_warm_up_inputs():
 
 def test_replay_that_differs_from_eager_runs_eagerly_and_is_reported():
     adapter, fallbacks, state = PerturbingAdapter(), [], torch.zeros(8)
-    runner = make_runner(adapter, state, fallbacks)
-    out = runner.run(live(3))
+    runner = make_runner(adapter, state)
+    out = runner.run(live(3), fallbacks.append)
     assert out["slot"].tolist() == [0, 1, 2]              # the eager result, not the replay's
     assert out["score"].tolist() == [20.0, 23.0, 26.0]
     assert len(fallbacks) == 1
     assert fallbacks[0].startswith("graph replay of bucket 4 differed from eager: slot: 4 of 4 "
                                    "values differ, first at [0]: eager 0, replay 1")
     assert fallbacks[0].endswith("running it eagerly")
-    runner.run(live(4))
+    runner.run(live(4), fallbacks.append)
     assert fallbacks == [fallbacks[0]] * 2 and adapter.log.count("capture 4") == 1
     assert runner.state[4].graph is None and runner.state[4].eager_runs == 2
     st = runner.stats()[4]
@@ -237,8 +238,8 @@ def test_replay_that_differs_from_eager_runs_eagerly_and_is_reported():
 
 def test_replay_that_raises_after_capture_runs_eagerly_and_is_reported():
     adapter, fallbacks = PerturbingAdapter(raising=True), []
-    runner = make_runner(adapter, torch.zeros(8), fallbacks, buckets=(2,))
-    assert runner.run(live(2))["slot"].tolist() == [0, 1]
+    runner = make_runner(adapter, torch.zeros(8), buckets=(2,))
+    assert runner.run(live(2), fallbacks.append)["slot"].tolist() == [0, 1]
     assert "graph replay of bucket 2 differed from eager: replay raised RuntimeError: " \
            "illegal memory access (fake)" in fallbacks[0]
 
@@ -249,9 +250,9 @@ def test_capture_raising_any_exception_is_a_reported_refusal():
     def capture(fn, pool):
         raise RuntimeError("operation not permitted when stream is capturing")
     adapter.capture = capture
-    runner = make_runner(adapter, torch.zeros(8), fallbacks, buckets=(4,))
+    runner = make_runner(adapter, torch.zeros(8), buckets=(4,))
     runner.name = "verify greedy"
-    assert runner.run(live(3))["score"].tolist() == [20.0, 23.0, 26.0]
+    assert runner.run(live(3), fallbacks.append)["score"].tolist() == [20.0, 23.0, 26.0]
     assert fallbacks == ["bucket 4 (verify greedy): fake-graph capture raised RuntimeError: "
                          "operation not permitted when stream is capturing; running it eagerly"]
 

@@ -53,7 +53,7 @@ def test_gpu_backend_whose_kernels_fail_reports_a_kernel_fallback(monkeypatch):
     be = gpu_backend("fakegpu", probe, (torch.float32,), DEFAULT)
     assert be.implementation["verify"] == "torch ops"
     assert len(be.kernel_fallbacks) == 1 and "no kernels for this device" in be.kernel_fallbacks[0]
-    assert be.standing_fallbacks == be.kernel_fallbacks
+    assert list(be.standing_fallbacks) == be.kernel_fallbacks
     impl, refused = env.implementation(be, "explicit", allow_fallback=False)
     assert refused and "asked for by name" in refused and "REFUSED" in impl["kernels"]
     impl, refused = env.implementation(be, "explicit", allow_fallback=True)

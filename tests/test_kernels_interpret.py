@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dflash2rt import get_backend
 from dflash2rt.ops import conv as ref_conv
 from dflash2rt.ops import selector as ref_sel
 from dflash2rt.ops import verify as ref_ver
@@ -92,7 +93,7 @@ def test_engine_on_triton_interpret_equals_cpu(backend):
     reqs = [Request((1, 2, 3), SamplingParams(max_new_tokens=12, temperature=t, seed=3))
             for t in (0.0, 1.0)]
     got, stats = Engine(pair, backend).generate(reqs)
-    want, _ = Engine(pair, "cpu").generate(reqs)
+    want, _ = Engine(pair, get_backend("cpu")).generate(reqs)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert stats.backend == "triton-interpret"
 

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import dflash2rt
+from dflash2rt import get_backend
 from dflash2rt.bundled import bundled_path
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
@@ -68,7 +69,7 @@ def test_engine_stays_usable_after_a_bad_request():
     root = bundled_path("stdlib-code")
     pair = load_pair(root / "target", root / "draft")
     good, poisoned = (5, 6, 7, 8), (5, 6, 1999, 8)
-    with Engine(pair, "cpu") as eng:
+    with Engine(pair, get_backend("cpu")) as eng:
         want = eng.generate([Request(good, SamplingParams(max_new_tokens=12, temperature=1.0))])
         weight = dict(pair.target.named_parameters())["model.embed_tokens.weight"]
         saved = weight.data[1999].clone()

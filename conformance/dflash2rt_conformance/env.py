@@ -104,6 +104,6 @@ def implementation(backend, how: str, allow_fallback: bool) -> tuple[dict, str |
     elif kernel_fb:
         kernels += " (fallback accepted: the backend was chosen automatically)"
     return {"backend": backend.name, "ops": dict(backend.implementation), "kernels": kernels,
-            "graphs": graph_mode(backend), "fallbacks": list(backend.fallbacks),
+            "graphs": graph_mode(backend), "fallbacks": list(backend.standing_fallbacks),
             "standing_fallbacks": list(backend.standing_fallbacks),
             "kernel_fallbacks": kernel_fb, "allow_fallback": allow_fallback}, reason

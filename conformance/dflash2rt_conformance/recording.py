@@ -12,8 +12,11 @@ class RecordingBackend(Backend):
         super().__init__()
         self.inner, self.name, self.device, self.dtypes = inner, inner.name, inner.device, \
             inner.dtypes
-        self.fallbacks = inner.fallbacks
         self.calls: list[tuple] = []
+
+    @property
+    def standing_fallbacks(self) -> tuple[str, ...]:
+        return self.inner.standing_fallbacks
 
     def conv_prepare(self, x, base, delta, block_size):
         return self.inner.conv_prepare(x, base, delta, block_size)

@@ -17,8 +17,8 @@ class BatchState:
     anchor tokens, RNG keys, sampling parameters. Host: ``host_lens`` (mirror of ``lens``,
     updated from the one sync per step) and ``rows`` (each slot's index in the request list)."""
 
-    target_full: KVCache
-    draft_full: KVCache | None
+    target_storage: KVCache        # every slot's cache; ``target_cache`` is slots [0, R)
+    draft_storage: KVCache | None
     lens: torch.Tensor          # [R] int64
     anchor: torch.Tensor        # [R] int64, last emitted token, its KV not yet computed
     seed: torch.Tensor          # [R] int64
@@ -33,22 +33,22 @@ class BatchState:
 
     @property
     def target_cache(self) -> KVCache:
-        return self.target_full.rows(self.size)
+        return self.target_storage.rows(self.size)
 
     @property
     def draft_cache(self) -> KVCache | None:
-        return self.draft_full.rows(self.size) if self.draft_full is not None else None
+        return self.draft_storage.rows(self.size) if self.draft_storage is not None else None
 
     def keep(self, idx: list[int]) -> "BatchState":
         """The batch reduced to rows ``idx``, compacted into slots [0, len(idx)) in place
         (host-known indices: no device→host sync; cache storage never moves)."""
         t = torch.tensor(idx, dtype=torch.int64, device=self.lens.device)
-        self.target_full.compact_(t)
-        if self.draft_full is not None:
-            self.draft_full.compact_(t)
+        self.target_storage.compact_(t)
+        if self.draft_storage is not None:
+            self.draft_storage.compact_(t)
         s = self.sampling
         sampling = SamplingBatch(s.temperature[t], s.top_k[t], s.top_p[t], s.greedy[t],
                                  s.any_sampled)
-        return BatchState(self.target_full, self.draft_full, self.lens[t], self.anchor[t],
+        return BatchState(self.target_storage, self.draft_storage, self.lens[t], self.anchor[t],
                           self.seed[t], self.key[t], sampling,
                           [self.host_lens[i] for i in idx], [self.rows[i] for i in idx])

@@ -18,15 +18,17 @@ class RunStats:
     committed: int = 0             # tokens committed by decode steps (before truncation)
     generated: int = 0             # tokens returned to the caller
     accept_hist: list[int] = field(default_factory=list)   # index = accepted drafts per step
-    # Seconds per phase. Eager steps: draft / select / verify (+ commit), then host (the one sync
-    # and the host work). Graph-replaying steps: "graphs" (launching the step's graphs and
+    # Seconds per phase. Eager steps, per step body: "draft" (draft + select) and "verify"
+    # (verify + accept + commit; target-only: forward + sample + commit), then "host" (the one
+    # sync and the host work). Graph-replaying steps: "graphs" (launching the step's graphs and
     # waiting for them at the sync; scripts/step_profile.py splits it per graph), then host.
+    # "select" stays for reports that sum draft + select.
     time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
         ("prefill", "draft", "select", "verify", "graphs", "host"), 0.0))
     wall_s: float = 0.0
     capture_s: float = 0.0         # graph warm-up + capture inside decode steps (part of wall_s)
     syncs: int = 0                 # device→host synchronisations in decode steps
-    fallbacks: list[str] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)   # the run's Fallbacks.reported
     # Graph mode: per graph ("draft greedy", "verify sampled", ...) and bucket this run used, its
     # replays and eager runs in this run, whether it is captured / verified, why it runs eagerly.
     graphs: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)

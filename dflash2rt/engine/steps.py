@@ -1,7 +1,8 @@
-"""One decode step as named functions, in the order of DESIGN §1.1.
+"""The decode algorithm as named functions, in the order of DESIGN §1.1.
 
-prefill → (draft_block → select_block → verify_block → commit) per step. Nothing here reads a
-device value on the host: the engine does exactly one device→host transfer per step.
+prefill, then per step draft_block → select_block → verify_block → commit_kv (step.py puts
+them into step bodies). Nothing here reads a device value on the host: the engine does exactly
+one device→host transfer per step. ``ctx_len``: cache rows attention reads (None: all).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def block_positions(st: BatchState, block: int) -> torch.Tensor:
 
 
 def draft_block(pair: ModelPair, st: BatchState, backend: Backend, pos: torch.Tensor,
-                ctx_len: int) -> torch.Tensor:
+                ctx_len: int | None) -> torch.Tensor:
     """One draft forward over [anchor, MASK × γ] → draft hidden of rows 1..γ: [R, γ, H]."""
     cfg = pair.draft.cfg
     r, b = pos.shape
@@ -88,7 +89,7 @@ def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.T
 
 
 def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: SelectorOut,
-                 noise: BlockNoise, pos: torch.Tensor, ctx_len: int
+                 noise: BlockNoise, pos: torch.Tensor, ctx_len: int | None
                  ) -> tuple[TargetOutput, VerifyOut]:
     """Target forward over [anchor, d_1..d_γ] (causal), then lossless acceptance."""
     ids = torch.cat([st.anchor.view(-1, 1), sel.draft], dim=1)           # [R, B]
@@ -107,15 +108,7 @@ def commit_kv(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Ten
         st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, count)
 
 
-def commit(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor,
-           count: torch.Tensor, next_anchor: torch.Tensor) -> None:
-    """commit_kv, then advance n by ``count`` and make ``next_anchor`` the anchor."""
-    commit_kv(pair, st, out, pos, count)
-    st.lens.add_(count)
-    st.anchor.copy_(next_anchor)
-
-
-def target_only_forward(pair: ModelPair, st: BatchState, ctx_len: int):
+def target_only_forward(pair: ModelPair, st: BatchState, ctx_len: int | None):
     """One target row per request at position n and the sampled token n+1 (nothing written)
     → (token [R], bad [R], target output, positions [R, 1])."""
     pos = st.lens.view(-1, 1)
@@ -126,10 +119,3 @@ def target_only_forward(pair: ModelPair, st: BatchState, ctx_len: int):
     token, bad = sample_next(out.logits[:, 0], st.sampling, u)
     return token, bad, out, pos
 
-
-def target_only_step(pair: ModelPair, st: BatchState, ctx_len: int
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Baseline: one target token per request on the same engine → (token [R], bad [R])."""
-    token, bad, out, pos = target_only_forward(pair, st, ctx_len)
-    commit(pair, st, out, pos, torch.ones_like(st.lens), token)
-    return token, bad

@@ -9,9 +9,9 @@ Proof of replay: right after a capture the runner replays the graph once over th
 inputs and compares its discrete outputs (integer and bool tensors: tokens, accept lengths,
 flags, lens, anchors) bit for bit with the last eager warm-up run's; that checked replay is the
 step's result. A bucket whose capture fails, or whose checked replay differs (HIP capture has
-not always reported its errors), runs eagerly from then on, and that is reported through
-``on_fallback`` (the backend's run stats) on every run that uses it. ``stats()`` counts, per
-bucket, replays and eager runs.
+not always reported its errors), runs eagerly from then on, and that is reported through the
+``report`` given to ``run`` (the current run's fallbacks: runners outlive runs) every time it
+is used. ``stats()`` counts, per bucket, replays and eager runs.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..errors import InvalidInputError
-from .adapter import Graph, GraphAdapter, GraphCaptureError
+from .adapter import Graph, GraphAdapter, GraphCaptureError, warm_up_on
 
 Tensors = dict[str, torch.Tensor]
 
@@ -51,27 +51,24 @@ class GraphRunner:
 
     def __init__(self, adapter: GraphAdapter, buckets: tuple[int, ...],
                  make_inputs: Callable[[int], Tensors], body: Callable[[Tensors], Tensors],
-                 pad: Mapping[str, Any], on_fallback: Callable[[str], None],
-                 warmup: int = 2, name: str = "") -> None:
+                 pad: Mapping[str, Any], warmup: int = 2, name: str = "") -> None:
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             raise InvalidInputError(f"buckets must be increasing positive sizes, got {buckets}")
         self.adapter, self.buckets = adapter, tuple(buckets)
         self.make_inputs, self.body, self.pad = make_inputs, body, dict(pad)
-        self.on_fallback, self.warmup, self.name = on_fallback, max(1, warmup), name
+        self.warmup, self.name = max(1, warmup), name
         self.pool = adapter.new_pool()
         self.state: dict[int, Bucket] = {}
         self.capture_s = 0.0          # warm-up + capture wall time, over all buckets
 
-    def bucket_for(self, rows: int) -> int | None:
-        """Smallest bucket holding ``rows``; None when the batch exceeds every bucket."""
-        return bucket_for(rows, self.buckets)
-
-    def run(self, live: Tensors) -> Tensors:
+    def run(self, live: Tensors, report: Callable[[str], None]) -> Tensors:
+        """The step's outputs for the live rows (``[:R]`` views of the bucket's outputs);
+        ``report(why)`` names every eager run in place of a replay."""
         rows = next(iter(live.values())).shape[0]
-        size = self.bucket_for(rows)
+        size = bucket_for(rows, self.buckets)
         if size is None:
-            self.on_fallback(f"batch of {rows} exceeds the largest graph bucket "
-                             f"({self.buckets[-1]}): ran eagerly")
+            report(f"batch of {rows} exceeds the largest graph bucket ({self.buckets[-1]}): "
+                   "ran eagerly")
             return self.body(live)
         b = self.state.get(size) or self._new_bucket(size)
         for name, buf in b.inputs.items():
@@ -82,7 +79,7 @@ class GraphRunner:
         if checked:
             self._capture(b)        # warm-up, capture, one checked replay of these inputs
         if b.eager:
-            self.on_fallback(b.eager)             # in the stats of every run that uses it
+            report(b.eager)                       # in the stats of every run that uses it
             b.outputs = self.body(b.inputs)
             b.eager_runs += 1
         else:
@@ -107,8 +104,9 @@ class GraphRunner:
         return f"bucket {size}" + (f" ({self.name})" if self.name else "")
 
     def _warm_and_capture(self, b: Bucket) -> None:
-        for _ in range(self.warmup):          # lazy init and autotuning happen before capture
-            eager = self.body(b.inputs)
+        with warm_up_on(self.adapter):        # on the stream the capture will use
+            for _ in range(self.warmup):      # lazy init and autotuning happen before capture
+                eager = self.body(b.inputs)
         want = discrete(eager)                # the eager result for these static inputs
 
         def fn() -> None:

@@ -7,15 +7,15 @@ import copy
 from typing import Any, Callable, Sequence
 
 from ..backend import Backend
-from ..engine.engine import Engine
-from ..engine.request import Request
 from ..models.pair import ModelPair
+from .engine import Engine
+from .request import Request
 
 
 def eager_twin(backend: Backend) -> Backend:
     """The same backend (kernels, dtypes, device) without its graph adapter."""
     eager = copy.copy(backend)
-    eager.graph_adapter, eager.fallbacks = None, []
+    eager.graph_adapter = None
     return eager
 
 

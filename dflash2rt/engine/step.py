@@ -1,0 +1,140 @@
+"""One decode step, the same bodies whether run eagerly or captured and replayed as graphs.
+
+Speculative: ``draft`` (draft_block → select_block) then ``verify`` (verify_block → accept →
+commit KV). Target-only: ``target_only`` (forward → sample → commit KV). A body reads its
+inputs (the live rows' device state, plus the draft's outputs for ``verify``) and returns
+tensors; the last body of a step returns the ``StepOut`` fields, flags packed (``pack_flags``)
+and the new lengths and anchor, which the engine copies into the batch state in one place.
+Rows whose ``live`` input is False (graph padding) commit nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+import torch
+
+from ..backend import Backend
+from ..errors import InvalidInputError, NonFiniteLogitsError
+from ..models.kv_cache import KVCache
+from ..models.pair import ModelPair
+from ..ops.batch import BlockNoise, SamplingBatch
+from ..ops.selector import SelectorOut
+from . import steps
+from .state import BatchState
+
+Tensors = dict[str, torch.Tensor]
+# Flag bits of the one per-step host transfer.
+BAD_TARGET, BAD_Q, BAD_DRAFT, BAD_LATTICE = 1, 2, 4, 8
+NOISE = ("walk", "accept", "residual", "bonus")          # BlockNoise's fields, as body tensors
+
+
+def pack_flags(target: torch.Tensor, q: torch.Tensor | None = None,
+               draft: torch.Tensor | None = None, lattice: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """[R] bool conditions → [R] int64 BAD_* bits."""
+    flags = target.long() * BAD_TARGET
+    for bad, bit in ((q, BAD_Q), (draft, BAD_DRAFT), (lattice, BAD_LATTICE)):
+        if bad is not None:
+            flags = flags + bad.long() * bit
+    return flags
+
+
+def raise_flags(flags: list[int], rows: list[int]) -> None:
+    """Raise for the first bad source among the host's copy of the flags (``rows``: each
+    row's request index). Nothing of the step was returned; the engine stays usable."""
+    for bit, what in ((BAD_TARGET, "target logits"), (BAD_DRAFT, "draft logits"),
+                      (BAD_LATTICE, "candidate selector scores")):
+        bad = [rows[i] for i, f in enumerate(flags) if f & bit]
+        if bad:
+            raise NonFiniteLogitsError(
+                f"{what} of request(s) {bad} are not a finite law (NaN/+inf, or no finite "
+                "entry); check the model weights and dtype (the step was abandoned, no "
+                "token returned)")
+    bad = [rows[i] for i, f in enumerate(flags) if f & BAD_Q]
+    if bad:
+        raise InvalidInputError(f"request(s) {bad}: a draft token has q = 0 (or q is not "
+                                "finite) under the law it was drawn from (selector bug)")
+
+
+@dataclass(frozen=True)
+class StepOut:
+    """What one decode step returns to the engine (device tensors, R live rows)."""
+
+    accept_len: torch.Tensor   # [R] int64 draft tokens accepted (0 for target-only)
+    tokens: torch.Tensor       # [R, B] int64; tokens[:, :accept_len + 1] are committed ([R, 1])
+    flags: torch.Tensor        # [R] int64 BAD_* bits
+    lens: torch.Tensor         # [R] int64 committed lengths after the step
+    anchor: torch.Tensor       # [R] int64 the next anchor (the last committed token)
+
+    @staticmethod
+    def of(out: Mapping[str, torch.Tensor]) -> "StepOut":
+        return StepOut(**{f.name: out[f.name] for f in fields(StepOut)})
+
+    def for_host(self) -> torch.Tensor:
+        """[R, 2 + B] int64: accept_len, flags, tokens: the step's one device→host transfer."""
+        return torch.cat([self.accept_len.view(-1, 1), self.flags.view(-1, 1), self.tokens], 1)
+
+
+def live_inputs(st: BatchState) -> Tensors:
+    """A batch's per-row device state as body inputs; every row live."""
+    s = st.sampling
+    return {"anchor": st.anchor, "lens": st.lens, "seed": st.seed, "key": st.key,
+            "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
+            "greedy": s.greedy,
+            "live": torch.ones(st.size, dtype=torch.bool, device=st.lens.device)}
+
+
+class StepBodies:
+    """The step bodies of one mode over fixed cache storage (the engine's static caches for
+    graphs, the run's caches eagerly). ``sampled``: any row samples (greedy-only batches skip
+    the noise); ``ctx_len``: cache rows to read (None: all, as graphs do)."""
+
+    def __init__(self, pair: ModelPair, backend: Backend, target: KVCache,
+                 draft: KVCache | None, block: int | None) -> None:
+        self.pair, self.backend, self.storage = pair, backend, (target, draft)
+        self.block = block                                   # None: target-only decoding
+
+    def _state(self, inp: Mapping[str, torch.Tensor], sampled: bool) -> BatchState:
+        r = inp["anchor"].shape[0]
+        sampling = SamplingBatch(inp["temperature"], inp["top_k"], inp["top_p"], inp["greedy"],
+                                 any_sampled=sampled)
+        return BatchState(*self.storage, inp["lens"], inp["anchor"], inp["seed"], inp["key"],
+                          sampling, [0] * r, list(range(r)))
+
+    def draft(self, inp: Tensors, sampled: bool, ctx_len: int | None) -> Tensors:
+        """draft → select: the block's draft tokens, their laws, the step's noise."""
+        st, gamma = self._state(inp, sampled), self.block - 1
+        pos = steps.block_positions(st, self.block)                      # [R, B]
+        h_e = steps.draft_block(self.pair, st, self.backend, pos, ctx_len)  # [R, γ, H]
+        noise = self.backend.noise(st.seed, st.key, st.lens, gamma) if sampled \
+            else BlockNoise.unused(st.size, gamma, st.lens.device)
+        sel = steps.select_block(self.pair, st, self.backend, h_e, noise)
+        return {"draft": sel.draft, "cand": sel.candidates, "q": sel.q,    # [R, γ], [R, γ, K] ×2
+                "draft_bad": sel.bad, "lattice_bad": sel.bad_lattice,
+                **{n: getattr(noise, n) for n in NOISE}}
+
+    def verify(self, inp: Tensors, sampled: bool, ctx_len: int | None) -> Tensors:
+        """verify → accept → commit KV of the accepted rows; the StepOut fields."""
+        st = self._state(inp, sampled)
+        pos = steps.block_positions(st, self.block)                      # [R, B]
+        sel = SelectorOut(inp["draft"], inp["cand"], inp["q"], inp["draft_bad"],
+                          inp["lattice_bad"])
+        noise = BlockNoise(*(inp[n] for n in NOISE))
+        tgt, ver = steps.verify_block(self.pair, st, self.backend, sel, noise, pos, ctx_len)
+        acc = ver.accept_len                                             # [R]
+        count = torch.where(inp["live"], acc + 1, 0)                     # padded rows: inert
+        steps.commit_kv(self.pair, st, tgt, pos, count)                  # inputs stay unmodified
+        return {"accept_len": acc, "tokens": ver.tokens,                 # [R], [R, B]
+                "flags": pack_flags(ver.bad, ver.bad_q, inp["draft_bad"], inp["lattice_bad"]),
+                "lens": st.lens + count, "anchor": ver.tokens.gather(1, acc.view(-1, 1))[:, 0]}
+
+    def target_only(self, inp: Tensors, sampled: bool, ctx_len: int | None) -> Tensors:
+        """One target token per row: forward → sample → commit KV; the StepOut fields."""
+        st = self._state(inp, sampled)
+        token, bad, out, pos = steps.target_only_forward(self.pair, st, ctx_len)   # [R], [R]
+        count = torch.where(inp["live"], 1, 0)                           # padded rows: inert
+        steps.commit_kv(self.pair, st, out, pos, count)                  # inputs stay unmodified
+        return {"accept_len": torch.zeros_like(token), "tokens": token.view(-1, 1),
+                "flags": pack_flags(bad), "lens": st.lens + count, "anchor": token}

@@ -1,0 +1,105 @@
+"""One decode step, eager or graphed: the same bodies, the same StepOut; and each run's
+fallbacks are its own, even for engines that share a backend."""
+
+from __future__ import annotations
+
+import torch
+
+from dflash2rt import get_backend
+from dflash2rt.backend import Fallbacks
+from dflash2rt.engine import steps
+from dflash2rt.engine.engine import Engine
+from dflash2rt.engine.step import BAD_DRAFT, BAD_LATTICE, BAD_Q, BAD_TARGET, StepOut, pack_flags
+
+from test_engine_graphs import ReplayAdapter, _backend, _reqs
+from tiny_models import tiny_pair
+
+
+def _two_steps(backend, spec: bool) -> list[StepOut]:
+    """Prefill, then two decode steps (graphed: capture + checked replay, then a replay),
+    committing each step's lens and anchor as the engine does."""
+    pair, reqs = tiny_pair("dflash2", block=4), _reqs((0.0, 1.0, 0.6))
+    engine, clock, outs = Engine(pair, backend), {"draft": 0.0, "verify": 0.0}, []
+    with torch.inference_mode():
+        stepper, st = engine._start(reqs, spec, 4)
+        steps.prefill(pair, st, [q.prompt_ids for q in reqs])
+        st.host_lens = [len(q.prompt_ids) for q in reqs]
+        for _ in range(2):
+            res = stepper.step(st, Fallbacks().report, clock)
+            outs.append(StepOut(*(t.clone() for t in (res.accept_len, res.tokens, res.flags,
+                                                      res.lens, res.anchor))))
+            assert type(res) is StepOut
+            st.lens.copy_(res.lens)
+            st.anchor.copy_(res.anchor)
+            st.host_lens = res.lens.tolist()
+    engine.close()
+    return outs
+
+
+def test_eager_and_graphed_steps_return_equal_step_outs():
+    for spec in (True, False):
+        eager = _two_steps(get_backend("cpu"), spec)
+        adapter = ReplayAdapter()
+        graphed = _two_steps(_backend(adapter), spec)
+        assert adapter.replays >= 2
+        for e, g in zip(eager, graphed):
+            for name in ("accept_len", "tokens", "flags", "lens", "anchor"):
+                a, b = getattr(e, name), getattr(g, name)
+                assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b), (spec, name)
+            assert e.tokens.shape == ((3, 4) if spec else (3, 1))
+            assert e.for_host().shape == (3, 2 + e.tokens.shape[1])
+        if not spec:
+            assert all(int(o.accept_len.abs().sum()) == 0 for o in eager)
+
+
+def test_flags_are_packed_once_with_distinct_bits():
+    t, f = torch.tensor([True, False]), torch.tensor([False, False])
+    assert pack_flags(t).tolist() == [BAD_TARGET, 0]
+    assert pack_flags(f, t, t, t).tolist() == [BAD_Q | BAD_DRAFT | BAD_LATTICE, 0]
+    assert len({BAD_TARGET, BAD_Q, BAD_DRAFT, BAD_LATTICE}) == 4
+
+
+def test_engines_sharing_a_backend_keep_their_run_fallbacks_apart():
+    """Engine A's graphs are refused (it runs them eagerly, and says so in each of its runs);
+    engine B, on the same backend and run from inside A's run (its on_tokens), captures fine:
+    B never reports A's fallbacks, and A's run keeps its own after B's run ended."""
+    pair, adapter = tiny_pair("dflash2", block=4), ReplayAdapter()
+    backend = _backend(adapter)
+    backend.report_fallback("standing: example")
+    a, b = Engine(pair, backend), Engine(pair, backend)
+    inner = []
+
+    def run_b_first(i, ids):
+        if not inner:
+            inner.append(b.generate(_reqs((0.0,) * 3))[1])
+            adapter.fail = True                   # A's captures (its steps come later) fail
+
+    _, a_stats = a.generate(_reqs((0.0,) * 3), on_tokens=run_b_first)
+    assert inner[0].fallbacks == ["standing: example"]
+    assert a_stats.fallbacks[0] == "standing: example"
+    assert any("refuses to capture" in f for f in a_stats.fallbacks[1:])
+    adapter.fail = False
+    _, b_again = b.generate(_reqs((0.0,) * 3))
+    _, a_again = a.generate(_reqs((0.0,) * 3))
+    assert b_again.fallbacks == ["standing: example"]
+    assert any("refuses to capture" in f for f in a_again.fallbacks)   # its kept eager buckets
+    assert backend.standing_fallbacks == ("standing: example",)
+
+
+def test_a_failed_model_pass_is_in_every_run_of_every_engine_on_those_models():
+    """The model pass runs once per module and backend; its failure is a fact about those
+    models, reported by each run of each engine made on them (not kept on the backend)."""
+    calls = []
+
+    def failing(modules):
+        calls.append(len(modules))
+        raise ZeroDivisionError("fake pass")
+
+    pair, backend = tiny_pair("dflash2", block=4), _backend(None)
+    backend.model_pass = failing
+    for _ in range(2):
+        _, stats = Engine(pair, backend).generate(_reqs((0.0,)))
+        assert [f for f in stats.fallbacks if "model pass skipped (ZeroDivisionError" in f]
+    assert calls == [2] and backend.standing_fallbacks == ()
+    _, other = Engine(tiny_pair("dflash2", block=4), get_backend("cpu")).generate(_reqs((0.0,)))
+    assert other.fallbacks == []
