@@ -147,8 +147,13 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
 
     ``backend``: a name, a Backend, or None for $DFLASH2RT_BACKEND / the best available one.
-    Every request uses ``seed``; a request's tokens depend only on its prompt and parameters,
-    not on the batch it runs in.
+    ``block_size``: None (default) chooses each step's block size adaptively (1, a target-only
+    step, included: engine/schedule.py); an int >= 2 decodes with that fixed block.
+    Every request uses ``seed``. With a fixed block a request's tokens depend only on its prompt
+    and parameters, not on the batch it runs in. Adaptive: greedy output is the same; seeded
+    sampled output follows the block sizes chosen, which depend on the batch and on the cost
+    table, measured once per model pair and device in this process, so repeated calls
+    reproduce it (other processes or machines may differ: fix block_size for that).
     """
     be = backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
     pair = resolve_model(model, be.device, dtype)

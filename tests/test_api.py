@@ -36,8 +36,11 @@ def test_run_is_seeded_and_honours_sampling_parameters(pair_dir):
     kw = dict(prompts=["hello"], max_new_tokens=16, temperature=0.9, top_k=5, seed=4)
     a = dflash2rt.run(pair_dir, "cpu", **kw)
     b = dflash2rt.run(pair_dir, "cpu", **kw)
-    assert a.tokens == b.tokens
+    assert a.tokens == b.tokens                  # adaptive: one cost table per pair and backend
+    assert a.stats.adaptive and sum(a.stats.block_sizes.values()) == a.stats.steps
     assert a.tokens != dflash2rt.run(pair_dir, "cpu", **{**kw, "seed": 5}).tokens
+    fixed = dflash2rt.run(pair_dir, "cpu", **kw, block_size=4)
+    assert not fixed.stats.adaptive and fixed.stats.block_sizes == {4: fixed.stats.steps}
 
 
 def test_stop_tokens_and_strings(pair_dir):
@@ -84,7 +87,8 @@ def test_cli_run_json(pair_dir):
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert len(data["texts"]) == 2 and all(len(t) == 6 for t in data["tokens"])
-    for key in ("tau", "tokens_per_s", "accept_hist", "time", "fallbacks", "syncs"):
+    for key in ("tau", "tokens_per_s", "accept_hist", "time", "fallbacks", "syncs",
+                "adaptive", "block_sizes", "costs"):
         assert key in data["stats"], key
     nospec = json.loads(_cli("run", "--model", str(pair_dir), "--prompt", "x = 1", "--prompt",
                              "def", "--max-new-tokens", "6", "--json", "--no-spec").stdout)
@@ -95,5 +99,9 @@ def test_cli_run_streams_text_and_reports_errors(pair_dir):
     out = _cli("run", "--model", str(pair_dir), "--prompt", "ab", "--max-new-tokens", "5")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ab") and "tok/s" in out.stderr and "tau" in out.stderr
+    assert "adaptive blocks " in out.stderr
+    fixed = _cli("run", "--model", str(pair_dir), "--prompt", "ab", "--max-new-tokens", "5",
+                 "--block-size", "4")
+    assert fixed.returncode == 0 and "(block 4)" in fixed.stderr, fixed.stderr
     bad = _cli("run", "--model", str(pair_dir), "--prompt", "ab", "--top-p", "2")
     assert bad.returncode == 2 and "SamplingParamsError" in bad.stderr

@@ -52,7 +52,7 @@ def test_greedy_spec_equals_target_only_good_draft(block):
     pair = oracle_pair(block)
     eng = Engine(pair, get_backend("cpu"))
     prompts = [(1, 2), (3, 4, 5, 6, 7), (8,)]
-    spec, s = eng.generate(_reqs(prompts=prompts), spec=True)
+    spec, s = eng.generate(_reqs(prompts=prompts), spec=True, block_size=block)
     ar, _ = eng.generate(_reqs(prompts=prompts), spec=False)
     assert [o.token_ids for o in spec] == [o.token_ids for o in ar]
     assert s.tau == block and s.accept_hist[-1] == s.request_steps
@@ -100,17 +100,25 @@ def test_identity_conv_and_zero_successor_equal_dflash1_drafts():
             assert torch.equal(sel.draft, want)
 
 
-def test_same_seed_same_tokens_across_runs_batches_and_positions():
+@pytest.mark.parametrize("block", [8, None])
+def test_same_seed_same_tokens_across_runs_batches_and_positions(block):
+    """Fixed block: a request's tokens depend only on its prompt and parameters. Adaptive
+    (None): the block sizes follow the batch's outcomes, so only the same batch on the same
+    engine (its frozen cost table) reproduces them."""
     pair = oracle_pair(8)
     eng = Engine(pair, get_backend("cpu"))
     params = dict(temperature=1.3, top_p=0.95, seed=11)
-    batch, s = eng.generate(_reqs(prompts=[(1, 2), (3, 4, 5), (6,)], **params))
-    again, _ = eng.generate(_reqs(prompts=[(1, 2), (3, 4, 5), (6,)], **params))
-    alone, _ = eng.generate(_reqs(prompts=[(3, 4, 5)], **params))
-    moved, _ = eng.generate(_reqs(prompts=[(6,), (9, 9, 9, 9), (3, 4, 5)], **params))
+    gen = lambda ps, **kw: eng.generate(_reqs(prompts=ps, **kw), block_size=block)  # noqa: E731
+    batch, s = gen([(1, 2), (3, 4, 5), (6,)], **params)
+    again, _ = gen([(1, 2), (3, 4, 5), (6,)], **params)
     assert [o.token_ids for o in batch] == [o.token_ids for o in again]
+    if block is None:
+        assert s.adaptive and sum(s.block_sizes.values()) == s.steps
+        return
+    alone, _ = gen([(3, 4, 5)], **params)
+    moved, _ = gen([(6,), (9, 9, 9, 9), (3, 4, 5)], **params)
     assert batch[1].token_ids == alone[0].token_ids == moved[2].token_ids
-    other, _ = eng.generate(_reqs(prompts=[(3, 4, 5)], temperature=1.3, top_p=0.95, seed=12))
+    other, _ = gen([(3, 4, 5)], temperature=1.3, top_p=0.95, seed=12)
     assert other[0].token_ids != alone[0].token_ids
     assert 1 < s.tau < 8
 
@@ -180,13 +188,18 @@ class _SyncCounter(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("spec", [True, False])
-def test_exactly_one_device_to_host_sync_per_step(spec):
+@pytest.mark.parametrize("spec, block", [(True, None), (True, 4), (False, None)])
+def test_exactly_one_device_to_host_sync_per_step(spec, block):
+    """One transfer per decode step (+ the prefill's). An adaptive run first times the block
+    sizes at a new batch bucket (calibration steps, one transfer each, results discarded);
+    a later run at that bucket makes exactly one transfer per step."""
     pair = tiny_pair("dflash2", block=4)
     eng = Engine(pair, get_backend("cpu"))
-    counter = _SyncCounter()
-    with counter:
-        _, stats = eng.generate(_reqs(10, temperature=0.7), spec=spec)
-    assert stats.steps > 3
-    assert stats.syncs == stats.steps
-    assert counter.count == stats.steps + 1          # + the prefill's transfer
+    for _ in range(2 if block is None and spec else 1):
+        counter = _SyncCounter()
+        with counter:
+            _, stats = eng.generate(_reqs(10, temperature=0.7), spec=spec, block_size=block)
+        assert stats.steps > 3
+        assert stats.syncs == stats.steps
+        assert counter.count == stats.steps + stats.calibration_steps + 1   # + the prefill's
+    assert stats.calibration_steps == 0

@@ -57,8 +57,8 @@ def test_graphed_steps_equal_eager_with_padding_and_compaction():
     for pair in (tiny_pair("dflash2", block=4), oracle_pair(4)):
         for temps in ((0.0, 0.0, 0.0), (0.0, 1.0, 0.6)):
             adapter = ReplayAdapter()
-            got, stats = Engine(pair, _backend(adapter)).generate(_reqs(temps))
-            want, _ = Engine(pair, get_backend("cpu")).generate(_reqs(temps))
+            got, stats = Engine(pair, _backend(adapter)).generate(_reqs(temps), block_size=4)
+            want, _ = Engine(pair, get_backend("cpu")).generate(_reqs(temps), block_size=4)
             assert _tokens(got) == _tokens(want)
             assert adapter.captures >= 4 and adapter.replays > 0    # buckets 4, 2, 1 × 2 graphs
             assert stats.fallbacks == [] and stats.syncs == stats.steps
@@ -119,18 +119,19 @@ def test_graphs_are_kept_across_calls_and_released_by_close():
             return g
 
     pair, adapter = tiny_pair("dflash2", block=4), Tracking()
-    want, _ = Engine(pair, get_backend("cpu")).generate(_reqs((0.0, 1.0, 0.6)))
+    want, _ = Engine(pair, get_backend("cpu")).generate(_reqs((0.0, 1.0, 0.6)), block_size=4)
     gc.disable()
     try:
         with Engine(pair, _backend(adapter)) as engine:
-            _, first = engine.generate(_reqs((0.0, 1.0, 0.6)))
+            _, first = engine.generate(_reqs((0.0, 1.0, 0.6)), block_size=4)
             captures = adapter.captures
             assert first.capture_s > 0 and first.step_s > 0
-            got, again = engine.generate(_reqs((0.0, 1.0, 0.6)))
+            got, again = engine.generate(_reqs((0.0, 1.0, 0.6)), block_size=4)
             assert _tokens(got) == _tokens(want)
             assert adapter.captures == captures and again.capture_s == 0
             old = list(made)
-            engine.generate(_reqs((0.0,) * 5, lens=(3, 9, 5, 2, 4), new=(5, 12, 8, 3, 6)))
+            engine.generate(_reqs((0.0,) * 5, lens=(3, 9, 5, 2, 4), new=(5, 12, 8, 3, 6)),
+                            block_size=4)
             assert all(r() is None for r in old) and any(r() is not None for r in made)
         assert all(r() is None for r in made)
     finally:
@@ -177,7 +178,7 @@ def test_run_stats_say_which_buckets_were_captured_and_replayed():
     pair = tiny_pair("dflash2", block=4)
     with Engine(pair, _backend(ReplayAdapter())) as engine:
         for _ in range(2):                                  # the second call replays kept graphs
-            _, stats = engine.generate(_reqs((0.0, 0.0, 0.0)))
+            _, stats = engine.generate(_reqs((0.0, 0.0, 0.0)), block_size=4)
             assert set(stats.graphs) == {"draft greedy", "verify greedy"}
             for name, buckets in stats.graphs.items():
                 assert 4 in buckets and set(buckets) <= {1, 2, 4}, name
@@ -192,7 +193,8 @@ def test_run_stats_say_which_buckets_were_captured_and_replayed():
 
 def test_run_stats_show_a_refused_capture():
     pair = tiny_pair("dflash2", block=4)
-    _, stats = Engine(pair, _backend(ReplayAdapter(fail=True))).generate(_reqs((0.0,) * 3))
+    _, stats = Engine(pair, _backend(ReplayAdapter(fail=True))).generate(_reqs((0.0,) * 3),
+                                                                          block_size=4)
     buckets = stats.graphs["verify greedy"]
     assert all(not b["captured"] and b["replays"] == 0 and b["eager"] > 0
                and "refuses to capture" in b["refused"] for b in buckets.values())
@@ -245,3 +247,33 @@ def test_graph_vs_eager_counts_replays_and_names_eager_buckets():
     assert refused["equal"] and refused["graph_replays"] == 0    # equal proves nothing here
     assert refused["graph_eager_buckets"] and \
         all("refuses to capture" in b for b in refused["graph_eager_buckets"])
+
+
+def test_adaptive_decoding_replays_equal_eager():
+    """Adaptive runs capture a graph set per block size used (1: a target-only step that keeps
+    the draft's context), all over the one set of static caches; with the graph engine's cost
+    table the eager engine chooses the same sizes and samples the same tokens."""
+    from dflash2rt.engine.schedule import AdaptiveSchedule
+
+    for pair in (tiny_pair("dflash2", block=4), oracle_pair(4)):
+        adapter = ReplayAdapter()
+        with Engine(pair, _backend(adapter)) as engine:
+            engine.generate(_reqs((0.0, 1.0, 0.6)))                  # calibrates, captures
+            captures = adapter.captures
+            got, stats = engine.generate(_reqs((0.0, 1.0, 0.6)))
+            assert adapter.captures == captures and stats.calibration_steps == 0
+            assert {k[1] for k in engine._graphed} == {1, 2, 4}
+            table = AdaptiveSchedule(engine.schedule.candidates, engine.schedule.costs)
+        eager = Engine(pair, get_backend("cpu"))
+        eager.schedule = table
+        want, wstats = eager.generate(_reqs((0.0, 1.0, 0.6)))
+        assert _tokens(got) == _tokens(want) and stats.block_sizes == wstats.block_sizes
+        assert stats.adaptive and stats.fallbacks == [] and stats.syncs == stats.steps
+        kinds = {"target-only greedy", "target-only sampled"} if 1 in stats.block_sizes else set()
+        if set(stats.block_sizes) - {1}:
+            kinds |= {"draft greedy", "verify greedy", "draft sampled", "verify sampled"}
+        assert stats.graphs and set(stats.graphs) <= kinds    # names as fixed runs', blocks summed
+        assert all(s["replays"] > 0 and s["eager"] == 0 and s["captured"]
+                   for buckets in stats.graphs.values() for s in buckets.values())
+        assert sum(s["replays"] for n, buckets in stats.graphs.items() if n != "draft greedy"
+                   and n != "draft sampled" for s in buckets.values()) == stats.steps

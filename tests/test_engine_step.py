@@ -21,7 +21,8 @@ def _two_steps(backend, spec: bool) -> list[StepOut]:
     pair, reqs = tiny_pair("dflash2", block=4), _reqs((0.0, 1.0, 0.6))
     engine, clock, outs = Engine(pair, backend), {"draft": 0.0, "verify": 0.0}, []
     with torch.inference_mode():
-        stepper, st = engine._start(reqs, spec, 4)
+        steppers, st = engine._start(reqs, spec, 4)
+        stepper = steppers[4 if spec else 1]
         steps.prefill(pair, st, [q.prompt_ids for q in reqs])
         st.host_lens = [len(q.prompt_ids) for q in reqs]
         for _ in range(2):
@@ -103,3 +104,23 @@ def test_a_failed_model_pass_is_in_every_run_of_every_engine_on_those_models():
     assert calls == [2] and backend.standing_fallbacks == ()
     _, other = Engine(tiny_pair("dflash2", block=4), get_backend("cpu")).generate(_reqs((0.0,)))
     assert other.fallbacks == []
+
+
+def test_target_only_step_of_an_adaptive_run_keeps_the_draft_context():
+    """Adaptive runs mix target-only steps (block 1) into speculation: such a step writes the
+    draft's context KV of its token, so the draft cache equals that of a prefill of the longer
+    sequence, and the next speculative step drafts from a complete context."""
+    pair, reqs = tiny_pair("dflash2", block=4), _reqs((0.0, 1.0, 0.6))
+    engine = Engine(pair, get_backend("cpu"))
+    with torch.inference_mode():
+        steppers, st = engine._start(reqs, True, 4)
+        first = steps.prefill(pair, st, [q.prompt_ids for q in reqs]).token
+        st.host_lens = [len(q.prompt_ids) for q in reqs]
+        steppers[1].step(st, Fallbacks().report, {"draft": 0.0, "verify": 0.0})  # KV of `first`
+        longer = [q.prompt_ids + (t,) for q, t in zip(reqs, first.tolist())]
+        _, ref = engine._start(reqs, True, 4)
+        steps.prefill(pair, ref, longer)
+    for i, p in enumerate(longer):
+        for got, want in zip(st.draft_storage.k + st.draft_storage.v,
+                             ref.draft_storage.k + ref.draft_storage.v):
+            torch.testing.assert_close(got[i, :len(p)], want[i, :len(p)])

@@ -28,7 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None, help="a fixed speculation block "
+                   "(reproducible across machines); default: adaptive, each step's block size "
+                   "chosen from acceptance and measured step cost (1 = a target-only step)")
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--no-spec", action="store_true", help="target-only decoding (the baseline)")
@@ -121,8 +123,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"--- [{i}] {res.outputs[i].finish_reason}\n{_shown(pair, prompts[i])}{text}")
     s = res.stats
     split = ", ".join(f"{k} {v:.3f}s" for k, v in s.time.items())
+    blocks = f"block {s.block_size}" if not s.adaptive else "adaptive blocks " + ", ".join(
+        f"{b}x{n}" for b, n in sorted(s.block_sizes.items()))
     print(f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "
-          f"{s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f} (block {s.block_size}), "
+          f"{s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f} ({blocks}), "
           f"accept histogram {s.accept_hist}; {split}; fallbacks: {s.fallbacks or 'none'}",
           file=sys.stderr)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -52,3 +53,17 @@ class BatchState:
         return BatchState(self.target_storage, self.draft_storage, self.lens[t], self.anchor[t],
                           self.seed[t], self.key[t], sampling,
                           [self.host_lens[i] for i in idx], [self.rows[i] for i in idx])
+
+
+def new_state(requests: Sequence, target: KVCache, draft: KVCache | None,
+              dev: torch.device) -> BatchState:
+    """A batch of ``requests`` (engine Requests) in slots [0, R) of the given caches, before
+    prefill: lengths and anchors 0."""
+    r, ps = len(requests), [q.params for q in requests]
+    i64 = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
+    return BatchState(
+        target, draft, i64([0] * r), i64([0] * r),
+        i64([p.seed for p in ps]), i64([q.key for q in requests]),
+        SamplingBatch.build([p.temperature for p in ps], [p.top_k for p in ps],
+                            [p.top_p for p in ps], dev),
+        [0] * r, list(range(r)))

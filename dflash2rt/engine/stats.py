@@ -11,8 +11,13 @@ class RunStats:
     mode: str                      # "spec" or "target-only"
     backend: str
     device: str
-    block_size: int
+    block_size: int                # adaptive: the largest candidate (the cache's block room)
     requests: int = 0
+    adaptive: bool = False         # block size chosen per step (engine/schedule.py)
+    block_sizes: dict[int, int] = field(default_factory=dict)  # block → steps (1: target-only)
+    costs: dict[int, dict[int, float]] = field(default_factory=dict)  # block → bucket → seconds
+    calibration_steps: int = 0     # adaptive: timing steps whose results were discarded
+    calibration_s: float = 0.0     # their seconds (part of wall_s; capture excluded)
     steps: int = 0                 # decode steps (each covers every active request)
     request_steps: int = 0         # Σ over steps of active requests
     committed: int = 0             # tokens committed by decode steps (before truncation)
@@ -44,11 +49,13 @@ class RunStats:
 
     @property
     def step_s(self) -> float:
-        """Mean decode-step latency, graph capture excluded."""
-        return (self.wall_s - self.time["prefill"] - self.capture_s) / self.steps if self.steps \
-            else 0.0
+        """Mean decode-step latency, graph capture and calibration steps excluded."""
+        return (self.wall_s - self.time["prefill"] - self.capture_s - self.calibration_s) \
+            / self.steps if self.steps else 0.0
 
-    def record_accepts(self, accepted: list[int]) -> None:
+    def record_accepts(self, accepted: list[int], block: int | None = None) -> None:
+        if block is not None:
+            self.block_sizes[block] = self.block_sizes.get(block, 0) + 1
         for a in accepted:
             while len(self.accept_hist) <= a:
                 self.accept_hist.append(0)

@@ -1,0 +1,106 @@
+"""The decode loop's pieces: a run's steppers per block size, one decode step (the bodies, the
+step's one device→host transfer, the host work), and the adaptive schedule's calibration steps.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Callable
+
+from ..backend import Fallbacks
+from .graphed import GraphStats, Stepper, graph_delta
+from .output import Collector
+from .schedule import AdaptiveSchedule, bucket_of
+from .state import BatchState
+from .stats import RunStats
+from .step import raise_flags
+
+CALIBRATION_KEY = 1 << 62      # calibration steps draw uniforms under keys no real step uses
+
+
+class Steppers:
+    """A run's Stepper per block size (1: a target-only step), made by ``make`` on first use;
+    each one's capture seconds and graph counters are taken then, so the run reports its part.
+    Graph stats keep their names across block sizes ("verify greedy"): per bucket, replays and
+    eager runs are summed over the blocks, captured / verified hold for every block, and
+    refused is the first refusal (calibration steps' replays are counted too)."""
+
+    def __init__(self, make: Callable[[int], Stepper]) -> None:
+        self.make = make
+        self.used: dict[int, tuple[Stepper, float, GraphStats]] = {}
+
+    def __getitem__(self, block: int) -> Stepper:
+        if block not in self.used:
+            s = self.make(block)
+            self.used[block] = (s, s.capture_s, s.graph_stats())
+        return self.used[block][0]
+
+    def capture_s(self) -> float:
+        return sum(s.capture_s - c0 for s, c0, _ in self.used.values())
+
+    def graphs(self) -> GraphStats:
+        out: GraphStats = {}
+        for b, (s, _, g0) in sorted(self.used.items()):
+            for name, buckets in graph_delta(g0, s.graph_stats()).items():
+                for size, d in buckets.items():
+                    was = out.setdefault(name, {}).get(size)
+                    out[name][size] = d if was is None else {
+                        "captured": was["captured"] and d["captured"],
+                        "verified": was["verified"] and d["verified"],
+                        "replays": was["replays"] + d["replays"],
+                        "eager": was["eager"] + d["eager"], "refused": was["refused"] or d["refused"]}
+        return out
+
+
+def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, out: Collector,
+                fallbacks: Fallbacks) -> tuple[BatchState, list[int], float]:
+    """One decode step: the step's bodies (step.py), the one device→host transfer, then the
+    host work: raise on bad flags, emit accepted tokens, mirror lengths, drop finished.
+    → (the batch left, drafts accepted per row of ``st``, the step's seconds without capture)."""
+    t0, cap0 = time.perf_counter(), stepper.capture_s
+    res = stepper.step(st, fallbacks.report, stats.time)   # eager bodies time themselves
+    st.lens.copy_(res.lens)
+    st.anchor.copy_(res.anchor)
+    t1 = time.perf_counter()
+    host = res.for_host().tolist()       # the step's one device→host sync: [R, 2 + B]
+    stats.syncs += 1
+    if stepper.adapter is not None:      # launch + the wait for the graphs at the sync
+        t1 = time.perf_counter()
+        stats.time["graphs"] += t1 - t0
+    raise_flags([h[1] for h in host], st.rows)
+    stats.steps += 1
+    accepted = [h[0] for h in host]
+    stats.record_accepts(accepted, block)
+    for i, h in enumerate(host):
+        out.add(st.rows[i], h[2:3 + h[0]])
+        st.host_lens[i] += h[0] + 1
+    st = drop_finished(st, out)
+    end = time.perf_counter()
+    stats.time["host"] += end - t1
+    return st, accepted, end - t0 - (stepper.capture_s - cap0)
+
+
+def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats: RunStats,
+              fallbacks: Fallbacks) -> None:
+    """Time the candidates the schedule lacks at this batch's bucket: steps of the live batch
+    whose results are discarded (the batch state stays as it is; cache rows past the committed
+    lengths are scratch), under other RNG keys, each timed to its sync, capture excluded."""
+    k = bucket_of(st.size)
+    probe = dataclasses.replace(st, key=st.key ^ CALIBRATION_KEY)
+    scratch: dict[str, float] = collections.defaultdict(float)
+    while todo := sched.calibrate(k):
+        for b in todo:
+            s = steppers[b]
+            t0, cap0 = time.perf_counter(), s.capture_s
+            s.step(probe, fallbacks.report, scratch).for_host().tolist()
+            seconds = time.perf_counter() - t0 - (s.capture_s - cap0)
+            sched.measure(b, k, seconds)
+            stats.calibration_steps += 1
+            stats.calibration_s += seconds
+
+
+def drop_finished(st: BatchState, out: Collector) -> BatchState:
+    alive = [i for i, row in enumerate(st.rows) if not out.done(row)]
+    return st if len(alive) == st.size else st.keep(alive)

@@ -1,0 +1,191 @@
+"""Adaptive speculation: each decode step's block size, chosen from the past only.
+
+The co-design rule Speedup = E[L]·T_target / (T_draft + T_verify), applied online: a step
+takes the block size b among ``candidates`` (1: a target-only step) that maximises
+
+    Σ_rows E_r[b] / cost(b, bucket),   E_r[b] = 1 + Σ_{j=1}^{b-1} Π_{i≤j} α_{r,i}
+
+α_{r,i}: request r's running estimate of P(draft slot i accepted | slot i reached), from a prior
+(``prior`` with ``prior_weight`` pseudo-observations) and exponential forgetting (``decay`` per
+observation of the slot) so it tracks changes. cost(b, bucket): seconds of one decode step of
+block b for a batch of that bucket (the next power of two ≥ its rows, as graphs bucket).
+
+Exploration: target-only steps teach nothing about acceptance, so after ``probe`` target-only
+steps in a row the batch re-tries its best speculative block (a probe); the gap doubles (up to
+``max_probe``) while probes keep ending in target-only, and resets once speculation wins.
+
+Losslessness: ``choose`` sees only past outcomes (accepted counts of finished steps) and the
+cost table, never the current step's uniforms, so every step verifies losslessly.
+
+Costs and reproducibility. Measured (the engine's default): before a batch of a new bucket
+decodes, the engine calibrates: every candidate runs ``reps`` steps on the live batch (results
+discarded, the batch unchanged; RNG keys apart), timed wall to the step's one sync with graph
+capture excluded; the minimum is kept and the entry is then frozen. The table is one per
+process, model pair and device (``shared_schedule``: every Engine there shares it, whatever its
+backend or graph mode), so within a process choices are a deterministic function of the batch's
+committed outcomes: seeded sampled output repeats across calls and engines (eager == graphs,
+backend == backend). Another process or machine measures its own table and may then sample
+different (equally lossless) tokens; a request's sampled tokens also depend on its batch (the
+block is chosen per batch). Greedy output never depends on the schedule. For seeded runs
+reproducible across processes, machines or batches: a fixed block (``block_size=N``), or one
+fixed table (below) as ``Engine.schedule``. ``RunStats.costs`` reports the table.
+
+API (small and pure-ish; a conformance test can drive it by hand, no clock needed):
+
+    s = AdaptiveSchedule((1, 2, 4, 8), costs={1: 1.0, 2: 1.3, 4: 1.5, 8: 2.0})  # fixed table
+    s = AdaptiveSchedule((1, 2, 4, 8))          # measured: calibrate(bucket) lists what to time
+    s.begin()                                   # a new batch of requests: forget their estimates
+    b = s.choose(rows)                          # rows: the live requests' keys (hashable)
+    s.observe(rows, b, accepted, seconds)       # accepted[i]: drafts accepted for rows[i]
+
+``costs`` keys are a block (every bucket) or (block, bucket); seconds or any common unit.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Hashable, Mapping, Sequence
+
+from ..errors import InvalidInputError
+
+
+def default_candidates(block: int) -> tuple[int, ...]:
+    """1, the powers of two below the draft's block size, and that block size: few sizes,
+    so graphs capture few buckets (the bundled block 8: 1, 2, 4, 8)."""
+    return tuple(sorted({1, block} | {1 << k for k in range(1, block.bit_length())
+                                      if 1 << k < block}))
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # target → draft → device
+
+
+def shared_schedule(pair, device: object) -> "AdaptiveSchedule":
+    """A new schedule (an Engine's default) over the process's one measured cost table for this
+    model pair (its target and draft modules) on this device: every engine of the process over
+    them, whatever its backend or graph mode, makes the same choices from the same outcomes."""
+    drafts = _TABLES.setdefault(pair.target, weakref.WeakKeyDictionary())
+    table = drafts.setdefault(pair.draft, {}).setdefault(str(device), {})
+    return AdaptiveSchedule(default_candidates(pair.draft.cfg.block_size), samples=table)
+
+
+def bucket_of(rows: int) -> int:
+    """The cost table's batch bucket: the next power of two ≥ rows (the graph buckets)."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+class AdaptiveSchedule:
+    """Per-request acceptance estimates (reset by ``begin``) and a cost table (fixed, or
+    measured by calibration and kept, possibly shared: ``samples``); ``choose`` / ``observe``."""
+
+    def __init__(self, candidates: Sequence[int], costs: Mapping | None = None, *,
+                 prior: float = 0.8, prior_weight: float = 1.0, decay: float = 0.9,
+                 probe: int = 4, max_probe: int = 64, reps: int = 2,
+                 samples: dict | None = None) -> None:
+        cands = sorted(set(int(b) for b in candidates))
+        if not cands or cands[0] < 1:
+            raise InvalidInputError(f"block size candidates must be integers >= 1, got "
+                                    f"{list(candidates)!r}")
+        self.candidates = tuple(cands)
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self.probe, self.max_probe, self.reps = probe, max_probe, reps
+        self.fixed = costs is not None
+        self._fixed = dict(costs or {})
+        # measured seconds per (block, bucket); ``samples``: a table shared with other schedules
+        self._samples: dict[tuple[int, int], list[float]] = {} if samples is None else samples
+        self.begin()
+
+    # ---- per batch of requests -------------------------------------------------------------
+    def begin(self) -> None:
+        """A new batch of requests: drop per-request estimates and the probe state (the cost
+        table is kept)."""
+        self._rows: dict[Hashable, tuple[list[float], list[float]]] = {}   # accepted, reached
+        self._only, self._gap = 0, self.probe          # target-only steps in a row, probe gap
+
+    def alpha(self, row: Hashable, slot: int) -> float:
+        """P(slot accepted | reached) for ``row`` (slots count from 1)."""
+        acc, seen = self._rows.get(row, ((), ()))
+        a, n = (acc[slot - 1], seen[slot - 1]) if slot <= len(acc) else (0.0, 0.0)
+        return (a + self.prior * self.prior_weight) / (n + self.prior_weight)
+
+    def expected(self, row: Hashable, block: int) -> float:
+        """E[committed tokens | block] for ``row``: 1 + Σ_j Π_{i≤j} α_i."""
+        total, run = 1.0, 1.0
+        for j in range(1, block):
+            run *= self.alpha(row, j)
+            total += run
+        return total
+
+    # ---- costs -------------------------------------------------------------------------------
+    def cost(self, block: int, bucket: int) -> float | None:
+        """Seconds of a step (None: not known yet)."""
+        if self.fixed:
+            c = self._fixed.get((block, bucket), self._fixed.get(block))
+            if c is None:
+                raise InvalidInputError(f"the fixed cost table has no entry for block {block} "
+                                        f"(bucket {bucket})")
+            return float(c)
+        s = self._samples.get((block, bucket), [])
+        return min(s) if s else None
+
+    def calibrate(self, bucket: int) -> list[int]:
+        """The candidates still to time at ``bucket`` (one step each, then ask again)."""
+        if self.fixed:
+            return []
+        return [b for b in self.candidates if len(self._samples.get((b, bucket), ())) < self.reps]
+
+    def measure(self, block: int, bucket: int, seconds: float) -> None:
+        """One calibration step's seconds (ignored once the entry holds ``reps`` samples)."""
+        s = self._samples.setdefault((block, bucket), [])
+        if not self.fixed and len(s) < self.reps:
+            s.append(float(seconds))
+
+    @property
+    def costs(self) -> dict[tuple[int, int], float]:
+        """The cost table: (block, bucket) → seconds; bucket 0: a fixed entry for every bucket."""
+        if self.fixed:
+            return {k if isinstance(k, tuple) else (int(k), 0): float(v)
+                    for k, v in sorted(self._fixed.items(), key=str)}
+        return {k: min(v) for k, v in sorted(self._samples.items()) if v}
+
+    # ---- decisions ---------------------------------------------------------------------------
+    def scores(self, rows: Sequence[Hashable]) -> dict[int, float]:
+        """Σ_rows E_r[b] / cost(b, bucket) per candidate."""
+        k = bucket_of(len(rows))
+        out = {}
+        for b in self.candidates:
+            c = self.cost(b, k)
+            if c is None:
+                raise InvalidInputError(f"no cost for block {b} at bucket {k}: calibrate first")
+            out[b] = sum(self.expected(r, b) for r in rows) / max(c, 1e-12)
+        return out
+
+    def choose(self, rows: Sequence[Hashable]) -> int:
+        """The next step's block size: the best score (ties: the smaller block), or a probe of
+        the best speculative block after ``probe`` target-only steps in a row."""
+        scores = self.scores(rows)
+        best = max(self.candidates, key=lambda b: (scores[b], -b))
+        spec = [b for b in self.candidates if b > 1]
+        if best == 1 and spec and self._only >= self._gap:
+            self._only, self._gap = 0, min(2 * self._gap, self.max_probe)
+            return max(spec, key=lambda b: (scores[b], -b))
+        if best == 1:
+            self._only += 1
+        else:
+            self._only, self._gap = 0, self.probe
+        return best
+
+    def observe(self, rows: Sequence[Hashable], block: int, accepted: Sequence[int],
+                seconds: float | None = None) -> None:
+        """A finished step's outcome: ``accepted[i]`` drafts of ``rows[i]`` accepted (0 for a
+        target-only step, which teaches nothing). ``seconds`` is not used: costs come from
+        calibration (``measure``) or the fixed table, so choices never follow step timing."""
+        if block < 2:
+            return
+        gamma = max(self.candidates) - 1
+        for r, a in zip(rows, accepted):
+            acc, seen = self._rows.setdefault(r, ([0.0] * gamma, [0.0] * gamma))
+            for j in range(min(a + 1, block - 1, gamma)):        # slots 1 .. reached
+                acc[j] *= self.decay
+                seen[j] = seen[j] * self.decay + 1.0
+                if j < a:
+                    acc[j] += 1.0

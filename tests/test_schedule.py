@@ -1,0 +1,182 @@
+"""The adaptive block-size schedule: the rule, its dependence on the past only, and the engine
+running it (greedy output schedule-independent; choices made before the step's noise)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dflash2rt import get_backend
+from dflash2rt.engine.engine import Engine
+from dflash2rt.engine.request import Request, SamplingParams
+from dflash2rt.engine.schedule import AdaptiveSchedule, bucket_of, default_candidates
+from dflash2rt.errors import InvalidInputError
+
+from tiny_models import oracle_pair, tiny_pair
+
+CANDS = (1, 2, 4, 8)
+COSTS = {1: 1.0, 2: 1.6, 4: 1.8, 8: 2.2}        # a spec step costs more than a target-only one
+
+
+def _drive(s, rows, accept, steps=40):
+    """Choose and observe ``steps`` times; ``accept(b)``: drafts accepted at block b."""
+    chosen = []
+    for _ in range(steps):
+        b = s.choose(rows)
+        chosen.append(b)
+        s.observe(rows, b, [accept(b) if b > 1 else 0 for _ in rows], 0.0)
+    return chosen
+
+
+def test_default_candidates_and_buckets():
+    assert default_candidates(8) == (1, 2, 4, 8)
+    assert default_candidates(6) == (1, 2, 4, 6)
+    assert default_candidates(2) == (1, 2)
+    assert [bucket_of(n) for n in (1, 2, 3, 4, 5, 33)] == [1, 2, 4, 4, 8, 64]
+    with pytest.raises(InvalidInputError):
+        AdaptiveSchedule((0, 2))
+
+
+def test_expected_committed_tokens():
+    s = AdaptiveSchedule(CANDS, COSTS, prior=0.5)
+    assert s.expected("r", 1) == 1.0
+    assert s.expected("r", 4) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_no_acceptance_picks_target_only_full_acceptance_picks_the_largest_block():
+    rows = ["a", "b"]
+    never = _drive(AdaptiveSchedule(CANDS, COSTS), rows, lambda b: 0)
+    assert never[-10:].count(1) >= 8                       # 1, and rare probes
+    always = _drive(AdaptiveSchedule(CANDS, COSTS), rows, lambda b: b - 1)
+    assert always[-10:] == [8] * 10
+
+
+def test_probes_back_off_while_speculation_keeps_failing():
+    chosen = _drive(AdaptiveSchedule(CANDS, COSTS), ["a"], lambda b: 0, steps=200)
+    probes = [i for i, b in enumerate(chosen) if b > 1 and i > 5]
+    gaps = [j - i for i, j in zip(probes, probes[1:])]
+    assert probes and gaps == sorted(gaps) and gaps[-1] > gaps[0]
+
+
+def test_acceptance_change_is_tracked():
+    s, flip = AdaptiveSchedule(CANDS, COSTS), {"good": True}
+    first = _drive(s, ["a"], lambda b: b - 1 if flip["good"] else 0, 20)
+    flip["good"] = False
+    later = _drive(s, ["a"], lambda b: b - 1 if flip["good"] else 0, 40)
+    assert first[-1] == 8 and later[-10:].count(1) >= 7
+
+
+def test_choices_depend_only_on_the_past():
+    """Replaying one outcome history (and the timing, which observe ignores) gives the same
+    choices: nothing but committed outcomes and the cost table enters a decision."""
+    def run(seed, timings):
+        g, s = random.Random(seed), AdaptiveSchedule(CANDS, {1: 1.0, 2: 1.9, 4: 2.5, 8: 4.0})
+        out = []
+        for t in timings:
+            rows = ["x", "y", "z"][:1 + len(out) % 3]
+            b = s.choose(rows)
+            out.append(b)
+            s.observe(rows, b, [g.randrange(b) * (g.random() < 0.6) for _ in rows], t)
+        return out
+
+    a = run(7, [0.01] * 60)
+    assert a == run(7, [random.random() for _ in range(60)])
+    assert len(set(a)) > 1
+
+
+def test_measured_table_is_calibrated_then_frozen():
+    s = AdaptiveSchedule((1, 4), reps=2)
+    with pytest.raises(InvalidInputError, match="calibrate"):
+        s.choose(["a"])
+    assert s.calibrate(1) == [1, 4]
+    for b, sec in ((1, 3.0), (4, 5.0), (1, 2.0), (4, 4.0), (1, 0.001)):
+        s.measure(b, 1, sec)
+    assert s.calibrate(1) == [] and s.costs == {(1, 1): 2.0, (4, 1): 4.0}
+    s.observe(["a"], 4, [3], 1e-9)                           # decode steps never move the table
+    assert s.costs == {(1, 1): 2.0, (4, 1): 4.0} and s.calibrate(2) == [1, 4]
+
+
+def _reqs(prompts, n_new=16, **kw):
+    return [Request(p, SamplingParams(max_new_tokens=n_new, ignore_eos=True, **kw), key=i)
+            for i, p in enumerate(prompts)]
+
+
+def test_choice_is_made_before_the_step_noise_is_drawn(monkeypatch):
+    """Per decode step: choose, then the step's noise (a calibration step's noise is drawn under
+    other keys and its results are discarded)."""
+    pair, backend = oracle_pair(4), get_backend("cpu")
+    engine, events = Engine(pair, backend), []
+    engine.generate(_reqs([(1, 2)], 4, temperature=1.0))             # calibrates bucket 1
+    noise, choose = backend.noise, engine.schedule.choose
+    monkeypatch.setattr(backend, "noise", lambda *a: events.append("noise") or noise(*a))
+    monkeypatch.setattr(engine.schedule, "choose",
+                        lambda rows: events.append("choose") or choose(rows))
+    _, stats = engine.generate(_reqs([(1, 2)], 20, temperature=1.0))
+    assert stats.calibration_steps == 0 and events.count("choose") == stats.steps
+    spec_steps = stats.steps - stats.block_sizes.get(1, 0)
+    assert events.count("noise") == spec_steps > 0
+    seq = "".join(e[0] for e in events)                           # c: choose, n: noise
+    assert seq.startswith("c") and all(seq[i - 1] == "c" for i, e in enumerate(seq) if e == "n")
+
+
+def test_greedy_output_is_schedule_independent_on_the_bundled_pair():
+    from dflash2rt.api import resolve_model
+
+    pair = resolve_model("stdlib-code")
+    prompts = [tuple(pair.tokenizer.encode(t)) for t in ("def f(x):", "import os\n")]
+    engine = Engine(pair, get_backend("cpu"))
+    adaptive, stats = engine.generate(_reqs(prompts, 24))
+    target, _ = engine.generate(_reqs(prompts, 24), spec=False)
+    fixed, _ = engine.generate(_reqs(prompts, 24), block_size=8)
+    assert [o.token_ids for o in adaptive] == [o.token_ids for o in target] == \
+        [o.token_ids for o in fixed]
+    assert stats.adaptive and stats.block_size == 8 and sum(stats.block_sizes.values()) == \
+        stats.steps
+    assert set(stats.costs) == {1, 2, 4, 8} and all(2 in v for v in stats.costs.values())
+
+
+def test_sampled_adaptive_run_reports_its_block_sizes():
+    """T=1 on the bundled pair (low acceptance): runs, reports the sizes and the cost table."""
+    from dflash2rt.api import resolve_model
+
+    pair = resolve_model("stdlib-code")
+    engine = Engine(pair, get_backend("cpu"))
+    reqs = _reqs([tuple(pair.tokenizer.encode("def f(x):"))], 32, temperature=1.0, seed=3)
+    outs, stats = engine.generate(reqs)
+    again, _ = engine.generate(_reqs([reqs[0].prompt_ids], 32, temperature=1.0, seed=3))
+    assert len(outs[0].token_ids) == 32 and outs[0].token_ids == again[0].token_ids
+    assert stats.adaptive and set(stats.block_sizes) <= {1, 2, 4, 8}
+    assert sum(stats.block_sizes.values()) == stats.steps == stats.syncs
+    assert set(stats.costs) == {1, 2, 4, 8} and stats.calibration_steps in (0, 8)  # shared
+    assert stats.committed == sum(a + 1 for a in range(len(stats.accept_hist))
+                                  for _ in range(stats.accept_hist[a]))
+
+
+def test_fixed_cost_table_makes_engines_agree():
+    """Two engines given one fixed table choose alike: seeded sampled output equal."""
+    pair = tiny_pair("dflash2", block=4, seed=1)
+    reqs = lambda: _reqs([(1, 2, 3), (4, 5)], 12, temperature=0.8, seed=5)   # noqa: E731
+    outs = []
+    for _ in range(2):
+        engine = Engine(pair, get_backend("cpu"))
+        engine.schedule = AdaptiveSchedule((1, 2, 4), {1: 1.0, 2: 1.2, 4: 1.3})
+        o, stats = engine.generate(reqs())
+        outs.append([x.token_ids for x in o])
+        assert stats.calibration_steps == 0 and stats.costs == {1: {0: 1.0}, 2: {0: 1.2},
+                                                                4: {0: 1.3}}
+    assert outs[0] == outs[1]
+    with torch.inference_mode():
+        assert engine.schedule.choose([0, 1]) in (1, 2, 4)
+
+
+def test_engines_of_a_process_share_the_measured_table():
+    """Default schedules: one measured table per pair and device in the process, so a second
+    engine (here on another backend) calibrates nothing and samples alike."""
+    pair = tiny_pair("dflash2", block=4, seed=2, dtype=torch.float32)
+    reqs = lambda: _reqs([(1, 2, 3), (4, 5)], 12, temperature=0.8, seed=5)   # noqa: E731
+    a, sa = Engine(pair, get_backend("cpu")).generate(reqs())
+    b, sb = Engine(pair, get_backend("cpu-nofp64")).generate(reqs())
+    assert sa.calibration_steps > 0 and sb.calibration_steps == 0 and sa.costs == sb.costs
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
