@@ -1,4 +1,4 @@
-"""Out-of-tree mutant backends, one planted bug each, for the bug classes of issue 13.
+"""Out-of-tree mutant backends, one planted bug each, for the bug classes of issues 13 and 15.
 
 Each mutant is a TorchOpsBackend subclass (or a patched runtime op) installed as a real
 distribution with a ``dflash2rt.backends`` entry point; ``source(name, dtypes)`` writes it for a
@@ -171,6 +171,21 @@ def _conv(x, base, delta, block_size):
         coin = torch.where(ok, -1.0, torch.inf).to(noise.accept.dtype)       # forced decisions
         return super().verify(logits, draft, candidates, q, sampling,
                               BlockNoise(noise.walk, coin, noise.residual, noise.bonus), check)
+'''),
+    # Adaptive speculation that peeks (issue 15): the step's block size is chosen from the
+    # current step's own slot-0 acceptance coin — the whole block when it is small (< 1/2, the
+    # draft will likely be accepted), else a target-only step (accept 0, the token drawn from
+    # target row 0 with the bonus coin, as ops.verify.sample_next does).
+    "schedule-peeks-accept": ("", '''
+    def verify(self, logits, draft, candidates, q, sampling, noise, check=True):'''
+        + _SHAPES_OK + '''
+        out = super().verify(logits, draft, candidates, q, sampling, noise, check)
+        short = ~sampling.greedy & (noise.accept[:, 0] >= 0.5)                 # the peek
+        token, _ = ops_verify.sample_next(logits[:, 0], sampling, noise.bonus)
+        acc = torch.where(short, 0, out.accept_len)
+        emitted = torch.where(short, token,
+                              out.tokens.gather(1, out.accept_len.view(-1, 1)).view(-1))
+        return VerifyOut(acc, assemble_tokens(draft, acc, emitted), out.bad, out.bad_q)
 '''),
     # The acceptance coin is read from the walk stream (it differs from the accept stream).
     "walk-as-accept": ("", '''

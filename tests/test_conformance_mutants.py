@@ -1,5 +1,5 @@
-"""Each bug class of issue 13 planted in an out-of-tree backend (tests/fixture_mutants.py) is
-killed by the conformance suite: by the full suite on a backend declaring float32, float64 and
+"""Each bug class of issues 13 and 15 planted in an out-of-tree backend (tests/fixture_mutants.py)
+is killed by the conformance suite: by the full suite on a backend declaring float32, float64 and
 bfloat16, and by ``--dflash2rt-quick`` (small samples only) on a backend that declares only
 float32 — so no kill hangs on an exhaustive sample or a bf16 accident. The ``-k`` selections are
 subsets of what ``dflash2rt conformance`` runs; each failure must name its level and case."""
@@ -28,8 +28,12 @@ KILLS = {  # mutant: (-k selection, failure heads that must appear)
         "[L1 conv_finish case=b16_r1_h520_g65_t2_multi_tile"]),
     "accept-in-float32": ("L1 and verify", ["[L1 verify case=accept_f32_vs_f64_q_not_pow2"]),
     "walk-as-accept": ("L2", ["[L2 law case=quarter-q1]", "[L2 law case=plain dtype=float32]"]),
+    "schedule-peeks-accept": ("L3 and adaptive", [
+        "[L3 adaptive case=adaptive-V4-b4-K3-L4-accept-driven dtype=float32]",
+        "[L3 adaptive case=adaptive-V4-b4-K3-L4-cost-model dtype=float32]"]),
 }
 FULL_ONLY = {  # exhaustive-tier cases (too slow for the Triton-interpreter lane's --quick)
+    "schedule-peeks-accept": ["[L3 adaptive case=adaptive-V4-b4-K3-L4-hashed dtype=bfloat16]"],
     "chunk-argmax-tie": ["[L1 verify case=real_vocab_v151936"],
     "chunk-icdf-no-carry": ["[L1 verify case=real_vocab_v151936"],
 }

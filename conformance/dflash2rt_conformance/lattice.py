@@ -12,12 +12,15 @@ exactly one of them per round). One block's verify law alone (level L2): ``verif
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import numpy as np
 import torch
 
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
 from dflash2rt.ops.selector import SelectorParams
+
+from .reference import laws
 
 NEG = -1.0e4            # log 0 for lattice scores: exp underflows to exactly 0 in float32
 M_WALK = M_ACCEPT = 4
@@ -67,6 +70,49 @@ class SelectorTables:
         return logits, proj
 
 
+def context_tables(salt: str, v: int, k: int):
+    """Context-dependent quarter tables keyed by (last token, position): target rows
+    p(· | x_last, t) with zeros; candidates C(t) of size K; draft laws q(· | prev, t) over C(t)
+    of shape {1}, {1/2, 1/2} or {1/2, 1/4, 1/4}, chosen so that the residual mass Σ(p − q)+ is
+    0, 1/4, 1/2 or 1. Every walk / accept / residual breakpoint is then a multiple of 1/4.
+    Level L3 (fixed and adaptive block sizes). → (p_fn(ctx), SelectorTables)."""
+    p_memo: dict = {}
+    q_memo: dict = {}
+
+    def rs(*key):
+        return np.random.default_rng(zlib.crc32(repr((salt,) + key).encode()))
+
+    def p_at(last, t):
+        if (last, t) not in p_memo:
+            p_memo[(last, t)] = laws.quarter_row((salt, "p", last, t), v, False)
+        return p_memo[(last, t)]
+
+    def p_fn(ctx):
+        return p_at(ctx[-1], len(ctx))
+
+    def cand_at(t):
+        return np.sort(rs("C", t).choice(v, k, replace=False))
+
+    def q_at(prev, t):
+        if (prev, t) not in q_memo:
+            p, c = p_at(prev, t), cand_at(t)
+            options = []
+            for pattern in [(1.0,), (0.5, 0.5), (0.5, 0.25, 0.25)]:
+                for first in range(k):
+                    q = np.zeros(v)
+                    q[c[first]] = pattern[0]
+                    q[[c[(first + i) % k] for i in range(1, len(pattern))]] = pattern[1:]
+                    if float(np.maximum(p - q, 0).sum()) in (0.0, 0.25, 0.5, 1.0):
+                        options.append(q)
+            assert options, f"L3 tables [{salt}]: no lattice-exact q for p={p} on C={c}"
+            q_memo[(prev, t)] = options[rs("q", prev, t).integers(len(options))]
+        return q_memo[(prev, t)]
+
+    sel = SelectorTables(v, k, lambda ctx, e, prev: q_at(prev, len(ctx) + e),
+                         lambda ctx, e: cand_at(len(ctx) + e))
+    return p_fn, sel
+
+
 def target_logits(p_fn, ctx: tuple, draft: np.ndarray, v: int) -> np.ndarray:
     """Verify logits [R, γ+1, V]: row j = log p(· | ctx + d_1..d_j), per lattice row."""
     r, gamma = draft.shape
@@ -80,8 +126,13 @@ def target_logits(p_fn, ctx: tuple, draft: np.ndarray, v: int) -> np.ndarray:
 
 
 def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int,
-                      dtype: torch.dtype, temperature: float = 1.0, dedup: bool = False) -> dict:
+                      dtype: torch.dtype, temperature: float = 1.0, dedup: bool = False,
+                      key_first_accept: bool = False) -> dict:
     """The backend's exact law of one round's emitted tokens from ``ctx`` (select + verify).
+
+    ``key_first_accept``: the law of (index k of slot 0's acceptance coin (2k+1)/(2·M_ACCEPT),
+    emitted tokens) instead, so that a schedule that (wrongly) reads the current step's first
+    acceptance coin can be enumerated exactly (level L3, adaptive block sizes).
 
     ``dedup`` (``--dflash2rt-small``): select runs on the walk lattice alone and verify once per
     distinct select output × (accept, residual) lattice, weighted by how many walk points gave
@@ -124,8 +175,34 @@ def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int
     n = len(rows)
     sampling = SamplingBatch.build([temperature] * n, [0] * n, [1.0] * n, dev)
     ver = backend.verify(vlog, draft, cand, q, sampling, noise, check=True)
-    law = law_of(ver.tokens.cpu().numpy(), count)         # tokens are −1 after the emitted one
+    tokens = ver.tokens.cpu().numpy()                      # tokens are −1 after the emitted one
+    if key_first_accept:
+        tokens = np.concatenate([coins[:, :1], tokens], 1)
+        law = {(k[0], k[1:]): c for k, c in law_of(tokens, count).items()}
+    else:
+        law = law_of(tokens, count)
     return {k: c / total for k, c in law.items()}
+
+
+def target_only_law_backend(backend, ctx: tuple, p_fn, dtype: torch.dtype,
+                            temperature: float = 1.0) -> dict:
+    """The exact law of a target-only step (block size 1) from ``ctx``: the runtime's
+    ``ops.verify.sample_next`` (what the engine calls for it) inside ``backend.run_context()``
+    on the target row of ``ctx``, over the bonus lattice (the stream a target-only step reads).
+    → {(token,): weight}."""
+    from dflash2rt.ops.verify import sample_next
+    dev, m = backend.device, 1 if temperature == 0 else M_RESIDUAL
+    row = log_or_neg(np.asarray(p_fn(ctx), float))
+    logits = torch.tensor(np.broadcast_to(row, (m, len(row))).copy(),
+                          dtype=torch.float64).to(dtype).to(dev)
+    u = torch.tensor(midpoints(m), dtype=torch.float64).to(torch.float32).to(dev)
+    sampling = SamplingBatch.build([temperature] * m, [0] * m, [1.0] * m, dev)
+    with backend.run_context():
+        token, bad = sample_next(logits, sampling, u)
+    if bool(bad.any()):
+        raise AssertionError(f"target-only step from {ctx}: sample_next flagged a lattice-exact "
+                             f"row bad: {bad.cpu().tolist()}")
+    return {k: c / m for k, c in law_of(token.cpu().numpy().reshape(m, 1), np.ones(m)).items()}
 
 
 def worst(law: dict, target: dict, n: int = 5) -> str:

@@ -30,10 +30,13 @@ from __future__ import annotations
 from typing import Any
 
 MINIMUM = {
-    "L0": 12,     # every reference self-check (none depends on the backend or a dtype)
+    "L0": 17,     # every reference self-check (none depends on the backend or a dtype),
+                  # incl. 4 adaptive-schedule laws in Fractions and the peeking-schedule mutant
     "L1": 85,     # float32: 57 op samples + 4 spec steps; 24 error inputs
     "L2": 3,      # the quarter-table law and two float32 float-table laws
-    "L3": 2,      # one float32 sampled joint law and the greedy chain
+    "L3": 8,      # one float32 sampled joint law and the greedy chain; adaptive block sizes:
+                  # 4 reference schedules + the engine's AdaptiveSchedule (float32) and the
+                  # peeking-schedule sharpness check
     "L4": 3,      # greedy batch 3 and batch 1, the sampled law of the first tokens
     "graphs": 5,  # all but the second-stream test (skipped on devices without streams)
 }

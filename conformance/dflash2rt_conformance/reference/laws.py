@@ -185,6 +185,51 @@ def joint_law(round_law: Callable[[tuple], dict], prompt: tuple, length: int) ->
     return law_from(prompt, length)
 
 
+def spec_step(d: Draws, ctx: tuple, p_fn, q_fn, block: int) -> tuple:
+    """One step of block size ``block`` on the reference → (index k of the slot-0 acceptance coin
+    (2k+1)/(2m), emitted tokens). Block 1 is a target-only step: one token from p(· | ctx)
+    with the bonus coin (the slot-0 coin is still keyed: it exists, the step does not read it)."""
+    a = d.u(("accept", 0))
+    k = int(a * 2 * d.m - 1) // 2
+    if block == 1:
+        return k, (inverse_cdf(p_fn(ctx), d.u(("bonus", 0))),)
+    return k, spec_round(d, ctx, p_fn, q_fn, block - 1)
+
+
+def adaptive_joint_law(step_law: Callable[[tuple, int], dict], schedule: Callable, prompt: tuple,
+                       length: int, m: int, blocks: set | None = None) -> dict:
+    """Law of the first ``length`` tokens when each step's block size is
+    ``schedule(history, ctx, peek)`` (``schedules.py``: history = ((block, accepted), …) of the
+    earlier steps, ctx the committed tokens, peek the current step's slot-0 acceptance coin).
+
+    ``step_law(ctx, block)`` → {(k, emitted tokens): weight}, k the index of the slot-0 coin
+    on the m-point lattice; the schedule is asked once per k, so one that reads ``peek``
+    is enumerated exactly too. ``blocks`` (a set) collects the block sizes chosen."""
+    memo: dict = {}
+
+    def law_from(ctx: tuple, hist: tuple, need: int) -> dict:
+        if (ctx, hist, need) in memo:
+            return memo[(ctx, hist, need)]
+        out: dict = {}
+        chosen = [schedule(hist, ctx, (2 * k + 1) / (2 * m)) for k in range(m)]
+        if blocks is not None:
+            blocks.update(chosen)
+        laws = {b: step_law(ctx, b) for b in set(chosen)}
+        for (k, seq), w in sorted(((key, w) for b in laws for key, w in laws[b].items()
+                                   if chosen[key[0]] == b), key=lambda kw: kw[0]):
+            nxt = hist + ((chosen[k], len(seq) - 1),)
+            seq = seq[:need]
+            if len(seq) == need:
+                out[seq] = out.get(seq, 0) + w
+                continue
+            for rest, w2 in law_from(ctx + seq, nxt, need - len(seq)).items():
+                out[seq + rest] = out.get(seq + rest, 0) + w * w2
+        memo[(ctx, hist, need)] = out
+        return out
+
+    return law_from(prompt, (), length)
+
+
 def closed_form_round(ctx: tuple, p_fn, q_fn, gamma: int) -> dict:
     """The round's law from the rule itself (accept min(1, p/q), residual norm((p−q)+), bonus p),
     in float64 for any (irrational) tables."""

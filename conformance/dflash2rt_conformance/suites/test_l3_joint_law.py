@@ -1,11 +1,10 @@
 """L3: the joint law of the first L tokens over several rounds of the backend's select + verify,
 with context-dependent tables, equals the target's law (TV ≤ 1e-12; exact on the lattice).
 An off-by-one verify row shows TV ≈ 0.9 here and is invisible with identical rows.
-``--dflash2rt-small`` (sizes.py): γ = 2, L = 2, verify once per distinct draft."""
+``--dflash2rt-small`` (sizes.py): γ = 2, L = 2, verify once per distinct draft. Block sizes that
+change from step to step (adaptive speculation): ``test_l3_adaptive.py``."""
 
 from __future__ import annotations
-
-import zlib
 
 import numpy as np
 import pytest
@@ -28,45 +27,7 @@ def _case(sizes, salt: str) -> str:
 
 
 def _tables(salt: str):
-    """Context-dependent quarter tables keyed by (last token, position): target rows
-    p(· | x_last, t) with zeros; candidates C(t) of size K; draft laws q(· | prev, t) over C(t)
-    of shape {1}, {1/2, 1/2} or {1/2, 1/4, 1/4}, chosen so that the residual mass Σ(p − q)+ is
-    0, 1/4, 1/2 or 1. Every walk / accept / residual breakpoint is then a multiple of 1/4."""
-    p_memo: dict = {}
-    q_memo: dict = {}
-
-    def rs(*key):
-        return np.random.default_rng(zlib.crc32(repr((salt,) + key).encode()))
-
-    def p_at(last, t):
-        if (last, t) not in p_memo:
-            p_memo[(last, t)] = laws.quarter_row((salt, "p", last, t), V, False)
-        return p_memo[(last, t)]
-
-    def p_fn(ctx):
-        return p_at(ctx[-1], len(ctx))
-
-    def cand_at(t):
-        return np.sort(rs("C", t).choice(V, K, replace=False))
-
-    def q_at(prev, t):
-        if (prev, t) not in q_memo:
-            p, c = p_at(prev, t), cand_at(t)
-            options = []
-            for pattern in [(1.0,), (0.5, 0.5), (0.5, 0.25, 0.25)]:
-                for first in range(K):
-                    q = np.zeros(V)
-                    q[c[first]] = pattern[0]
-                    q[[c[(first + i) % K] for i in range(1, len(pattern))]] = pattern[1:]
-                    if float(np.maximum(p - q, 0).sum()) in (0.0, 0.25, 0.5, 1.0):
-                        options.append(q)
-            assert options, f"L3 tables [{salt}]: no lattice-exact q for p={p} on C={c}"
-            q_memo[(prev, t)] = options[rs("q", prev, t).integers(len(options))]
-        return q_memo[(prev, t)]
-
-    sel = lattice.SelectorTables(V, K, lambda ctx, e, prev: q_at(prev, len(ctx) + e),
-                                 lambda ctx, e: cand_at(len(ctx) + e))
-    return p_fn, sel
+    return lattice.context_tables(salt, V, K)
 
 
 def _joint(backend, sizes, salt, dtype, temperature=1.0):
