@@ -67,7 +67,7 @@ section "graph replay == eager, graph vs eager step latency" 70 \
 section "where a graphed step's time goes (graph replays, top kernels)" 60 \
     $PY scripts/step_profile.py --backend "$BACKEND" --out "$OUT/profile.json"
 
-section "benchmark: spec vs target-only vs transformers" 75 \
+section "benchmark: spec vs target-only vs transformers (T = 0, 0.7, 1)" 150 \
     $PY -m dflash2rt bench --backend "$BACKEND" --repeats 2 --prompts 4 --json-out "$OUT/bench.json"
 $PY - "$OUT/bench.json" <<'PY' || true
 import json, sys
@@ -75,7 +75,7 @@ r = json.load(open(sys.argv[1]))
 print({k: r.get(k) for k in ("tau", "target_only_tokens_per_s", "spec_tokens_per_s", "hf_tokens_per_s",
                              "speedup_vs_target_only", "speedup_vs_hf", "efficiency")})
 PY
-section "benchmark in bfloat16 (the same runs)" 75 \
+section "benchmark in bfloat16 (the same runs)" 150 \
     $PY -m dflash2rt bench --backend "$BACKEND" --dtype bfloat16 --repeats 2 --prompts 4 \
     --json-out "$OUT/bench-bf16.json"
 if [ "${QUALIFY:-0}" = 1 ] && [ $(( $(date +%s) - start )) -lt 210 ]; then

@@ -1,6 +1,8 @@
-"""Where a graphed decode step's time goes on a GPU backend (JSON): each captured graph's replay
-time alone, the whole step as the engine runs it (host work and the one sync included), and the
-top kernels of each graph's body run eagerly under torch.profiler."""
+"""Where a graphed decode step's time goes on a GPU backend (JSON): the per-step split (draft,
+verify, host) of the greedy and the sampled speculative step at the draft's block size, and their
+ratio (dflash2rt.bench.measure.profile_steps: every graph replay between two device syncs), each
+captured graph's replay time alone, the whole step as the engine runs it (host work and the one
+sync included), and the top kernels of each graph's body run eagerly under torch.profiler."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 import torch
 
 from dflash2rt.api import resolve_model
+from dflash2rt.bench.measure import TEMPERATURES, profile_steps, seeded_requests
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.registry import Registry
@@ -94,15 +97,33 @@ def main() -> int:
     sync = torch.cuda.synchronize if backend.device.type == "cuda" else (lambda: None)
     ids = tuple(pair.tokenizer.encode(PROMPT))
     res: dict = {"backend": args.backend}
+    block = pair.draft.cfg.block_size
     with torch.inference_mode(), Engine(pair, backend) as engine:
+        # the synced split, greedy vs sampled, at the draft's block size (graphs captured by the
+        # first, untimed call of each)
+        split = {}
+        for t in TEMPERATURES:
+            for spec in (True, False):
+                reqs = [seeded_requests([ids], 96, t)]
+                b = block if spec else None
+                profile_steps(engine, reqs, spec, b)                   # capture, untimed
+                p = profile_steps(engine, reqs, spec, b)
+                split[f"{t.label} {'spec' if spec else 'target-only'}"] = {
+                    k: (1e3 * v if k in ("draft", "verify", "host", "step") else v)
+                    for k, v in p.items()}
+        res["synced_split_ms"] = split
+        greedy = split[f"{TEMPERATURES[0].label} spec"]["step"]
+        res["sampled_over_greedy"] = {t.label: split[f"{t.label} spec"]["step"] / greedy
+                                      for t in TEMPERATURES[1:]}
         for spec in (True, False):
             mode = "spec" if spec else "target-only"
             reqs = lambda: [Request(ids, SamplingParams(max_new_tokens=96, ignore_eos=True))]  # noqa: E731
-            engine.generate(reqs(), spec=spec)                        # capture
-            _, st = engine.generate(reqs(), spec=spec)                # replay
+            b = block if spec else None                               # fixed block, not adaptive
+            engine.generate(reqs(), spec=spec, block_size=b)          # capture
+            _, st = engine.generate(reqs(), spec=spec, block_size=b)  # replay
             res[f"{mode}_step_ms"] = 1e3 * st.step_s
             res[f"{mode}_tau"] = st.tau
-            graphed = next(g for k, g in engine._graphed.items() if (k[0] == "spec") == spec)
+            graphed = engine._graphed[("spec", block) if spec else ("target-only",)]
             for key, runner in graphed.runners.items():
                 bucket = runner.state[1]
                 name = f"{mode}:{key}"
@@ -121,6 +142,13 @@ def main() -> int:
             for row in v:
                 print(f"    M {row['m']:3d} N {row['n']:5d} K {row['k']} {row['dtype']}: "
                       f"{row['us']:7.1f}")
+        elif k == "synced_split_ms":
+            print("per-step split, ms (synced profiling pass):")
+            for name, row in v.items():
+                print(f"    {name:28} draft {row['draft']:8.3f} verify {row['verify']:8.3f} "
+                      f"host {row['host']:8.3f} step {row['step']:8.3f}")
+        elif isinstance(v, dict):
+            print(f"{k}: " + ", ".join(f"{a} {b:.3f}" for a, b in v.items()))
         elif not k.endswith("top_kernels"):
             print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
         else:

@@ -31,6 +31,48 @@ def _e2e(tonly: float, spec: float, tau: float, batch: int) -> dict[str, Any]:
                                       "graphs": 0.0, "host": 0.0017}}
 
 
+TEMPS = (("T=0", 0.0, 1.0), ("T=0.7 top-p 0.95", 0.7, 0.95), ("T=1", 1.0, 1.0))
+
+
+def _rows() -> list[dict[str, Any]]:
+    """measure_rows' rows: every temperature × batch (1, 4), three contenders each."""
+    out = []
+    for batch, tonly in ((1, 39.75), (4, 114.9)):
+        for i, (label, t, top_p) in enumerate(TEMPS):
+            def c(rate: float, tau: float, blocks: dict[str, int]) -> dict[str, Any]:
+                return {"tokens_per_s": rate, "speedup_vs_target_only": rate / tonly,
+                        "tau": tau, "steps": 10.0, "block_sizes": blocks,
+                        "step_split_s": {"draft": 0.011, "verify": 0.013 + 0.002 * i,
+                                         "host": 0.0002, "step": 0.0242 + 0.002 * i,
+                                         "steps": 10}, "capture_s": 0.0, "warmup_s": 0.5,
+                        "fallbacks": []}
+            out.append({"temperature": label, "temperature_value": t, "top_p": top_p,
+                        "batch": batch, "prompts": batch, "tokens": 16 * batch,
+                        "seeds": [1234 + k for k in range(batch)],
+                        "contenders": {"target_only": c(tonly, 1.0, {"1": 16}),
+                                       "fixed": {**c(tonly * 2.5 - 10 * i, 6.8 - i, {"8": 3}),
+                                                 "block_size": 8},
+                                       "adaptive": c(tonly * 2.6 - 9 * i, 6.5 - i,
+                                                     {"4": 1, "8": 2})},
+                        "greedy_equal": True if t == 0 else None,
+                        **({"mismatched_prompts": {"fixed": [], "adaptive": []}} if t == 0
+                           else {})})
+    return out
+
+
+def _step_profile() -> dict[str, Any]:
+    rows = [{"temperature": r["temperature"], "batch": r["batch"], "contender": name,
+             "block_size": 8 if name == "fixed" else None,
+             **{k: v for k, v in c["step_split_s"].items()}, "tau": c["tau"],
+             "block_sizes": c["block_sizes"]}
+            for r in _rows() for name, c in r["contenders"].items()]
+    ratios = [{"batch": b, "temperature": label, "block_size": 8, "greedy_step_s": 0.0242,
+               "sampled_step_s": 0.0242 + 0.002 * i, "ratio": (0.0242 + 0.002 * i) / 0.0242}
+              for b in (1, 4) for i, (label, _, _) in enumerate(TEMPS) if i]
+    return {"rows": rows, "sampled_over_greedy": ratios, "goal_sampled_over_greedy": 1.25,
+            "method": "a separate untimed pass after the timed rounds"}
+
+
 def passing_cpu() -> dict[str, Any]:
     levels = {
         "L0": _level("reference self-check (exact laws, mutation detection)", "pass", 12,
@@ -103,7 +145,9 @@ def passing_cpu() -> dict[str, Any]:
                        "reason": "backend cpu captures no graphs"},
             "end_to_end": {"status": "done", "seconds": 20.1,
                            "batch1": _e2e(39.75, 104.4, 6.8, 1),
-                           "batch4": _e2e(114.9, 183.2, 3.72, 4)},
+                           "batch4": _e2e(114.9, 183.2, 3.72, 4),
+                           "rows": _rows(), "step_profile": _step_profile(),
+                           "cache_sizing_capture_s": 0.0},
             "block_sweep": {"status": "done", "seconds": 30.2, "rows": sweep,
                             "recommended_block_size": 8,
                             "fit": "speedup = tau * T_target / (T_draft + T_verify)"}},

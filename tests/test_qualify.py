@@ -40,6 +40,21 @@ def test_report_json_matches_schema(report_dir):
     assert report["sections"]["graphs"]["applicable"] is False
 
 
+def test_end_to_end_has_every_temperature_and_the_step_split(report_dir):
+    """qualify reports batch 1 and 4 at T = 0, 0.7 / top-p 0.95 and 1 with every contender,
+    greedy spec == target-only at T = 0, and the synced split (--quick: the fixed block)."""
+    e2e = json.loads((report_dir / "report.json").read_text())["sections"]["end_to_end"]
+    assert [(r["temperature"], r["batch"]) for r in e2e["rows"]] == [
+        (t, b) for b in (1, 4) for t in ("T=0", "T=0.7 top-p 0.95", "T=1")]
+    for r in e2e["rows"]:
+        assert set(r["contenders"]) == {"target_only", "fixed", "adaptive"}
+        assert r["greedy_equal"] is (True if r["temperature_value"] == 0 else None)
+    prof = e2e["step_profile"]
+    assert {x["contender"] for x in prof["rows"]} == {"fixed"} and len(prof["rows"]) == 6
+    assert len(prof["sampled_over_greedy"]) == 4
+    assert "Per-step cost split" in (report_dir / "report.html").read_text()
+
+
 def test_junit_parses_with_properties(report_dir):
     root = ET.parse(report_dir / "junit.xml").getroot()
     suites = [root] if root.tag == "testsuite" else list(root)

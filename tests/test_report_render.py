@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 import report_fixtures as fixtures
 from dflash2rt.qualify import html, svg
 from dflash2rt.qualify.merge import merge
@@ -104,3 +106,31 @@ def test_reports_with_only_the_deprecated_ar_keys_still_render():
     assert summarize(old).speed == summarize(new).speed
     assert summarize(old).speed[0].target_only == 39.75
     assert html.render(old) == html.render(new)
+
+
+def test_temperature_rows_and_step_profile_render():
+    """The end-to-end section shows every temperature × batch side by side (target-only,
+    fixed block, adaptive with its blocks) and the synced per-step split with the sampled /
+    greedy ratio; reports without them (older ones) still render."""
+    r = fixtures.passing_cpu()
+    page = html.render(r)
+    for text in ("By temperature: target-only, block 8, adaptive", "T=0.7 top-p 0.95",
+                 "adaptive blocks (size: steps)", "Per-step cost split",
+                 "sampled / greedy", "synced profiling pass"):
+        assert text in page, text
+    assert summarize(r).sampled_over_greedy[0]["ratio"] == pytest.approx(0.0262 / 0.0242)
+    old = fixtures.passing_cpu()
+    for k in ("rows", "step_profile"):
+        del old["sections"]["end_to_end"][k]
+    page = html.render(old)
+    assert "By temperature" not in page and "latency breakdown per step, batch 1" in page
+    assert summarize(old).sampled_over_greedy == []
+
+
+def test_report_fixture_matches_the_schema():
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a dev dependency")
+    from importlib import resources
+
+    schema = json.loads(resources.files("dflash2rt.qualify").joinpath(
+        "report.schema.json").read_text())
+    jsonschema.validate(fixtures.passing_cpu(), schema)

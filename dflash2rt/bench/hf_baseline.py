@@ -1,10 +1,16 @@
-"""transformers ``generate()`` on the same target weights, as the peer baseline (optional)."""
+"""transformers ``generate()`` on the same target weights, as the peer baseline (optional).
+
+Stopping rule, the same as ours: exactly ``max_new_tokens`` new tokens per prompt with EOS
+ignored (our requests: ``ignore_eos=True``). transformers is told ``eos_token_id=None``, so its
+only stopping criterion is the length and no extra logits processor runs in the timed path
+(``min_new_tokens`` would add an EOS-masking processor our side does not have); each run checks
+that every row got exactly ``max_new_tokens``."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -20,8 +26,20 @@ def hf_available() -> str | None:
     return None
 
 
+def generate_kwargs(max_new_tokens: int, pad: int, temperature: float = 0.0,
+                    top_p: float = 1.0) -> dict[str, Any]:
+    """``generate()`` arguments for exactly ``max_new_tokens`` new tokens, EOS ignored, greedy
+    (``temperature`` 0) or sampled (temperature, top-p; top-k off, as our SamplingParams)."""
+    kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "eos_token_id": None,
+                          "pad_token_id": pad, "repetition_penalty": None}
+    if temperature == 0:
+        return {**kw, "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    return {**kw, "do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+
+
 class HFGreedy:
-    """Greedy ``generate()`` of a HF checkpoint directory (left-padded batches)."""
+    """``generate()`` of a HF checkpoint directory (left-padded batches): greedy by default,
+    sampled with ``temperature`` > 0 (the torch RNG seeded before the timed window)."""
 
     def __init__(self, target_dir: str | Path, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
@@ -32,9 +50,10 @@ class HFGreedy:
         self.model = self.model.to(self.device).eval()
         self.pad = 0
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0
                  ) -> tuple[list[list[int]], float]:
-        """→ (new token ids per prompt, seconds)."""
+        """→ (new token ids per prompt, seconds), exactly ``max_new_tokens`` each."""
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -42,13 +61,17 @@ class HFGreedy:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
+        kw = generate_kwargs(max_new_tokens, self.pad, temperature, top_p)
+        if temperature:
+            torch.manual_seed(seed)
         sync(self.device)
         start = time.perf_counter()
         with torch.inference_mode():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                      max_new_tokens=max_new_tokens,
-                                      min_new_tokens=max_new_tokens, pad_token_id=self.pad,
-                                      temperature=None, top_p=None, top_k=None)
+            out = self.model.generate(input_ids=ids, attention_mask=mask, **kw)
         sync(self.device)
         seconds = time.perf_counter() - start
-        return [row[width:].tolist() for row in out], seconds
+        rows = [row[width:].tolist() for row in out]
+        if any(len(r) != max_new_tokens for r in rows):
+            raise RuntimeError(f"transformers generate() stopped early ({[len(r) for r in rows]}"
+                               f" tokens, wanted {max_new_tokens} each): the stop rule differs")
+        return rows, seconds

@@ -1,4 +1,6 @@
-"""``dflash2rt bench``: speculative vs target-only vs transformers, side by side in one run."""
+"""``dflash2rt bench``: target-only vs fixed-block vs adaptive speculation vs transformers, at
+T = 0, T = 0.7 / top-p 0.95 and T = 1, batch 1 and 8, side by side in one run, with the per-step
+cost split from a separate synced profiling pass."""
 
 from __future__ import annotations
 
@@ -17,10 +19,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="model dtype for every engine run and the transformers baseline")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per configuration")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved timed rounds per "
+                   "configuration (every contender warmed up first)")
     p.add_argument("--prompts", type=int, default=8, help="held-out prompts for batch 1")
     p.add_argument("--blocks", default="2,4,8,16", help="block sizes for the sweep")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    p.add_argument("--temperatures", default="0,0.7,1", help="temperatures of the rows (0.7: "
+                   "top-p 0.95; V:P for top-p P); T = 0 always comes first")
     # JSON: ar_tokens_per_s / speedup_vs_ar are deprecated aliases of target_only_tokens_per_s /
     # speedup_vs_target_only, written for one more release.
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
@@ -32,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..api import resolve_model
-    from ..bench.suite import run_bench
+    from ..bench.suite import parse_temperatures, profile_table, rows_table, run_bench
     from ..registry import Registry
 
     backend = Registry.discover().select(args.backend).backend
@@ -45,23 +50,21 @@ def run(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
     res = run_bench(pair, path, backend, args.max_new_tokens, args.repeats,
                     tuple(int(b) for b in args.blocks.split(",")), args.prompts, not args.no_hf,
-                    log)
+                    log, parse_temperatures(args.temperatures))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
-    print(f"\n{'':24}{'tokens/s b1':>12}{'tokens/s b8':>12}")
-    for key, name in (("target_only", "target-only (ours)"), ("spec", "DFlash2 spec (ours)"),
-                      ("hf", "transformers generate")):
-        b1, b8 = res["batch1"][f"{key}_tokens_per_s"], res["batch8"][f"{key}_tokens_per_s"]
-        fmt = lambda x: f"{x:12.1f}" if x is not None else f"{'n/a':>12}"  # noqa: E731
-        print(f"{name:24}{fmt(b1)}{fmt(b8)}")
-    print(f"tau {res['tau']:.2f} (T=0), {res['tau_t1']:.2f} (T=1); speedup x"
-          f"{res['speedup_vs_target_only']:.2f} vs target-only, "
+    print("\n" + rows_table(res))
+    print("\n" + profile_table(res["step_profile"]))
+    tau_t1 = f", {res['tau_t1']:.2f} (T=1)" if res["tau_t1"] is not None else ""
+    print(f"\ntau {res['tau']:.2f} (T=0){tau_t1}, batch 1, block "
+          f"{res['block_size']}; speedup x{res['speedup_vs_target_only']:.2f} vs target-only, "
           + (f"x{res['speedup_vs_hf']:.2f} vs transformers; " if res["speedup_vs_hf"] else "")
-          + f"efficiency {res['efficiency']:.2f}; greedy spec == target-only: "
-          f"{res['greedy_equal']}")
+          + f"efficiency {res['efficiency']:.2f}; greedy spec == target-only (every prompt, "
+          f"fixed and adaptive, batch 1 and 8): {res['greedy_equal_all']}")
+    print(f"transformers: {res['hf_baseline']}")
     print(f"graph capture / compile (untimed warm-up runs): "
           f"{sum(res['capture_s'].values()):.2f} s")
     return 0

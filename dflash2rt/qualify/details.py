@@ -106,12 +106,21 @@ def _speed(sec: dict[str, Any]) -> list[str]:
     cols = ["prompts", "tokens", "target_only_tokens_per_s", "spec_tokens_per_s",
             "speedup_vs_target_only", "tau", "greedy_equal", "mismatched_prompts"]
     rows = [{"batch": k, **{c: _renamed(v).get(c) for c in cols}}
-            for k, v in e2e.items() if isinstance(v, dict)]
+            for k, v in e2e.items() if k.startswith("batch") and isinstance(v, dict)]
     out.append(table(rows, ["batch", *cols]))
-    split = e2e.get("batch1", {}).get("time_split_per_step_s", {})
-    out.append(svg.bar_chart("latency breakdown per step, batch 1",
-                             [(k, {"ms": v * 1e3}) for k, v in split.items()],
+    out += _temperature_rows(e2e.get("rows") or [])
+    prof = e2e.get("step_profile") or {}
+    synced = next((r for r in prof.get("rows", []) if r.get("batch") == 1
+                   and r.get("contender") == "fixed" and r.get("temperature") == "T=0"), None)
+    if synced:                          # the separate, synced profiling pass
+        split = {k: synced.get(k) or 0.0 for k in ("draft", "verify", "host")}
+        title = "latency breakdown per step, batch 1, T=0 (synced profiling pass)"
+    else:                               # older reports: the engine's in-run clocks
+        split = e2e.get("batch1", {}).get("time_split_per_step_s", {})
+        title = "latency breakdown per step, batch 1"
+    out.append(svg.bar_chart(title, [(k, {"ms": v * 1e3}) for k, v in split.items()],
                              xlabel="milliseconds per speculative step", ylabel="phase"))
+    out += _step_profile(prof)
     sw = sec.get("block_sweep", {})
     rows = [_renamed(x) for x in sw.get("rows", [])]
     out.append(_h2("block-sweep", "Block-size sweep (recommended: "
@@ -125,6 +134,49 @@ def _speed(sec: dict[str, Any]) -> list[str]:
                             "t_target_s", "t_draft_s", "t_verify_s"]))
     if sw.get("fit"):
         out.append(f"<p class=note>fit: {escape(sw['fit'])}</p>")
+    return out
+
+
+def _temperature_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """Every contender side by side, one line per temperature × batch."""
+    if not rows:
+        return []
+    flat = []
+    for r in rows:
+        c = r.get("contenders", {})
+        t, f, a = c.get("target_only", {}), c.get("fixed", {}), c.get("adaptive", {})
+        flat.append({"temperature": r.get("temperature"), "batch": r.get("batch"),
+                     "target_only_tokens_per_s": t.get("tokens_per_s"),
+                     "fixed_tokens_per_s": f.get("tokens_per_s"),
+                     "fixed_speedup": f.get("speedup_vs_target_only"), "fixed_tau": f.get("tau"),
+                     "adaptive_tokens_per_s": a.get("tokens_per_s"),
+                     "adaptive_speedup": a.get("speedup_vs_target_only"),
+                     "adaptive_tau": a.get("tau"), "adaptive_block_sizes": a.get("block_sizes"),
+                     "greedy_equal": r.get("greedy_equal")})
+    block = rows[0].get("contenders", {}).get("fixed", {}).get("block_size")
+    return [f"<h3>By temperature: target-only, block {escape(str(block))}, adaptive</h3>",
+            table(flat, list(flat[0]))]
+
+
+def _step_profile(prof: dict[str, Any]) -> list[str]:
+    """The synced per-step cost split and the sampled / greedy step-cost ratio."""
+    rows = prof.get("rows") or []
+    if not rows:
+        return []
+    ms = [{"temperature": r.get("temperature"), "batch": r.get("batch"),
+           "contender": r.get("contender"), **{f"{k}_ms": (r.get(k) or 0.0) * 1e3
+                                               for k in ("draft", "verify", "host", "step")},
+           "steps": r.get("steps")} for r in rows]
+    out = ["<h3>Per-step cost split (separate profiling pass, device synced between phases)"
+           "</h3>", table(ms, list(ms[0]))]
+    ratios = prof.get("sampled_over_greedy") or []
+    if ratios:
+        out.append(f"<p>sampled / greedy speculative step cost at the same block size (goal "
+                   f"≤ {num(prof.get('goal_sampled_over_greedy'))}):</p>")
+        out.append(table(ratios, ["temperature", "batch", "block_size", "greedy_step_s",
+                                  "sampled_step_s", "ratio"]))
+    if prof.get("method"):
+        out.append(f"<p class=note>{escape(prof['method'])}</p>")
     return out
 
 

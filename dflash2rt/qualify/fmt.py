@@ -20,7 +20,14 @@ LABELS = {"tau": "τ", "gamma": "γ", "chi2": "χ²", "dof": "degrees of freedom
           "predicted_speedup": "fitted speedup", "capture_s": "graph capture s",
           "t_target_s": "T target s", "t_draft_s": "T draft s", "t_verify_s": "T verify s",
           "max_abs": "max abs", "max_rel": "max rel", "tokens_equal": "tokens equal",
-          "own_argmax": "own argmax"}
+          "own_argmax": "own argmax",
+          "fixed_tokens_per_s": "fixed-block tok/s", "fixed_speedup": "fixed-block ×",
+          "fixed_tau": "fixed-block τ", "adaptive_tokens_per_s": "adaptive tok/s",
+          "adaptive_speedup": "adaptive ×", "adaptive_tau": "adaptive τ",
+          "adaptive_block_sizes": "adaptive blocks (size: steps)",
+          "draft_ms": "draft ms", "verify_ms": "verify ms", "host_ms": "host ms",
+          "step_ms": "step ms", "greedy_step_s": "greedy step s",
+          "sampled_step_s": "sampled step s", "ratio": "sampled / greedy"}
 
 
 def label(key: str) -> str:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..api import DEFAULT_MODEL, resolve_model
-from ..bench.measure import block_sweep, compare, requests, warm_caches
+from ..bench.measure import (ENGINE_CONTENDERS, FIXED, TEMPERATURES, block_sweep, measure_rows,
+                             requests, warm_caches)
 from ..bench.suite import heldout_prompts
 from ..engine.engine import Engine
 from ..engine.compare import graph_vs_eager
@@ -109,7 +110,8 @@ class Qualification:
                 backend, self._shapes(pair), (1,) if self.quick else (1, 8),
                 self.report["system"]["device"], 3 if self.quick else 10)}),
             ("graphs", lambda: self._graphs(pair, backend, prompts[:2], new)),
-            ("end_to_end", lambda: self._end_to_end(prompts[:4], engine, new,
+            ("end_to_end", lambda: self._end_to_end(prompts[:4], engine,
+                                                    16 if self.quick else new,
                                                     pair.draft.cfg.block_size)),
             ("block_sweep", lambda: self._sweep(prompts[:n_p], engine, new, blocks)),
         ]
@@ -150,12 +152,19 @@ class Qualification:
                                                        if f not in row["graph_fallbacks"]]}
 
     def _end_to_end(self, prompts, engine, new, block) -> dict[str, Any]:
-        """Batch 1 and 4, each contender warmed up before timing (bench.measure); graph capture
-        seconds are reported apart (``capture_s``), never inside a timed run."""
+        """Batch 1 and 4 at T = 0, T = 0.7 / top-p 0.95 and T = 1: target-only, fixed-block
+        (the draft's block size) and adaptive speculation side by side (bench.measure_rows:
+        every contender warmed up before timing, seeded requests shared by all, exactly ``new``
+        tokens each; --quick: 16), then the synced per-step cost split in a separate profiling
+        pass (--quick: the fixed-block contender only, for the sampled / greedy ratio). Graph
+        capture seconds are reported apart (``capture_s``), never inside a timed run.
+        ``batch1`` / ``batch4``: the T = 0 comparison, as before."""
         sizing = warm_caches(engine, prompts[:4], new, block)   # graphs: caches for batch 4
-        return {"batch1": compare(prompts[:1], engine, None, new, block, 1, self.log),
-                "batch4": compare(prompts[:4], engine, None, new, block, 1, self.log),
-                "cache_sizing_capture_s": sizing}
+        res = measure_rows(engine, {1: prompts[:1], 4: prompts[:4]}, new, block, 1, None,
+                           TEMPERATURES, (FIXED,) if self.quick else ENGINE_CONTENDERS,
+                           log=self.log)
+        return {"batch1": res["compare"][1], "batch4": res["compare"][4], "rows": res["rows"],
+                "step_profile": res["step_profile"], "cache_sizing_capture_s": sizing}
 
     def _sweep(self, prompts, engine, new, blocks) -> dict[str, Any]:
         rows = block_sweep(prompts, engine, new, blocks, 1, self.log)

@@ -54,6 +54,9 @@ class Summary:
     quick: bool | None
     model: str | None
     errors: list[dict[str, Any]] = field(default_factory=list)
+    # the synced profiling pass: sampled / greedy spec step cost at the same block size, per
+    # batch and temperature ({"batch", "temperature", "block_size", "ratio", ...}); [] if absent
+    sampled_over_greedy: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ops_uniform(self) -> str | None:
@@ -119,6 +122,8 @@ def summarize(r: dict[str, Any]) -> Summary:
         quick=r.get("quick"),
         model=r.get("model"),
         errors=list(conf.get("errors") or []),
+        sampled_over_greedy=list((e2e.get("step_profile") or {}).get("sampled_over_greedy")
+                                 or []),
     )
 
 
