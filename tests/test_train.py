@@ -18,6 +18,7 @@ from dflash2rt.ops.selector import SelectorParams, select
 from dflash2rt.train import corpus, distill, generate
 from dflash2rt.train import target as target_mod
 from dflash2rt.train.draft_init import DraftShape, draft_config, init_draft
+from dflash2rt.train.recipe import GEN_MIX, mix_settings
 from dflash2rt.train.tokenizer import MASK_TOKEN, train_tokenizer
 
 from tiny_models import tiny_pair
@@ -80,12 +81,14 @@ def _tiny_run(seed: int) -> tuple[TargetModel, DraftModel, list[float]]:
     target = _tiny_target(tok.vocab_size, seed)
     losses = target_mod.train_target(target, stream, 3, 2, 32, 3e-3, seed, every=100)
     prompts = [stream[i * 50:i * 50 + 12].tolist() for i in range(4)]
+    temps, top_ps = mix_settings(GEN_MIX, len(prompts), seed)
     data = generate.build_distill_data(ModelPair(target, None), BACKEND, prompts, 10,
-                                       [0.0, 1.0, 0.0, 1.0], 4, seed)
+                                       temps, 4, seed, top_ps=top_ps, soft_top=8)
     draft = DraftModel(draft_config(target.cfg, TINY_DRAFT, tok.mask_id))
     init_draft(draft, torch.Generator().manual_seed(seed))
-    hist = distill.train_draft(draft, target, data, 3, 2, 4, 1e-3, seed, every=100)
-    return target, draft, losses + [h["ce"] + h["sel"] for h in hist]
+    hist = distill.train_draft(draft, target, data, 3, 2, 4, 1e-3, seed, every=100,
+                               soft_weight=1.0, hard_weight=0.2)
+    return target, draft, losses + [h["ce"] + h["sel"] + h["kl"] + h["selkl"] for h in hist]
 
 
 @pytest.fixture
@@ -204,3 +207,85 @@ def test_validation_tau_walks_like_the_engine(one_thread):
     assert 1.0 <= tau <= draft.cfg.block_size and draft.training
     lens = validate.accept_lengths(draft, target, data, 0, BACKEND)
     assert lens and all(0 <= a <= draft.cfg.block_size - 1 for a in lens)
+
+
+def _soft_data(seed: int, temps: list[float], soft_top: int = 8, new_tokens: int = 12):
+    """A tiny trained target and distillation data with its top-M law (``soft_top``)."""
+    torch.manual_seed(seed)
+    tok = train_tokenizer(_texts(3), 320)
+    stream = target_mod.token_stream(tok.encode_batch(_texts(3)), tok.eos_id)
+    target = _tiny_target(tok.vocab_size, seed)
+    target_mod.train_target(target, stream, 2, 2, 32, 3e-3, seed, every=100)
+    prompts = [stream[i * 50:i * 50 + 10].tolist() for i in range(len(temps))]
+    data = generate.build_distill_data(ModelPair(target, None), BACKEND, prompts, new_tokens,
+                                       temps, 4, seed, soft_top=soft_top)
+    return tok, target, data
+
+
+def test_soft_targets_are_the_targets_law_of_the_next_token(one_thread):
+    """Row i holds the target's top-M law (T=1) of token i+1: on greedy continuations its top id
+    is the next token; the probabilities are the full softmax's, descending."""
+    _, target, data = _soft_data(0, [0.0, 0.0, 1.0])
+    assert data.soft_ids.shape == data.soft_p.shape == (data.tokens.numel(), 8)
+    assert (data.soft_p[:, :-1] >= data.soft_p[:, 1:]).all() and (data.soft_p.sum(-1) <= 1 + 1e-5).all()
+    for s in range(2):                                                    # the greedy ones
+        st, n, p = (int(x[s]) for x in (data.starts, data.lengths, data.prompt_lens))
+        assert torch.equal(data.soft_ids[st + p - 1:st + n - 1, 0], data.tokens[st + p:st + n])
+    st, n = int(data.starts[2]), int(data.lengths[2])
+    seq = data.tokens[st:st + n].tolist()
+    probs = torch.softmax(target_mod.lm_forward(target, [seq]).logits[0], dim=-1)
+    torch.testing.assert_close(probs.gather(-1, data.soft_ids[st:st + n]), data.soft_p[st:st + n])
+    sub = data.subset([2])
+    assert torch.equal(sub.soft_ids, data.soft_ids[st:st + n])
+
+
+def test_soft_loss_metrics_are_acceptance_bounds(one_thread):
+    """sample_batch aligns each label with its row's law; acceptance Σ min(p, q) ≤ the target's
+    mass on the K candidates ≤ 1; the soft part trains the selector's codebooks too."""
+    tok, target, data = _soft_data(1, [1.0, 0.7, 0.0, 1.0])
+    draft = DraftModel(draft_config(target.cfg, TINY_DRAFT, tok.mask_id))
+    init_draft(draft, torch.Generator().manual_seed(1))
+    batch = distill.sample_batch(data, [0, 1, 2, 3], 5, 4, tok.mask_id, torch.Generator().manual_seed(0))
+    assert batch.soft_ids.shape[:3] == batch.labels.shape
+    # sequence 2 is greedy: each label is the top token of its row's law
+    assert torch.equal(batch.soft_ids[2, ..., 0], batch.labels[2])
+    loss, m = distill.distill_loss(draft, target, batch, BACKEND, 7.0, 1.0, soft_weight=1.0,
+                                   hard_weight=0.0)
+    assert 0.0 <= m["acc1"] <= m["mass"] + 1e-6 <= 1 + 1e-6
+    assert 1.0 <= m["tau1"] <= 4.0 and m["kl"] > 0
+    loss.backward()
+    assert draft.candidate_selector.successor_codebook.grad.abs().sum() > 0
+    cand = torch.tensor([[3, 5]])
+    assert distill.candidate_mass(cand, torch.tensor([[5, 7, 3]]),
+                                  torch.tensor([[0.5, 0.25, 0.125]])).tolist() == [[0.125, 0.5]]
+
+
+def test_topk_mass_is_one_when_the_selector_offers_the_whole_vocabulary(one_thread):
+    from dflash2rt.train import evaluate, validate
+
+    tok, target, data = _soft_data(2, [1.0, 1.0])
+    v = target.cfg.vocab_size
+    shape = DraftShape(layers=1, intermediate=48, block_size=4, target_layer_ids=(0, 1),
+                       conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=v)
+    pair = ModelPair(target, DraftModel(draft_config(target.cfg, shape, tok.mask_id)))
+    init_draft(pair.draft, torch.Generator().manual_seed(2))
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    outs = [[12, 13, 14, 15, 16, 17], [18, 19, 20, 21, 22]]
+    for temp, top_p in ((0.0, 1.0), (0.7, 0.95), (1.0, 1.0)):
+        m = evaluate.topk_mass(pair, prompts, outs, temp, top_p)
+        assert len(m["topk_mass_per_slot"]) == 3
+        assert abs(m["topk_mass"] - 1.0) < 1e-5
+    small = DraftModel(draft_config(target.cfg, TINY_DRAFT, tok.mask_id))
+    init_draft(small, torch.Generator().manual_seed(2))
+    m = evaluate.topk_mass(ModelPair(target, small), prompts, outs, 1.0)
+    assert 0.0 < m["topk_mass"] < 1.0
+    vm = validate.soft_metrics(small, target, data)
+    assert 0.0 <= vm["acc1"] <= vm["mass"] + 1e-6 <= 1 + 1e-6 and vm["tau1"] >= 1.0
+
+
+def test_gen_mix_is_seeded_and_follows_its_shares():
+    temps, top_ps = mix_settings(GEN_MIX, 2000, 3)
+    assert (temps, top_ps) == mix_settings(GEN_MIX, 2000, 3)
+    for t, p, share in GEN_MIX:
+        got = sum(1 for a, b in zip(temps, top_ps) if (a, b) == (t, p)) / 2000
+        assert abs(got - share / sum(w for _, _, w in GEN_MIX)) < 0.05

@@ -1,10 +1,26 @@
-"""Distil the DFlash2 draft from the frozen target: per-slot CE plus the selector's K-way lattice loss.
+"""Distil the DFlash2 draft from the frozen target: per-slot loss plus the selector's K-way lattice loss.
 
 A training example is an anchor position ``a`` inside a target continuation: the draft sees the
 target taps of rows [0, a) as context and the block [tok[a], MASK × γ] at positions a .. a+γ, and
 learns the target's tokens tok[a+1 .. a+γ]. Many blocks of one sequence share one context in a
 single forward (block j's rows see context rows < a_j and the rows of block j only), which is the
 runtime's mask for each block; the conv runs per block exactly as in the runtime.
+
+Targets for sampling (the data holds the target's top-M law of every row, at temperature 1):
+
+* per slot e, the draft's logits learn KL(p_target ‖ softmax(draft logits)) against the target's
+  law of token a+e+1 given the continuation's true prefix. On continuations the target *sampled*,
+  the expected soft target is the target's marginal at that slot, so the forward KL (mass
+  covering) puts the draft's top-K where the target's mass is: a slot's acceptance at any
+  temperature is at most the target's mass on the K candidates offered.
+* the selector's lattice row read after the true previous token, q_e = softmax(S[e, prev, :]),
+  learns KL(p̃ ‖ q_e) where p̃ is the target's law restricted to the K candidates (renormalised),
+  weighted by the target's mass on them: Σ_k min(p_k, q_k) (the acceptance of chain speculative
+  sampling at T = 1) is largest, equal to that mass, at q = p̃; and argmax q = argmax p, the
+  greedy pick, whenever the target's argmax is a candidate. softmax(S / T) then follows
+  softmax(target logits / T) at every temperature.
+* ``hard_weight`` adds the old hard CE on the continuation's own token (slot CE and K-way
+  selector CE) — on greedy continuations the target's argmax.
 """
 
 from __future__ import annotations
@@ -27,6 +43,8 @@ class Batch:
     anchors: torch.Tensor    # [R, N] anchor positions
     block_ids: torch.Tensor  # [R, N, B] the block's tokens: anchor then MASK
     labels: torch.Tensor     # [R, N, γ] the target's tokens after the anchor
+    soft_ids: torch.Tensor | None = None   # [R, N, γ, M] the target's top-M ids for each label
+    soft_p: torch.Tensor | None = None     # [R, N, γ, M] their probabilities (temperature 1)
 
 
 def sample_batch(data: DistillData, seqs: list[int], anchors: int, block: int, mask_id: int,
@@ -52,8 +70,17 @@ def sample_batch(data: DistillData, seqs: list[int], anchors: int, block: int, m
     seq_toks = toks.gather(1, pos.flatten(1)).view(r, anchors, block)
     ids = torch.full_like(seq_toks, mask_id)
     ids[..., 0] = seq_toks[..., 0]
+    soft_ids = soft_p = None
+    if data.soft_ids is not None:
+        # label e (token a+e+1) has the law of row a+e; rows are clamped inside the sequence
+        # (anchors leave a full block, so only padding rows of short sequences are clamped)
+        n = lo.new_tensor([int(data.lengths[s]) for s in seqs]).view(r, 1, 1)
+        st = lo.new_tensor([int(data.starts[s]) for s in seqs]).view(r, 1, 1)
+        rows = st + torch.minimum(a.unsqueeze(-1) + torch.arange(gamma), n - 1)   # [R, N, γ]
+        soft_ids = data.soft_ids[rows]                                           # [R, N, γ, M]
+        soft_p = data.soft_p[rows]
     return Batch(feats, lo.new_tensor([int(data.lengths[s]) for s in seqs]), a, ids,
-                 seq_toks[..., 1:])
+                 seq_toks[..., 1:], soft_ids, soft_p)
 
 
 def block_mask(anchors: torch.Tensor, ctx_rows: int, block: int) -> torch.Tensor:
@@ -105,9 +132,27 @@ def slot_weights(gamma: int, decay: float) -> torch.Tensor:
     return w / w.sum()
 
 
+def candidate_mass(cand: torch.Tensor, soft_ids: torch.Tensor, soft_p: torch.Tensor) -> torch.Tensor:
+    """The target's probability of each candidate: cand [..., K], its top-M law soft_ids / soft_p
+    [..., M] → [..., K] (0 for a candidate outside the top M)."""
+    hit = soft_ids.unsqueeze(-1) == cand.unsqueeze(-2)                       # [..., M, K]
+    return (hit * soft_p.unsqueeze(-1)).sum(-2)
+
+
 def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: TorchOpsBackend,
-                 decay: float, selector_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """Weighted per-slot CE + K-way selector CE; also the greedy accept length (= τ − 1 at T=0)."""
+                 decay: float, selector_weight: float, soft_weight: float = 1.0,
+                 hard_weight: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-slot loss + K-way selector loss, each slot weighted by ``slot_weights``.
+
+    hard_weight × (per-slot CE on the continuation's token + selector_weight × K-way selector
+    CE) + soft_weight × (per-slot KL(p_target ‖ q_draft) over the target's top M + selector_weight
+    × mass-weighted KL(p̃ ‖ softmax(lattice row))), the soft part only when the batch carries the
+    target's law (see the module docstring). Metrics: ``tau`` the teacher-forced greedy accept
+    length + 1 on the continuation's own tokens (= τ at T=0 on greedy continuations); with soft
+    targets also ``mass`` (mean target mass on the K candidates: the per-slot acceptance bound),
+    ``acc1`` (mean Σ_k min(p_k, q_k), the per-slot acceptance at T=1) and ``tau1``
+    (1 + Σ_e Π_{j≤e} acc1_j, teacher-forced τ at T=1).
+    """
     h = draft_hidden(draft, target, batch, backend)[:, :, 1:]                # [R, N, γ, H]
     logits = target.lm_head(h)                                               # [R, N, γ, V]
     labels = batch.labels                                                    # [R, N, γ]
@@ -123,20 +168,40 @@ def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: 
                              reduction="none").view(labels.shape)
     sel_ce = torch.where(present, sel_ce, torch.zeros_like(sel_ce))
     loss_sel = (sel_ce.sum(dim=(0, 1)) / present.sum(dim=(0, 1)).clamp(min=1) * w).sum()
+    loss = hard_weight * (loss_ce + selector_weight * loss_sel)
+    extra: dict[str, float] = {}
+    if batch.soft_ids is not None and soft_weight > 0:
+        sp, si = batch.soft_p, batch.soft_ids                                # [R, N, γ, M]
+        logp = F.log_softmax(logits, dim=-1)
+        kl = (sp * (torch.log(sp.clamp(min=1e-30)) - logp.gather(-1, si))).sum(-1)   # [R, N, γ]
+        loss_kl = (kl.mean(dim=(0, 1)) * w).sum()
+        pc = candidate_mass(cand, si, sp)                                    # [R, N, γ, K]
+        mass = pc.sum(-1)                                                    # [R, N, γ]
+        pt = pc / mass.clamp(min=1e-12).unsqueeze(-1)                        # p̃ on the candidates
+        q_log = F.log_softmax(scores, dim=-1)
+        sel_kl = (pt * (torch.log(pt.clamp(min=1e-30)) - q_log)).sum(-1)    # KL(p̃ ‖ q)
+        loss_selkl = ((sel_kl * mass).sum(dim=(0, 1)) / mass.sum(dim=(0, 1)).clamp(min=1e-12)
+                      * w).sum()
+        loss = loss + soft_weight * (loss_kl + selector_weight * loss_selkl)
+        with torch.no_grad():
+            acc = torch.minimum(pc, q_log.exp()).sum(-1)                     # [R, N, γ]
+            extra = {"kl": loss_kl.item(), "selkl": loss_selkl.item(), "mass": mass.mean().item(),
+                     "acc1": acc.mean().item(),
+                     "tau1": 1 + torch.cumprod(acc, dim=-1).sum(-1).mean().item()}
     with torch.no_grad():
         ok = scores.argmax(-1) == hit.float().argmax(-1)
         ok &= present
         accept = torch.cumprod(ok.long(), dim=-1).sum(-1).float().mean()
         top1 = (logits.argmax(-1) == labels).float().mean()
-    loss = loss_ce + selector_weight * loss_sel
     return loss, {"ce": loss_ce.item(), "sel": loss_sel.item(), "tau": 1 + accept.item(),
-                  "top1": top1.item()}
+                  "top1": top1.item(), **extra}
 
 
 def train_draft(draft: DraftModel, target: TargetModel, data: DistillData, steps: int,
                 seqs_per_step: int, anchors: int, lr: float, seed: int, decay: float = 7.0,
                 selector_weight: float = 1.0, every: int = 20,
-                on_eval=None) -> list[dict[str, float]]:
+                on_eval=None, soft_weight: float = 1.0, hard_weight: float = 1.0
+                ) -> list[dict[str, float]]:
     """AdamW on ``distill_loss`` with the target frozen; returns per-step metrics.
 
     Sequences are visited in seeded shuffled epochs; ``on_eval(step)`` runs every ``every`` steps.
@@ -160,7 +225,8 @@ def train_draft(draft: DraftModel, target: TargetModel, data: DistillData, steps
             order += torch.randperm(data.num_sequences, generator=gen).tolist()
         seqs, order = order[:seqs_per_step], order[seqs_per_step:]
         batch = sample_batch(data, seqs, anchors, b, draft.cfg.mask_token_id, gen)
-        loss, metrics = distill_loss(draft, target, batch, backend, decay, selector_weight)
+        loss, metrics = distill_loss(draft, target, batch, backend, decay, selector_weight,
+                                     soft_weight, hard_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -168,7 +234,8 @@ def train_draft(draft: DraftModel, target: TargetModel, data: DistillData, steps
         history.append(metrics)
         recent = history[-every:]
         prog.step(step + 1, len(seqs) * anchors * b,
-                  **{k: sum(m[k] for m in recent) / len(recent) for k in ("ce", "sel", "tau")})
+                  **{k: sum(m[k] for m in recent) / len(recent)
+                     for k in ("ce", "sel", "tau", "kl", "mass", "tau1") if k in metrics})
         if on_eval is not None and ((step + 1) % (every * 10) == 0 or step + 1 == steps):
             on_eval(step + 1)
     draft.eval().requires_grad_(False)

@@ -14,14 +14,18 @@ from ..models.draft_config import ARCH_V2, DraftConfig
 
 @dataclass(frozen=True)
 class DraftShape:
-    layers: int = 2
-    intermediate: int = 704
+    """One decoder layer over taps of target layers 1, 4 and 7 (of 8); the selector offers K = 16
+    candidates per slot (the published drafts' K): a slot's acceptance when sampling is at most
+    the target's mass on them."""
+
+    layers: int = 1
+    intermediate: int = 512
     block_size: int = 8
-    target_layer_ids: tuple[int, ...] = (1, 3)
+    target_layer_ids: tuple[int, ...] = (1, 4, 7)
     conv_kernel_size: int = 4
     conv_group_size: int = 16
     selector_rank: int = 32
-    selector_top_k: int = 8
+    selector_top_k: int = 16
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
 

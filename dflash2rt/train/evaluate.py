@@ -1,33 +1,40 @@
 """Measure a pair on held-out prompts with the engine: τ, spec vs target-only tokens/s, lossless
 check. The timing is :func:`dflash2rt.bench.measure.measure` (every mode warmed up on the same
-requests before it is timed)."""
+requests before it is timed). Beside each τ, :func:`topk_mass`: the target's mean probability mass
+on the selector's K candidates per slot, an upper bound on the per-slot acceptance."""
 
 from __future__ import annotations
 
-from ..backend import Backend
+import torch
+
+from ..backend import Backend, TorchOpsBackend
 from ..bench.measure import SPEC, TARGET_ONLY, engine_contender, measure as measure_contenders, \
     resolve_backend
 from ..engine.engine import Engine
 from ..engine.request import Request, SamplingParams
 from ..models.pair import ModelPair
+from ..ops.sampling import target_probs
+from ..ops.selector import topk_lowest_index
 
 
 def measure(pair: ModelPair, backend: Backend | str, prompts: list[list[int]], new_tokens: int,
             temperature: float = 0.0, block_size: int | None = None, seed: int = 0,
-            baseline: bool = True) -> dict:
+            baseline: bool = True, top_p: float = 1.0, mass: bool = True) -> dict:
     """Batch-1 runs of every prompt, spec and (if ``baseline``) target-only, each warmed up once
     untimed, then timed in one interleaved round.
 
     Returns τ over all steps, the summed accept histogram, tokens/s of both modes (generated
     tokens / wall time, summed over prompts; graph capture excluded), and for greedy runs the
-    prompts whose spec output differs from the target-only output. ``target_tokens_per_s`` and
+    prompts whose spec output differs from the target-only output. With ``mass``, also
+    ``topk_mass`` / ``topk_mass_per_slot`` (:func:`topk_mass` on the spec run's own outputs,
+    with the draft's block size). ``target_tokens_per_s`` and
     ``speedup`` are deprecated aliases of ``target_only_tokens_per_s`` and
     ``speedup_vs_target_only`` (kept one release).
     """
     engine = Engine(pair, resolve_backend(backend))
     batches = [[Request(tuple(ids), SamplingParams(max_new_tokens=new_tokens,
-                                                   temperature=temperature, seed=seed,
-                                                   ignore_eos=True), key=i)]
+                                                   temperature=temperature, top_p=top_p,
+                                                   seed=seed, ignore_eos=True), key=i)]
                for i, ids in enumerate(prompts)]
     contenders = [engine_contender(SPEC, engine, batches, True, block_size)]
     if baseline:
@@ -46,7 +53,7 @@ def measure(pair: ModelPair, backend: Backend | str, prompts: list[list[int]], n
 
     result = {
         "prompts": len(prompts), "new_tokens": new_tokens, "temperature": temperature,
-        "block_size": block_size or pair.draft.cfg.block_size,
+        "top_p": top_p, "block_size": block_size or pair.draft.cfg.block_size,
         "tau": spec.tau, "accept_hist": hist,
         "spec_tokens_per_s": rate(spec.samples),
         "capture_s": sum(x.capture_s for x in m.values()),
@@ -63,4 +70,60 @@ def measure(pair: ModelPair, backend: Backend | str, prompts: list[list[int]], n
             result["greedy_mismatches"] = [i for i, (a, b) in enumerate(zip(spec.samples,
                                                                             tonly.samples))
                                            if a.outputs != b.outputs]
+    if mass:
+        result.update(topk_mass(pair, prompts, spec.outputs, temperature, top_p))
     return result
+
+
+@torch.no_grad()
+def topk_mass(pair: ModelPair, prompts: list[list[int]], outputs: list[list[int]],
+              temperature: float, top_p: float = 1.0) -> dict:
+    """The target's probability mass on the selector's K candidates, slot by slot.
+
+    Teacher-forced on each prompt + its continuation (a spec run's outputs: the target's own law,
+    as decoding is lossless): at every anchor a of the generated part with a full block after
+    it, the draft's candidates of slot e (top-K of its logits; they do not depend on the walk)
+    against the target's law of token a+e+1 after logit processing (temperature, top-p; at T=0
+    one-hot on its argmax). Chain speculative sampling accepts slot e with probability
+    Σ_k min(p, q) ≤ Σ_k p(cand_k), so the mean is an upper bound on the per-slot acceptance.
+    → ``topk_mass`` (mean over anchors and slots) and ``topk_mass_per_slot`` [γ].
+    """
+    from . import distill
+    from .target import lm_forward
+
+    draft, target = pair.draft, pair.target
+    b, k = draft.cfg.block_size, draft.cfg.selector_top_k
+    gamma = b - 1
+    dev = pair.device
+    backend = TorchOpsBackend("torch", dev, (pair.dtype,))
+    total = torch.zeros(gamma, dtype=torch.float64)
+    count = 0
+    for prompt, out in zip(prompts, outputs):
+        seq = list(prompt) + list(out)
+        n, p = len(seq), len(prompt)
+        if n - gamma <= p:
+            continue
+        fwd = lm_forward(target, [seq])                                     # logits [1, n, V]
+        anchors = torch.arange(p, n - gamma, device=dev).view(1, -1)        # [1, N]
+        toks = torch.tensor(seq, device=dev)
+        block = toks[anchors.unsqueeze(-1) + torch.arange(b, device=dev)]   # [1, N, B]
+        ids = torch.full_like(block, draft.cfg.mask_token_id)
+        ids[..., 0] = block[..., 0]
+        batch = distill.Batch(fwd.taps, torch.tensor([n], device=dev), anchors, ids,
+                              block[..., 1:])
+        h = distill.draft_hidden(draft, target, batch, backend)[:, :, 1:]   # [1, N, γ, H]
+        cand = topk_lowest_index(target.lm_head(h), k)[1][0]                # [N, γ, K]
+        logits = fwd.logits[0].float()                                      # [n, V]
+        if temperature > 0:
+            probs = target_probs(logits.unsqueeze(0),
+                                 torch.tensor([float(temperature)], device=dev),
+                                 torch.tensor([0], device=dev),
+                                 torch.tensor([float(top_p)], device=dev))[0]
+        else:
+            probs = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        rows = anchors[0].view(-1, 1) + torch.arange(gamma, device=dev)     # [N, γ]
+        m = probs[rows].gather(-1, cand).sum(-1)                            # [N, γ]
+        total += m.double().sum(0).cpu()
+        count += m.shape[0]
+    per_slot = (total / max(count, 1)).tolist()
+    return {"topk_mass": sum(per_slot) / gamma, "topk_mass_per_slot": per_slot}

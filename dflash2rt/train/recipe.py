@@ -27,7 +27,14 @@ from .progress import Progress, fmt_s
 from .target import TargetShape
 from .tokenizer import train_tokenizer
 
-DEFAULT_MINUTES = 20.0   # the default counts took 19 min 07 s on the 2-core dev machine
+DEFAULT_MINUTES = 50.0   # estimate for the default counts on 2 idle cores (the previous, smaller
+                         # defaults — 4-layer target, 2-layer draft — took 19 min 07 s)
+
+# Distillation continuations: (temperature, top_p, share of the prompts). Greedy continuations keep
+# τ at T=0; sampled ones show the draft the paths (and the target laws) it meets when sampling.
+GEN_MIX = ((0.0, 1.0, 0.4), (1.0, 1.0, 0.3), (0.7, 0.95, 0.3))
+# The evaluation's settings: (report key, temperature, top_p).
+EVAL_SETTINGS = (("eval_greedy", 0.0, 1.0), ("eval_t07_p095", 0.7, 0.95), ("eval_t1", 1.0, 1.0))
 
 
 @dataclass(frozen=True)
@@ -38,22 +45,25 @@ class RecipeConfig:
     threads: int = 2                 # results depend on it (the shipped pair used 2)
     vocab_size: int = 2048
     target: TargetShape = field(default_factory=TargetShape)
-    target_steps: int = 360
-    target_batch: int = 6
-    seq_len: int = 384
+    target_steps: int = 1200
+    target_batch: int = 8
+    seq_len: int = 256
     target_lr: float = 3e-3
-    gen_prompts: int = 960
+    gen_prompts: int = 1920
     gen_prompt_tokens: tuple[int, int] = (16, 128)
     gen_new_tokens: int = 128
-    gen_greedy_fraction: float = 0.75
+    gen_mix: tuple[tuple[float, float, float], ...] = GEN_MIX   # (temperature, top_p, share)
     gen_batch: int = 32
+    soft_top: int = 32               # the target's top-M law kept per row for the soft targets
     draft: DraftShape = field(default_factory=DraftShape)
-    draft_steps: int = 300
+    draft_steps: int = 1000
     draft_seqs_per_step: int = 16
     draft_anchors: int = 24
     draft_lr: float = 1.5e-3
     slot_decay: float = 7.0
     selector_weight: float = 1.0
+    soft_weight: float = 1.0         # KL(p_target ‖ q_draft) per slot + the selector's soft K-way KL
+    hard_weight: float = 0.2         # CE on the continuation's own tokens (+ hard K-way selector CE)
     heldout_prompts: int = 24
     heldout_tokens: tuple[int, int] = (64, 192)
     eval_new_tokens: int = 128
@@ -69,6 +79,25 @@ class RecipeConfig:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def mix_settings(mix: tuple[tuple[float, float, float], ...], count: int, seed: int
+                 ) -> tuple[list[float], list[float]]:
+    """Per prompt (temperature, top_p) drawn from ``mix``'s shares with a seeded RNG."""
+    rng = random.Random(seed)
+    total = sum(w for _, _, w in mix)
+    temps, top_ps = [], []
+    for _ in range(count):
+        u, acc = rng.random() * total, 0.0
+        pick = mix[-1]
+        for m in mix:
+            acc += m[2]
+            if u < acc:
+                pick = m
+                break
+        temps.append(float(pick[0]))
+        top_ps.append(float(pick[1]))
+    return temps, top_ps
 
 
 def round_bf16_(model: torch.nn.Module) -> None:
@@ -130,29 +159,38 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
     backend = TorchOpsBackend("cpu", "cpu", (torch.float32,))
     lo, hi = cfg.gen_prompt_tokens
     prompts = corpus_mod.cut_prompts(corpus.train, tok.encode, cfg.gen_prompts, lo, hi, cfg.seed + 2)
-    rng = random.Random(cfg.seed + 3)
-    temps = [0.0 if rng.random() < cfg.gen_greedy_fraction else 1.0 for _ in prompts]
+    temps, top_ps = mix_settings(cfg.gen_mix, len(prompts), cfg.seed + 3)
     tonly = ModelPair(target, None)
     data = generate.build_distill_data(tonly, backend, [p["prompt_ids"] for p in prompts],
-                                       cfg.gen_new_tokens, temps, cfg.gen_batch, cfg.seed + 4)
+                                       cfg.gen_new_tokens, temps, cfg.gen_batch, cfg.seed + 4,
+                                       top_ps=top_ps, soft_top=cfg.soft_top)
     val_prompts = corpus_mod.cut_prompts(corpus.heldout, tok.encode, 32, lo, hi, cfg.seed + 5)
     val = generate.build_distill_data(tonly, backend, [p["prompt_ids"] for p in val_prompts],
                                       cfg.gen_new_tokens, [0.0] * len(val_prompts), cfg.gen_batch,
                                       cfg.seed + 4)
+    val_soft = generate.build_distill_data(tonly, backend, [p["prompt_ids"] for p in val_prompts],
+                                           cfg.gen_new_tokens, [1.0] * len(val_prompts),
+                                           cfg.gen_batch, cfg.seed + 9, soft_top=cfg.soft_top)
     phase("distill_data")
 
     dcfg = draft_config(tcfg, cfg.draft, tok.mask_id)
     draft = DraftModel(dcfg)
     init_draft(draft, torch.Generator().manual_seed(cfg.seed + 6))
     val_tau: list[tuple[int, float]] = []
+    val_t1: list[tuple[int, dict[str, float]]] = []
 
     def on_eval(step: int) -> None:
         val_tau.append((step, round(validate.engine_tau(draft, target, val), 3)))
-        log(f"draft step {step}: held-out T=0 tau, teacher-forced, engine walk: {val_tau[-1][1]:.3f}")
+        val_t1.append((step, {k: round(v, 4) for k, v in
+                              validate.soft_metrics(draft, target, val_soft).items()}))
+        log(f"draft step {step}: held-out T=0 tau, teacher-forced, engine walk: {val_tau[-1][1]:.3f}; "
+            f"T=1 teacher-forced: mass {val_t1[-1][1]['mass']:.3f} acc {val_t1[-1][1]['acc1']:.3f} "
+            f"tau {val_t1[-1][1]['tau1']:.3f}")
 
     history = distill.train_draft(draft, target, data, cfg.draft_steps, cfg.draft_seqs_per_step,
                                   cfg.draft_anchors, cfg.draft_lr, cfg.seed + 7, cfg.slot_decay,
-                                  cfg.selector_weight, on_eval=on_eval)
+                                  cfg.selector_weight, on_eval=on_eval,
+                                  soft_weight=cfg.soft_weight, hard_weight=cfg.hard_weight)
     round_bf16_(draft)
     phase("draft")
 
@@ -162,11 +200,17 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
     (out / "heldout_prompts.json").write_text(json.dumps(heldout, indent=1) + "\n")
     pair = load_pair(out / "target", out / "draft")
     ids = [p["prompt_ids"] for p in heldout]
-    greedy = evaluate.measure(pair, backend, ids, cfg.eval_new_tokens, 0.0)
-    sampled = evaluate.measure(pair, backend, ids, cfg.eval_new_tokens, 1.0, baseline=False)
-    log(f"eval T=0: tau {greedy['tau']:.3f}, spec {greedy['spec_tokens_per_s']:.1f} tok/s vs "
-        f"target-only {greedy['target_only_tokens_per_s']:.1f} tok/s, mismatches "
-        f"{greedy['greedy_mismatches']}; T=1: tau {sampled['tau']:.3f}")
+    evals = {key: evaluate.measure(pair, backend, ids, cfg.eval_new_tokens, temp,
+                                   baseline=temp == 0, top_p=top_p)
+             for key, temp, top_p in EVAL_SETTINGS}
+    greedy = evals["eval_greedy"]
+    # τ / speedup = (spec step time) / (target-only step time): what one spec step costs
+    step_cost = greedy["tau"] / max(greedy["speedup_vs_target_only"], 1e-9)
+    log(f"eval T=0: spec {greedy['spec_tokens_per_s']:.1f} tok/s vs target-only "
+        f"{greedy['target_only_tokens_per_s']:.1f} tok/s (a spec step costs {step_cost:.2f} "
+        f"target-only steps), mismatches {greedy['greedy_mismatches']}; " + "; ".join(
+            f"T={e['temperature']:g} top-p {e['top_p']:g}: tau {e['tau']:.3f} "
+            f"(top-K mass {e['topk_mass']:.3f})" for e in evals.values()))
     phase("eval")
 
     report = {
@@ -182,9 +226,15 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
         "draft": {"params": sum(p.numel() for p in draft.parameters()),
                   "final": {k: sum(h[k] for h in history[-20:]) / len(history[-20:])
                             for k in history[-1]},
-                  "validation_tau": val_tau, "distill_sequences": data.num_sequences,
+                  "validation_tau": val_tau, "validation_t1": val_t1,
+                  "distill_sequences": data.num_sequences,
                   "distill_tokens": int(data.tokens.numel())},
-        "eval_greedy": greedy, "eval_t1": sampled,
+        "eval_summary": {"block_size": greedy["block_size"],
+                         "spec_step_cost_vs_target_only": step_cost,
+                         **{key: {"temperature": e["temperature"], "top_p": e["top_p"],
+                                  "tau": e["tau"], "topk_mass": e["topk_mass"]}
+                            for key, e in evals.items()}},
+        **evals,
         "bytes": {d: sum(f.stat().st_size for f in (out / d).iterdir()) for d in ("target", "draft")},
     }
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
