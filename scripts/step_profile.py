@@ -14,7 +14,8 @@ import time
 import torch
 
 from dflash2rt.api import resolve_model
-from dflash2rt.bench.measure import TEMPERATURES, profile_steps, seeded_requests
+from dflash2rt.bench.measure import TEMPERATURES, seeded_requests
+from dflash2rt.bench.profile import profile_steps
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.registry import Registry

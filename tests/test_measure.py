@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from dflash2rt.bench import measure as bm
+from dflash2rt.bench import measure as bm, profile, rows as bench_rows
 from dflash2rt.engine.request import RequestOutput
 from dflash2rt.engine.stats import RunStats
 
@@ -70,7 +70,7 @@ def test_measure_warms_every_contender_before_timing():
 
 def test_compare_times_no_first_call_and_reports_capture_apart():
     eng = FakeEngine()
-    res = bm.compare([(1, 2, 3)], eng, None, 8, 4, 2, log=lambda m: None)
+    res = bench_rows.compare([(1, 2, 3)], eng, None, 8, 4, 2, log=lambda m: None)
     # warm-up: one call per mode before any timed call, then 2 interleaved rounds
     assert [c[0] for c in eng.calls] == [False, True, False, True, False, True]
     assert res["target_only_tokens_per_s"] == 8 / TIMED_S                # WARM_S never timed
@@ -83,7 +83,7 @@ def test_compare_times_no_first_call_and_reports_capture_apart():
 def test_block_sweep_warms_every_block_size_before_timing():
     eng = FakeEngine()
     prompts, blocks = [(1, 2), (3, 4)], (2, 4, 8)
-    rows = bm.block_sweep(prompts, eng, 8, blocks, 2, log=lambda m: None)
+    rows = bench_rows.block_sweep(prompts, eng, 8, blocks, 2, log=lambda m: None)
     n_modes = len(blocks) + 1
     warm = eng.calls[:n_modes * len(prompts)]
     assert len(set(warm)) == len(warm) == n_modes * len(prompts)       # each first call once
@@ -96,8 +96,8 @@ def test_block_sweep_warms_every_block_size_before_timing():
 
 def test_deprecated_alias_keys_equal_the_new_keys():
     eng = FakeEngine()
-    res = bm.compare([(1, 2, 3)], eng, None, 8, 4, 1, log=lambda m: None)
-    rows = bm.block_sweep([(1, 2)], eng, 8, (2, 4), 1, log=lambda m: None)
+    res = bench_rows.compare([(1, 2, 3)], eng, None, 8, 4, 1, log=lambda m: None)
+    rows = bench_rows.block_sweep([(1, 2)], eng, 8, (2, 4), 1, log=lambda m: None)
     from dflash2rt.bench.suite import merge_batch1
 
     merged = merge_batch1([res, res])
@@ -201,7 +201,7 @@ def test_measure_rows_contenders_share_seeds_and_stop_rule():
     seeded from the same numbers; every contender is warmed up before any is timed."""
     eng, hf = FakeEngine(), FakeHF()
     prompts = [(1, 2), (3, 4), (5, 6), (7, 8)]
-    res = bm.measure_rows(eng, {1: prompts, 2: prompts}, 8, 4, 1, hf, profile=(),
+    res = bench_rows.measure_rows(eng, {1: prompts, 2: prompts}, 8, 4, 1, hf, profile=(),
                           log=lambda m: None)
     assert [(r["temperature"], r["batch"]) for r in res["rows"]] == [
         (t.label, b) for b in (1, 2) for t in bm.TEMPERATURES]
@@ -256,7 +256,7 @@ def test_profile_pass_syncs_between_phases(model_dir, monkeypatch):
         reqs = bm.seeded_requests([(3, 4, 5), (6, 7)], 6, bm.TEMPERATURES[2])
         for spec, block, kinds in ((True, 4, ["draft", "verify"]), (False, None, ["target-only"])):
             events.clear()
-            prof = bm.profile_steps(engine, [reqs], spec, block)
+            prof = profile.profile_steps(engine, [reqs], spec, block)
             assert prof["steps"] > 0 and set(bm.STEP_PHASES) <= set(prof)
             assert events == ["sync", kinds[0], "sync", *(["sync", kinds[1], "sync"]
                                                           if spec else [])] * prof["steps"]
@@ -288,7 +288,7 @@ def test_profile_pass_is_never_inside_a_timed_window(model_dir, monkeypatch):
     monkeypatch.setattr(bm, "measure", measured)
     with _profile_engine(model_dir) as engine:
         prompts = [(3, 4, 5), (6, 7)]
-        res = bm.measure_rows(engine, {1: prompts, 2: prompts}, 4, 4, 1, log=lambda m: None)
+        res = bench_rows.measure_rows(engine, {1: prompts, 2: prompts}, 4, 4, 1, log=lambda m: None)
     assert len(windows) == 2
     assert all(before == after and not hooked for before, after, hooked in windows)
     assert syncs[0] > 0 and len(res["step_profile"]["rows"]) == 2 * 3 * 3

@@ -14,8 +14,8 @@ from ..engine.engine import Engine
 from ..models.pair import ModelPair
 from .hf_baseline import HFGreedy, hf_available
 from .measure import (ADAPTIVE, FIXED, HF, SEED, SPEC, TARGET_ONLY, TEMPERATURES, Temperature,
-                      block_sweep, measure_rows, resolve_backend, warm_caches,
-                      with_deprecated_aliases)
+                      resolve_backend, warm_caches, with_deprecated_aliases)
+from .rows import block_sweep, measure_rows
 
 
 def heldout_prompts(model_dir: Path, pair: ModelPair) -> list[tuple[int, ...]]:

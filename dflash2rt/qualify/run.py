@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..api import DEFAULT_MODEL, resolve_model
-from ..bench.measure import (ENGINE_CONTENDERS, FIXED, TEMPERATURES, block_sweep, measure_rows,
-                             requests, warm_caches)
+from ..bench.measure import ENGINE_CONTENDERS, FIXED, TEMPERATURES, requests, warm_caches
+from ..bench.rows import block_sweep, measure_rows
 from ..bench.suite import heldout_prompts
 from ..engine.engine import Engine
 from ..engine.compare import graph_vs_eager
