@@ -24,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gen-prompts", type=int, help="prompts the target continues for distillation")
     p.add_argument("--draft-layers", type=int, help="draft decoder layers")
     p.add_argument("--block-size", type=int, help="draft block size (default 8)")
+    p.add_argument("--logit-scale", type=float,
+                   help="factor on the trained target's logits in the shipped target (default 1.75; "
+                        "1 ships the trained model as is)")
     p.set_defaults(func=run)
 
 
@@ -34,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if args.minutes is not None:
         cfg = cfg.scaled(args.minutes)
     over = {k: v for k, v in (("target_steps", args.target_steps), ("draft_steps", args.draft_steps),
-                              ("gen_prompts", args.gen_prompts)) if v is not None}
+                              ("gen_prompts", args.gen_prompts),
+                              ("target_logit_scale", args.logit_scale)) if v is not None}
     shape = {k: v for k, v in (("layers", args.draft_layers), ("block_size", args.block_size))
              if v is not None}
     if shape:

@@ -147,12 +147,14 @@ def train_target(model: TargetModel, stream: torch.Tensor, steps: int, batch: in
 
 
 @torch.no_grad()
-def eval_loss(model: TargetModel, stream: torch.Tensor, windows: int, seq_len: int, seed: int) -> float:
-    """Mean next-token cross-entropy (nats) on seeded windows of a held-out stream."""
+def eval_stats(model: TargetModel, stream: torch.Tensor, windows: int, seq_len: int, seed: int
+               ) -> dict[str, float]:
+    """Mean next-token cross-entropy and mean entropy of the model's law (nats) on seeded windows."""
     gen = torch.Generator().manual_seed(seed)
-    total = 0.0
+    loss = ent = 0.0
     for _ in range(windows):
         win = sample_windows(stream, 1, seq_len + 1, gen)
-        logits = lm_logits(model, win[:, :-1])
-        total += F.cross_entropy(logits.flatten(0, 1), win[:, 1:].flatten()).item()
-    return total / windows
+        logp = torch.log_softmax(lm_logits(model, win[:, :-1]).flatten(0, 1).double(), -1)
+        loss += -logp.gather(1, win[:, 1:].reshape(-1, 1)).mean().item()
+        ent += -(logp.exp() * logp).sum(-1).mean().item()
+    return {"loss": loss / windows, "entropy": ent / windows}
