@@ -106,21 +106,33 @@ def test_a_failed_model_pass_is_in_every_run_of_every_engine_on_those_models():
     assert other.fallbacks == []
 
 
-def test_target_only_step_of_an_adaptive_run_keeps_the_draft_context():
-    """Adaptive runs mix target-only steps (block 1) into speculation: such a step writes the
-    draft's context KV of its token, so the draft cache equals that of a prefill of the longer
-    sequence, and the next speculative step drafts from a complete context."""
+def test_target_only_steps_of_an_adaptive_run_defer_the_draft_context_to_a_catch_up():
+    """Adaptive runs mix target-only steps (block 1) into speculation: such a step keeps the
+    draft's context hidden of its token in the side buffer and defers the K/V projection;
+    ``catch_up_draft`` projects the pending positions in one batch, after which the draft cache
+    equals that of a prefill of the longer sequence (the next spec step drafts from a complete
+    context). Before the catch-up the deferred rows are not yet in the draft's K/V."""
     pair, reqs = tiny_pair("dflash2", block=4), _reqs((0.0, 1.0, 0.6))
-    engine = Engine(pair, get_backend("cpu"))
+    engine, pending = Engine(pair, get_backend("cpu")), 3
     with torch.inference_mode():
         steppers, st = engine._start(reqs, True, 4)
-        first = steps.prefill(pair, st, [q.prompt_ids for q in reqs]).token
+        toks = [steps.prefill(pair, st, [q.prompt_ids for q in reqs]).token.tolist()]
         st.host_lens = [len(q.prompt_ids) for q in reqs]
-        steppers[1].step(st, Fallbacks().report, {"draft": 0.0, "verify": 0.0})  # KV of `first`
-        longer = [q.prompt_ids + (t,) for q, t in zip(reqs, first.tolist())]
+        for _ in range(pending):
+            res = steppers[1].step(st, Fallbacks().report, {"draft": 0.0, "verify": 0.0})
+            st.lens.copy_(res.lens)
+            st.anchor.copy_(res.anchor)
+            st.host_lens = res.lens.tolist()                      # the step's ctx_len
+            toks.append(res.anchor.tolist())
+        longer = [q.prompt_ids + tuple(t[i] for t in toks[:-1]) for i, q in enumerate(reqs)]
         _, ref = engine._start(reqs, True, 4)
         steps.prefill(pair, ref, longer)
+        before = [b.clone() for b in st.draft_storage.k]
+        steps.catch_up_draft(pair, st, pending)
+    assert st.lens.tolist() == [len(p) for p in longer]
     for i, p in enumerate(longer):
+        n = len(p)
+        assert not torch.allclose(before[0][i, n - pending:n], ref.draft_storage.k[0][i, n - pending:n])
         for got, want in zip(st.draft_storage.k + st.draft_storage.v,
                              ref.draft_storage.k + ref.draft_storage.v):
-            torch.testing.assert_close(got[i, :len(p)], want[i, :len(p)])
+            torch.testing.assert_close(got[i, :n], want[i, :n])

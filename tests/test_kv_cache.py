@@ -68,3 +68,26 @@ def test_compact_keeps_the_storage():
     cache.compact_(idx)
     assert cache.k[0].data_ptr() == ptr, "compact_ must keep the static storage"
     assert all(torch.equal(b[:2], e) for b, e in zip(cache.v, expect))
+
+
+def test_side_buffers_commit_masked_and_move_with_the_cache():
+    """A side buffer (the draft's deferred context hidden) is written like K/V — rows past a
+    request's count untouched, bit for bit — read back at any positions, and moved by ``rows``
+    and ``compact_`` with the K/V it belongs to."""
+    kv = KVCache.empty(1, 3, 8, 1, 2, torch.float32, "cpu")
+    side = torch.randn(3, 8, 5)
+    cache = KVCache(kv.k, kv.v, (side,))
+    before = side.clone()
+    new = torch.randn(3, 2, 5)
+    lens, counts = torch.tensor([0, 3, 6]), torch.tensor([2, 1, 0])
+    cache.rows(3).commit_side(0, new, lens, counts)
+    want = before.clone()
+    want[0, 0:2], want[1, 3] = new[0], new[1, 0]
+    assert torch.equal(side, want)
+    pos = torch.tensor([[1, 0], [3, 3], [7, 6]])
+    assert torch.equal(cache.read_side(0, pos), torch.stack([want[i, pos[i]] for i in range(3)]))
+    with pytest.raises(InvalidInputError):
+        cache.commit_side(0, torch.randn(3, 2, 4), lens, counts)
+    cache.compact_(torch.tensor([2, 0]))
+    assert torch.equal(side[0], want[2]) and torch.equal(side[1], want[0])
+    assert cache.rows(2).side[0].data_ptr() == side.data_ptr()

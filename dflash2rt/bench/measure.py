@@ -46,7 +46,7 @@ ENGINE_CONTENDERS = (TARGET_ONLY, FIXED, ADAPTIVE)
 STEP_PHASES = ("draft", "verify", "host")    # profile_steps: per-step split (+ "step", the total)
 SEED = 1234                                  # measure_rows: prompt i of a row has seed SEED + i
 SAMPLED_OVER_GREEDY_GOAL = 1.25              # issue goal: sampled spec step <= 1.25x greedy
-PHASES = ("draft", "select", "verify", "graphs", "host")
+PHASES = ("draft", "select", "verify", "graphs", "host", "catch_up")
 # Deprecated JSON keys (one release), each written with the value of its new key.
 DEPRECATED_ALIASES = {"ar_tokens_per_s": "target_only_tokens_per_s",
                       "speedup_vs_ar": "speedup_vs_target_only"}

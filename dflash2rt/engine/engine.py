@@ -87,7 +87,7 @@ class Engine:
 
     def _graphed_stepper(self, key: tuple) -> Stepper:
         """The kept graphed step of a mode: ("spec", b) (b = 1: a target-only step that keeps
-        the draft's context up to date, for adaptive runs) or ("target-only",)."""
+        the draft's context hidden for a later catch-up, for adaptive runs) or ("target-only",)."""
         if key not in self._graphed:
             block = key[1] if len(key) > 1 else 1
             caches = self._static if key[0] == "spec" else (self._static[0], None)
@@ -152,6 +152,7 @@ class Engine:
                 st = drop_finished(st, out)
                 if sched is not None:
                     sched.begin()
+                pending = 0          # target-only steps since the last spec step (adaptive)
                 while st.size:
                     if sched is None:
                         st = decode_step(steppers[block], block if spec else 1, st, stats, out,
@@ -159,7 +160,13 @@ class Engine:
                         continue
                     calibrate(steppers, st, sched, stats, fallbacks)   # new buckets only
                     rows, b = st.rows, sched.choose(st.rows)           # before the step's noise
+                    if b > 1 and pending:
+                        t0 = time.perf_counter()
+                        steps.catch_up_draft(pair, st, pending)        # deferred draft context
+                        stats.time["catch_up"] += time.perf_counter() - t0
+                        stats.draft_deferred += pending
                     st, accepted, seconds = decode_step(steppers[b], b, st, stats, out, fallbacks)
+                    pending = pending + 1 if b == 1 else 0
                     sched.observe(rows, b, accepted, seconds)
             except BaseException:
                 self.close()              # release graphs now, outside any capture

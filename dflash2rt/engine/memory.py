@@ -57,6 +57,7 @@ def make_caches(pair: ModelPair, dev: torch.device, capacity: int, max_len: int,
         d = pair.draft.cfg.arch
         need += cache_bytes(d.num_hidden_layers, capacity, max_len, d.num_key_value_heads,
                             d.head_dim, pair.dtype)
+        need += capacity * max_len * d.hidden_size * torch.empty((), dtype=pair.dtype).element_size()
     check_fits(need, dev, f"the KV cache ({capacity} requests x {max_len} rows)",
                "max_new_tokens, the prompt length, the number of prompts or block_size")
     try:

@@ -18,6 +18,8 @@ class RunStats:
     costs: dict[int, dict[int, float]] = field(default_factory=dict)  # block → bucket → seconds
     calibration_steps: int = 0     # adaptive: timing steps whose results were discarded
     calibration_s: float = 0.0     # their seconds (part of wall_s; capture excluded)
+    draft_deferred: int = 0        # adaptive: positions whose draft context K/V a target-only
+                                   # step deferred to the next spec step (batched, eager)
     steps: int = 0                 # decode steps (each covers every active request)
     request_steps: int = 0         # Σ over steps of active requests
     committed: int = 0             # tokens committed by decode steps (before truncation)
@@ -27,9 +29,10 @@ class RunStats:
     # (verify + accept + commit; target-only: forward + sample + commit), then "host" (the one
     # sync and the host work). Graph-replaying steps: "graphs" (launching the step's graphs and
     # waiting for them at the sync; scripts/step_profile.py splits it per graph), then host.
-    # "select" stays for reports that sum draft + select.
+    # "select" stays for reports that sum draft + select. "catch_up": adaptive runs, the deferred
+    # draft context K/V projected (eagerly, graphs or not) before a spec step (``draft_deferred``).
     time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("prefill", "draft", "select", "verify", "graphs", "host"), 0.0))
+        ("prefill", "draft", "select", "verify", "graphs", "host", "catch_up"), 0.0))
     wall_s: float = 0.0
     capture_s: float = 0.0         # graph warm-up + capture inside decode steps (part of wall_s)
     syncs: int = 0                 # device→host synchronisations in decode steps

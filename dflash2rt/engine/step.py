@@ -135,6 +135,6 @@ class StepBodies:
         st = self._state(inp, sampled)
         token, bad, out, pos = steps.target_only_forward(self.pair, st, ctx_len)   # [R], [R]
         count = torch.where(inp["live"], 1, 0)                           # padded rows: inert
-        steps.commit_kv(self.pair, st, out, pos, count)                  # inputs stay unmodified
+        steps.commit_kv(self.pair, st, out, pos, count, defer_draft=True)  # draft: side buffer
         return {"accept_len": torch.zeros_like(token), "tokens": token.view(-1, 1),
                 "flags": pack_flags(bad), "lens": st.lens + count, "anchor": token}

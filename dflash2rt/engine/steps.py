@@ -100,12 +100,32 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
 
 
 def commit_kv(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor,
-              count: torch.Tensor) -> None:
+              count: torch.Tensor, defer_draft: bool = False) -> None:
     """Write target KV and draft context KV of the first ``count`` rows at ``st.lens``.
+    ``defer_draft``: keep only the draft's context hidden (its side buffer); the K/V projection
+    waits for ``catch_up_draft`` before the next speculative step (target-only steps of an
+    adaptive run: most of them are followed by more target-only steps).
     Idempotent for the same inputs (graph warm-up runs the step more than once)."""
     st.target_cache.commit(out.new_kv, st.lens, count)
-    if st.draft_cache is not None:
-        st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, count)
+    if st.draft_cache is None:
+        return
+    ctx = pair.draft.context_hidden(out.taps)                              # [R, T, H]
+    if defer_draft:
+        st.draft_cache.commit_side(0, ctx, st.lens, count)
+    else:
+        st.draft_cache.commit(pair.draft.context_kv_of(ctx, pos), st.lens, count)
+
+
+def catch_up_draft(pair: ModelPair, st: BatchState, pending: int) -> None:
+    """Project the draft context K/V of the last ``pending`` committed positions of every row
+    (written deferred, by target-only steps) from the side buffer, in one batch: the draft
+    cache then holds what ``commit_kv`` without deferral would have written (the same
+    projection, batched over the positions)."""
+    start = st.lens - pending                                             # [R]
+    pos = start.view(-1, 1) + torch.arange(pending, device=st.lens.device)  # [R, m]
+    ctx = st.draft_cache.read_side(0, pos)                                # [R, m, H]
+    st.draft_cache.commit(pair.draft.context_kv_of(ctx, pos), start,
+                          torch.full_like(start, pending))
 
 
 def target_only_forward(pair: ModelPair, st: BatchState, ctx_len: int | None):

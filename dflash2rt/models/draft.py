@@ -96,14 +96,25 @@ class DraftModel(nn.Module):
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor):
         """Target taps [R, T, n_taps, H] at positions [R, T] → per layer (k, v) [R, T, n_kv, hd]."""
-        ctx = self.hidden_norm(self.fc(taps.flatten(-2)))                    # [R, T, H]
+        return self.context_kv_of(self.context_hidden(taps), positions)
+
+    def context_hidden(self, taps: torch.Tensor) -> torch.Tensor:
+        """Target taps [R, T, n_taps, H] → the context hidden [R, T, H] (fc, then norm)."""
+        return self.hidden_norm(self.fc(taps.flatten(-2)))
+
+    def context_kv_of(self, ctx: torch.Tensor, positions: torch.Tensor):
+        """Context hidden [R, T, H] at positions [R, T] → per layer (k, v) [R, T, n_kv, hd]."""
         cos, sin = self.rope(positions, ctx.dtype)
         return tuple(layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers)
 
     def empty_cache(self, batch: int, max_len: int, dtype: torch.dtype, device) -> KVCache:
+        """K/V per layer, and one side buffer [batch, max_len, H]: the context hidden of
+        positions whose K/V a target-only step deferred (``engine.steps.catch_up_draft``)."""
         a = self.cfg.arch
-        return KVCache.empty(a.num_hidden_layers, batch, max_len, a.num_key_value_heads,
-                             a.head_dim, dtype, device)
+        kv = KVCache.empty(a.num_hidden_layers, batch, max_len, a.num_key_value_heads,
+                           a.head_dim, dtype, device)
+        side = torch.zeros(batch, max_len, a.hidden_size, dtype=dtype, device=device)
+        return KVCache(kv.k, kv.v, (side,))
 
     def forward(self, block_emb: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 lens: torch.Tensor, backend: Backend, ctx_len: int | None = None) -> torch.Tensor:

@@ -16,11 +16,15 @@ NewKV = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer: k, v [R, T, n_
 class KVCache:
     """Per-layer K and V [R, max_len, n_kv, hd]; row t of request r holds position t (rotated keys).
 
+    ``side``: further per-position buffers [R, max_len, ...] kept beside K/V (moved by ``rows``
+    and ``compact_`` with them): the draft keeps its context hidden there, so target-only steps
+    defer its K/V projection (``commit_side``, ``read_side``).
     The cache does not know the lengths: callers pass `lens` [R] (int64, on the cache's device).
     """
 
     k: tuple[torch.Tensor, ...]
     v: tuple[torch.Tensor, ...]
+    side: tuple[torch.Tensor, ...] = ()
 
     @classmethod
     def empty(
@@ -82,23 +86,28 @@ class KVCache:
             raise InvalidInputError(f"commit: {t} new rows exceed max_len {self.max_len}")
         if lens.dtype != torch.int64 or counts.dtype != torch.int64:
             raise InvalidInputError(f"commit: lens and counts must be int64, got {lens.dtype} and {counts.dtype}")
-        steps = torch.arange(t, device=lens.device)  # [T]
-        pos = (lens[:, None] + steps) % self.max_len  # [R, T]
-        keep = (steps < counts[:, None])[..., None, None]  # [R, T, 1, 1]
-        req = torch.arange(r, device=lens.device)[:, None]  # [R, 1]
+        where = _rows_at(lens, counts, t, self.max_len)
         for layer, (k_new, v_new) in enumerate(new_kv):
             for buf, new in ((self.k[layer], k_new), (self.v[layer], v_new)):
-                if new.shape != (r, t, *buf.shape[2:]):
-                    raise InvalidInputError(
-                        f"commit: layer {layer} new KV has shape {tuple(new.shape)}, expected "
-                        f"{(r, t, *buf.shape[2:])}"
-                    )
-                rows = torch.where(keep, new.to(buf.dtype), buf[req, pos])  # [R, T, n_kv, hd]
-                buf.index_put_((req, pos), rows)
+                _masked_write(buf, new, where, f"layer {layer} new KV")
+
+    def commit_side(self, i: int, new: torch.Tensor, lens: torch.Tensor, counts: torch.Tensor) -> None:
+        """``commit`` for side buffer ``i``: rows [0, counts[r]) of new [R, T, ...] at lens[r] ..."""
+        if lens.shape != (self.batch_size,) or counts.shape != lens.shape:
+            raise InvalidInputError(f"commit_side: lens {tuple(lens.shape)} and counts "
+                                    f"{tuple(counts.shape)} must be [{self.batch_size}]")
+        where = _rows_at(lens, counts, new.shape[1], self.max_len)
+        _masked_write(self.side[i], new, where, f"side buffer {i}")
+
+    def read_side(self, i: int, positions: torch.Tensor) -> torch.Tensor:
+        """Side buffer ``i`` at positions [R, T] (each < max_len) → [R, T, ...]."""
+        req = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        return self.side[i][req, positions]
 
     def rows(self, n: int) -> KVCache:
         """A view of slots [0, n): same storage, so commits through it land in this cache."""
-        return KVCache(tuple(b[:n] for b in self.k), tuple(b[:n] for b in self.v))
+        return KVCache(tuple(b[:n] for b in self.k), tuple(b[:n] for b in self.v),
+                       tuple(b[:n] for b in self.side))
 
     def compact_(self, idx: torch.Tensor) -> None:
         """In place: slots [0, n) receive requests `idx` [n] in order; storage (and graph pointers) stay put.
@@ -109,5 +118,23 @@ class KVCache:
         n = idx.shape[0]
         if n > self.batch_size:
             raise InvalidInputError(f"compact_: {n} indices for a cache of {self.batch_size} requests")
-        for buf in (*self.k, *self.v):
+        for buf in (*self.k, *self.v, *self.side):
             buf[:n] = buf.index_select(0, idx)
+
+
+def _rows_at(lens: torch.Tensor, counts: torch.Tensor, t: int, max_len: int):
+    """(req [R, 1], pos [R, T], keep [R, T]) of a masked commit of T rows at ``lens``."""
+    steps = torch.arange(t, device=lens.device)  # [T]
+    req = torch.arange(lens.shape[0], device=lens.device)[:, None]  # [R, 1]
+    return req, (lens[:, None] + steps) % max_len, steps < counts[:, None]
+
+
+def _masked_write(buf: torch.Tensor, new: torch.Tensor, where, what: str) -> None:
+    """Rows t < counts[r] of new [R, T, ...] into buf [R, max_len, ...] at lens[r] + t; the other
+    rows write back what is there (no device→host sync). ``where``: ``_rows_at``'s indices."""
+    req, pos, keep = where
+    if new.shape != (buf.shape[0], pos.shape[1], *buf.shape[2:]):
+        raise InvalidInputError(f"commit: {what} has shape {tuple(new.shape)}, expected "
+                                f"{(buf.shape[0], pos.shape[1], *buf.shape[2:])}")
+    keep = keep.view(*keep.shape, *([1] * (new.dim() - 2)))
+    buf.index_put_((req, pos), torch.where(keep, new.to(buf.dtype), buf[req, pos]))
