@@ -123,11 +123,16 @@ class Measurement:
         return [self.samples[i:i + per_run] for i in range(0, len(self.samples), per_run)]
 
     @property
+    def rates(self) -> list[float]:
+        """Per timed run (round, in order): the run's generated tokens / its timed seconds (a
+        run of several batches, e.g. batch 1 over several prompts: total tokens / seconds)."""
+        return [sum(s.tokens for s in r) / sec for r in self.runs
+                if (sec := sum(s.seconds for s in r)) > 0]
+
+    @property
     def tokens_per_s(self) -> float:
-        """Median over timed runs of the run's generated tokens / its timed seconds (a run of
-        several batches, e.g. batch 1 over several prompts: total tokens / total seconds)."""
-        rates = [sum(s.tokens for s in r) / sec for r in self.runs
-                 if (sec := sum(s.seconds for s in r)) > 0]
+        """Median of ``rates`` over the timed runs."""
+        rates = self.rates
         return statistics.median(rates) if rates else 0.0
 
     @property

@@ -157,7 +157,7 @@ def _row(t: Temperature, batch: int, prompts: Sequence[Sequence[int]],
     contenders: dict[str, dict[str, Any]] = {}
     for name in (*ENGINE_CONTENDERS, *((HF,) if with_hf else ())):
         x = m[_key(t, name)]
-        d: dict[str, Any] = {"tokens_per_s": x.tokens_per_s,
+        d: dict[str, Any] = {"tokens_per_s": x.tokens_per_s, "rounds_tokens_per_s": x.rates,
                              "speedup_vs_target_only": x.tokens_per_s / base if base else None}
         if name != HF:
             d.update(tau=x.tau, steps=x.steps,
