@@ -21,7 +21,7 @@ LAYERS = (
     {"plugin_kit", "registry", "models"},
     {"cpu", "engine"},
     {"bench"},                       # the one measurement module
-    {"api", "train"},
+    {"api", "train", "synth"},
     {"qualify"},
     {"cli"},
     {"__main__"},

@@ -1,0 +1,97 @@
+"""``dflash2rt synth``: published shapes and on-disk layout, loadable with no flag but the path.
+
+The full shapes (0.6B–27B) run in the benchmark and device scripts; here one reduced-depth
+Qwen3-0.6B pair (real 151,936-token vocabulary, tied embeddings, sharded with an index) and the
+configs of every shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import dflash2rt
+from dflash2rt.errors import InvalidInputError
+from dflash2rt.models.config import TargetConfig
+from dflash2rt.models.draft_config import DraftConfig
+from dflash2rt.models.hf_loader import INDEX_FILE
+from dflash2rt.models.pair import load_pair
+from dflash2rt.synth import SHAPES, synthesize
+from dflash2rt.synth.shapes import PUBLISHED_DRAFT, draft_config, get_shape, tap_layers
+from dflash2rt.synth.write import GB, plan_shards, tensor_for
+
+
+def test_every_shape_gives_a_target_and_a_draft_that_fits_it():
+    for name in SHAPES:
+        shape = get_shape(name)
+        tcfg = TargetConfig.from_dict(shape.target)
+        dcfg = DraftConfig.from_dict(draft_config(shape))
+        dcfg.check_target(tcfg)
+        assert dcfg.mask_token_id == shape.mask_token_id < tcfg.vocab_size
+        assert shape.regular_tokens + len(shape.specials) <= tcfg.vocab_size
+    assert SHAPES["qwen3-0.6b"].target["tie_word_embeddings"] is True
+    assert SHAPES["qwen3-8b"].target["tie_word_embeddings"] is False
+    assert {s.target["vocab_size"] for s in SHAPES.values()} == {151936, 128256, 202048}
+
+
+def test_the_published_drafts_target_gives_back_the_published_draft_config():
+    """The draft written for the target the published config implies is that config."""
+    assert draft_config(get_shape("published-draft")) == PUBLISHED_DRAFT
+    assert tap_layers(52) == [1, 13, 25, 37, 49] and tap_layers(36) == [1, 9, 17, 25, 33]
+
+
+def test_weights_are_seeded_per_tensor_and_shards_respect_their_size():
+    a = tensor_for("model.layers.0.mlp.up_proj.weight", (4, 3), 7, torch.bfloat16)
+    assert torch.equal(a, tensor_for("model.layers.0.mlp.up_proj.weight", (4, 3), 7, torch.bfloat16))
+    assert not torch.equal(a, tensor_for("model.layers.1.mlp.up_proj.weight", (4, 3), 7,
+                                         torch.bfloat16))
+    assert torch.equal(tensor_for("model.norm.weight", (5,), 7, torch.float32), torch.ones(5))
+    shapes = {"a": (10,), "b": (10,), "c": (30,), "d": (1,)}
+    assert plan_shards(shapes, 4, 80) == [["a", "b"], ["c"], ["d"]]
+    with pytest.raises(InvalidInputError, match="unknown shape"):
+        get_shape("qwen9-1t")
+    with pytest.raises(InvalidInputError, match="layers"):
+        get_shape("qwen3-0.6b", 29)
+
+
+@pytest.fixture(scope="module")
+def qwen06(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth") / "qwen3-0.6b"
+    summary = synthesize("qwen3-0.6b", out, seed=3, layers=2, draft_layers=1,
+                         max_shard_bytes=GB // 5)
+    return out, summary
+
+
+def test_reduced_qwen3_0_6b_has_the_published_layout(qwen06):
+    out, summary = qwen06
+    t = out / "target"
+    index = json.loads((t / INDEX_FILE).read_text())
+    shards = sorted(p.name for p in t.glob("model-*-of-*.safetensors"))
+    assert summary["target_shards"] == len(shards) >= 2
+    assert sorted(set(index["weight_map"].values())) == shards
+    assert "lm_head.weight" not in index["weight_map"]                 # tied: not stored
+    per_shard = {f: [n for n, g in index["weight_map"].items() if g == f] for f in shards}
+    for f, names in per_shard.items():              # at most the limit, or one bigger tensor
+        assert (t / f).stat().st_size <= GB // 5 + 2**20 or len(names) == 1, f
+    cfg = json.loads((t / "config.json").read_text())
+    real = dict(SHAPES["qwen3-0.6b"].target)
+    assert {k: v for k, v in cfg.items() if k not in ("num_hidden_layers", "max_window_layers")} \
+        == {k: v for k, v in real.items() if k not in ("num_hidden_layers", "max_window_layers")}
+    assert index["metadata"]["total_size"] == 2 * summary["target_params"]   # bf16
+
+
+def test_reduced_qwen3_0_6b_loads_from_its_path_alone_and_greedy_spec_equals_target_only(qwen06):
+    out, _ = qwen06
+    pair = load_pair(out / "target", out / "draft")
+    t = pair.target
+    assert t.cfg.vocab_size == 151936 and pair.draft.cfg.block_size == 16
+    assert t.lm_head.weight.data_ptr() == t.model.embed_tokens.weight.data_ptr()   # shared
+    tok = pair.tokenizer
+    assert tok.eos_token_ids == (151645,) and tok.encode("<|im_end|>") == [151645]
+    ids = tok.encode("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n")
+    assert ids and max(ids) < 151643 and 151669 not in ids
+    kw = dict(prompts=[ids], max_new_tokens=6, backend="cpu")
+    spec = dflash2rt.run(str(out), block_size=4, **kw)     # fixed: no cost calibration
+    ref = dflash2rt.run(str(out), spec=False, **kw)
+    assert spec.tokens == ref.tokens and len(ref.tokens[0]) == 6
