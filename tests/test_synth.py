@@ -95,3 +95,21 @@ def test_reduced_qwen3_0_6b_loads_from_its_path_alone_and_greedy_spec_equals_tar
     spec = dflash2rt.run(str(out), block_size=4, **kw)     # fixed: no cost calibration
     ref = dflash2rt.run(str(out), spec=False, **kw)
     assert spec.tokens == ref.tokens and len(ref.tokens[0]) == 6
+
+
+def test_a_pair_too_big_for_the_device_is_refused_before_any_weight_is_read(qwen06, monkeypatch):
+    """published-draft's 27B target cannot fit this machine: loading must refuse with the sizes
+    and what to change, before reading weights (here: the 0.6B pair against 0.1 GB free)."""
+    from dflash2rt.errors import ResourceError
+    from dflash2rt.models import hf_loader, memory
+
+    out, summary = qwen06
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**8)
+    read = []
+    monkeypatch.setattr(hf_loader, "load_target", lambda *a, **k: read.append(a))
+    with pytest.raises(ResourceError, match=r"parameters in float32\) needs [0-9.]+ GB .*bfloat16"):
+        load_pair(out / "target", out / "draft")
+    assert read == []
+    need = 4 * (summary["target_params"] + summary["draft_params"])
+    with pytest.raises(ResourceError, match=f"needs {need / 1e9:.2f} GB"):
+        load_pair(out / "target", out / "draft")

@@ -6,44 +6,16 @@ import torch
 
 from ..errors import ResourceError
 from ..models.kv_cache import KVCache
+from ..models.memory import GB, check_fits
 from ..models.pair import ModelPair
 
-GB = 1e9
+__all__ = ["GB", "cache_bytes", "check_fits", "make_caches"]
 
 
 def cache_bytes(layers: int, batch: int, rows: int, kv_heads: int, head_dim: int,
                 dtype: torch.dtype) -> int:
     """Bytes of one KVCache: K and V [batch, rows, kv_heads, head_dim] per layer."""
     return layers * batch * rows * kv_heads * head_dim * 2 * torch.empty((), dtype=dtype).element_size()
-
-
-def available_bytes(device: torch.device) -> int | None:
-    """Free memory on ``device`` in bytes, or None where it cannot be read."""
-    if device.type == "cpu":
-        try:
-            with open("/proc/meminfo", encoding="ascii") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024          # the value is in kB
-        except (OSError, ValueError, IndexError):
-            pass
-        return None   # no /proc/meminfo (not Linux): skip the check rather than guess
-    module = getattr(torch, device.type, None)
-    if module is None or not hasattr(module, "mem_get_info"):
-        return None   # an accelerator module without a free-memory query: cannot check
-    free, _ = module.mem_get_info(device)
-    if hasattr(module, "memory_reserved") and hasattr(module, "memory_allocated"):
-        # blocks torch's caching allocator holds but no tensor uses are free for us too
-        free += module.memory_reserved(device) - module.memory_allocated(device)
-    return int(free)
-
-
-def check_fits(needed: int, device: torch.device | str, what: str, lower: str) -> None:
-    """Raise ResourceError if ``needed`` bytes exceed the memory ``device`` has free."""
-    free = available_bytes(torch.device(device))
-    if free is not None and needed > free:
-        raise ResourceError(f"{what} needs {needed / GB:.2f} GB but only {free / GB:.2f} GB are "
-                            f"available on {device}; lower {lower}")
 
 
 def make_caches(pair: ModelPair, dev: torch.device, capacity: int, max_len: int, spec: bool

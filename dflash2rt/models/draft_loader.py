@@ -11,7 +11,8 @@ from dflash2rt.errors import CheckpointError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.draft import DraftModel
 from dflash2rt.models.draft_config import DraftConfig, draft_config_dict
-from dflash2rt.models.hf_loader import CONFIG_FILE, SINGLE_FILE, _scan, _tensor_files, read_config
+from dflash2rt.models.hf_loader import (CONFIG_FILE, SINGLE_FILE, _scan, _tensor_files,
+                                        check_weights_fit, read_config)
 
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
@@ -49,6 +50,7 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32,
         raise CheckpointError(f"missing tensor {missing[0]}" + (
             f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") +
             f" in the {cfg.variant} draft at {path}")
+    check_weights_fit(expected, dtype, device, f"the draft at {path}")
     state: dict[str, torch.Tensor] = {}
     for file in sorted({f for f, _, _ in found.values()}):
         with safe_open(str(file), framework="pt", device="cpu") as f:

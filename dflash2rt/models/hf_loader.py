@@ -11,6 +11,7 @@ import torch
 
 from dflash2rt.errors import CheckpointError, InvalidInputError
 from dflash2rt.models.config import TargetConfig
+from dflash2rt.models.memory import check_fits
 from dflash2rt.models.target import TargetModel
 from dflash2rt.models.tokenizer import TextTokenizer, load_tokenizer, read_json_object
 
@@ -89,6 +90,20 @@ def _check_names(expected: dict[str, tuple[int, ...]], found: dict[str, Any], cf
             raise CheckpointError(f"missing tensor {name} (a {cfg.model_type} checkpoint must contain it)")
 
 
+def check_weights_fit(shapes: dict[str, tuple[int, ...]], dtype: torch.dtype,
+                      device: torch.device | str, what: str) -> None:
+    """ResourceError before anything is read when the weights cannot fit ``device``."""
+    n = 0
+    for shape in shapes.values():
+        k = 1
+        for d in shape:
+            k *= d
+        n += k
+    check_fits(n * torch.empty((), dtype=dtype).element_size(), device,
+               f"{what} ({n / 1e9:.2f}B parameters in {str(dtype).replace('torch.', '')})",
+               "the dtype (bfloat16 halves float32) or use a device with more memory")
+
+
 def load_target(
     path: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -107,22 +122,27 @@ def load_target(
         del expected["lm_head.weight"]
     found = _scan(_tensor_files(path))
     _check_names(expected, found, cfg)
+    check_weights_fit(expected, dtype, device, f"the target at {path}")
     wanted = set(expected) | ({"lm_head.weight"} & set(found) if cfg.tie_word_embeddings else set())
+    # One tensor at a time: read (memory-mapped file), convert straight to the device and dtype,
+    # drop the source; host memory peaks at about the model (CPU) or one tensor (accelerators).
     state: dict[str, torch.Tensor] = {}
+    head = None
     for file in sorted({found[name][0] for name in wanted}):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                if name in wanted:
-                    state[name] = f.get_tensor(name)
+                if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                    head = f.get_tensor(name)          # compared with the embedding below
+                elif name in wanted:
+                    state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+    if head is not None and not torch.equal(head.to(device=device, dtype=dtype),
+                                            state["model.embed_tokens.weight"]):
+        raise CheckpointError(
+            "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight"
+        )
+    del head
     if cfg.tie_word_embeddings:
-        head = state.pop("lm_head.weight", None)
-        if head is not None and not torch.equal(head, state["model.embed_tokens.weight"]):
-            raise CheckpointError(
-                "tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight"
-            )
-    state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
-    if cfg.tie_word_embeddings:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]   # shared, not copied
     model.load_state_dict(state, strict=True, assign=True)
     if cfg.tie_word_embeddings:
         model.tie_weights()

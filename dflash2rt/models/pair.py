@@ -10,8 +10,8 @@ import torch
 from dflash2rt.errors import CheckpointError, InvalidInputError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.draft import DraftModel
-from dflash2rt.models.draft_loader import load_draft
-from dflash2rt.models.hf_loader import load_target, load_tokenizer, read_config
+from dflash2rt.models.draft_loader import expected_tensors, load_draft
+from dflash2rt.models.hf_loader import check_weights_fit, load_target, load_tokenizer, read_config
 from dflash2rt.models.target import TargetModel
 from dflash2rt.models.draft_config import DraftConfig
 from dflash2rt.models.tokenizer import TextTokenizer
@@ -60,6 +60,7 @@ def load_pair(target_dir: str | Path, draft_dir: str | Path | None,
         draft_cfg = DraftConfig.from_dict(read_config(draft_dir))
         draft_cfg.check_target(TargetConfig.from_dict(read_config(target_dir)))
     taps = draft_cfg.target_layer_ids if draft_cfg else ()
+    _check_pair_fits(target_dir, draft_cfg, taps, dtype, device)
     target, target_cfg = load_target(target_dir, dtype, device, taps)
     draft = None
     if draft_dir is not None:
@@ -70,3 +71,17 @@ def load_pair(target_dir: str | Path, draft_dir: str | Path | None,
     elif not Path(target_dir).is_dir():
         raise CheckpointError(f"{target_dir} is not a directory")
     return ModelPair(target, draft, tok, name or Path(target_dir).name)
+
+
+def _check_pair_fits(target_dir: str | Path, draft_cfg: DraftConfig | None, taps, dtype: torch.dtype,
+                     device: torch.device | str) -> None:
+    """ResourceError before any weight is read when target + draft cannot fit ``device``."""
+    cfg = TargetConfig.from_dict(read_config(target_dir))
+    with torch.device("meta"):
+        model = TargetModel(cfg, taps)
+    shapes = {f"target.{n}": tuple(t.shape) for n, t in model.state_dict().items()
+              if not (cfg.tie_word_embeddings and n == "lm_head.weight")}
+    if draft_cfg is not None:
+        shapes.update({f"draft.{n}": s for n, s in expected_tensors(draft_cfg).items()})
+    check_weights_fit(shapes, dtype, device, f"the models at {target_dir}"
+                      + (" with their draft" if draft_cfg is not None else ""))
