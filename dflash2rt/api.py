@@ -14,7 +14,7 @@ from .engine.engine import Engine
 from .engine.request import Request, RequestOutput, SamplingParams, is_int, unicode_problem
 from .engine.stats import RunStats
 from .errors import InvalidInputError
-from .models.pair import ModelPair, load_pair
+from .models.pair import ModelPair, load_pair, resolve_dtype
 from .registry import Registry
 
 DEFAULT_MODEL = "stdlib-code"
@@ -53,16 +53,18 @@ def _load_cached(target: str, draft: str | None, dtype: torch.dtype, device: str
     return load_pair(target, draft, dtype, device, name)
 
 
-def _load(target: Path, draft: Path | None, dtype: torch.dtype, device: torch.device | str,
+def _load(target: Path, draft: Path | None, dtype: torch.dtype | str, device: torch.device | str,
           name: str) -> ModelPair:
     t, d = str(target.resolve()), None if draft is None else str(draft.resolve())
+    dtype = resolve_dtype(dtype, t, device)
     return _load_cached(t, d, dtype, str(device), name, _files_identity(t, d))
 
 
 def resolve_model(model: ModelSpec, device: torch.device | str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> ModelPair:
+                  dtype: torch.dtype | str = "auto") -> ModelPair:
     """A bundled name, a directory with target/ and draft/, a (target, draft) pair of
-    directories, or an already loaded ModelPair."""
+    directories, or an already loaded ModelPair. ``dtype="auto"``: float32 on the CPU, the
+    checkpoint's dtype (bfloat16) on accelerators."""
     if isinstance(model, ModelPair):
         return model
     if isinstance(model, tuple):
@@ -142,7 +144,7 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
         seed: int = 0, block_size: int | None = None, spec: bool = True,
         stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = "auto",
         on_tokens: Callable[[int, list[int]], None] | None = None) -> RunResult:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
 

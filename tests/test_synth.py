@@ -113,3 +113,20 @@ def test_a_pair_too_big_for_the_device_is_refused_before_any_weight_is_read(qwen
     need = 4 * (summary["target_params"] + summary["draft_params"])
     with pytest.raises(ResourceError, match=f"needs {need / 1e9:.2f} GB"):
         load_pair(out / "target", out / "draft")
+
+
+def test_dtype_auto_is_float32_on_the_cpu_and_the_checkpoints_dtype_elsewhere(qwen06, tmp_path):
+    from dflash2rt.errors import CheckpointError
+    from dflash2rt.models.pair import resolve_dtype
+
+    t = qwen06[0] / "target"
+    assert resolve_dtype("auto", t, "cpu") == torch.float32
+    assert resolve_dtype("auto", t, "cuda") == torch.bfloat16       # config: torch_dtype
+    assert resolve_dtype(torch.float64, t, "cuda") == torch.float64
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "float16"}))
+    assert resolve_dtype("auto", tmp_path, "xpu") == torch.float16
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "int8"}))
+    with pytest.raises(CheckpointError, match="pass dtype explicitly"):
+        resolve_dtype("auto", tmp_path, "xpu")
+    with pytest.raises(InvalidInputError, match="'auto'"):
+        resolve_dtype("fp32", t, "cpu")

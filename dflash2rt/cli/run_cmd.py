@@ -32,7 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(reproducible across machines); default: adaptive, each step's block size "
                    "chosen from acceptance and measured step cost (1 = a target-only step)")
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto",
+                   help="model dtype (default auto: float32 on the CPU, the checkpoint's dtype, "
+                        "bfloat16, on accelerators)")
     p.add_argument("--no-spec", action="store_true", help="target-only decoding (the baseline)")
     p.add_argument("--json", action="store_true", help="print texts, tokens and stats as JSON")
     p.set_defaults(func=run)
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("give at least one --prompt (or --prompt-file)")
     selection = Registry.discover().select(args.backend)
     print(selection.describe(), file=sys.stderr)
-    dtype = DTYPES[args.dtype]
+    dtype = "auto" if args.dtype == "auto" else DTYPES[args.dtype]
     pair = resolve_model(_model_arg(args.model), selection.backend.device, dtype)
     single = len(prompts) == 1 and not args.json
     progress = _Progress(pair.tokenizer, single, lambda: _shown(pair, prompts[0]),

@@ -51,10 +51,34 @@ class ModelPair:
         return tuple(sorted(eos))
 
 
+CHECKPOINT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16,
+                     "float32": torch.float32, "float64": torch.float64}
+
+
+def resolve_dtype(dtype: torch.dtype | str, target_dir: str | Path,
+                  device: torch.device | str) -> torch.dtype:
+    """``"auto"``: float32 on the CPU; elsewhere the checkpoint's dtype (config.json ``dtype`` /
+    ``torch_dtype``; bfloat16 when absent). A torch dtype is returned as is."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        raise InvalidInputError(f"dtype must be a torch dtype or 'auto', got {dtype!r}")
+    if torch.device(device).type == "cpu":
+        return torch.float32
+    cfg = read_config(target_dir)
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    if name not in CHECKPOINT_DTYPES:
+        raise CheckpointError(f"{target_dir}/config.json: dtype {name!r} is not one of "
+                              f"{', '.join(CHECKPOINT_DTYPES)}; pass dtype explicitly")
+    return CHECKPOINT_DTYPES[name]
+
+
 def load_pair(target_dir: str | Path, draft_dir: str | Path | None,
-              dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+              dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu",
               name: str = "") -> ModelPair:
-    """Load a HF target directory and a DFlash draft directory (``None``: target only)."""
+    """Load a HF target directory and a DFlash draft directory (``None``: target only);
+    ``dtype="auto"``: see ``resolve_dtype``."""
+    dtype = resolve_dtype(dtype, target_dir, device)
     draft_cfg = None
     if draft_dir is not None:
         draft_cfg = DraftConfig.from_dict(read_config(draft_dir))
