@@ -28,6 +28,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "top-p 0.95; V:P for top-p P); T = 0 always comes first")
     # JSON: ar_tokens_per_s / speedup_vs_ar are deprecated aliases of target_only_tokens_per_s /
     # speedup_vs_target_only, written for one more release.
+    p.add_argument("--costs", action="store_true", help="the cost model instead: T_target, "
+                   "T_draft, T_verify per block size, context and batch, bytes moved, bandwidth "
+                   "fraction and the projected speedup (bench/costs.py)")
+    p.add_argument("--contexts", default="128,2048,8192", help="--costs: context lengths")
+    p.add_argument("--batches", default="1,8", help="--costs: batch sizes")
+    p.add_argument("--tau", type=float, default=None, help="--costs: the acceptance curve as τ at "
+                   "block 16 (default: the bundled pair's measured τ at block 8)")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--json-out", default=None, metavar="FILE", help="also write the JSON to FILE")
     p.set_defaults(func=run)
@@ -48,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         path = bundled_path(args.model)
     pair = resolve_model(path, backend.device, DTYPES[args.dtype])
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    if args.costs:
+        return _costs(args, pair, backend, log)
     res = run_bench(pair, path, backend, args.max_new_tokens, args.repeats,
                     tuple(int(b) for b in args.blocks.split(",")), args.prompts, not args.no_hf,
                     log, parse_temperatures(args.temperatures))
@@ -67,4 +76,25 @@ def run(args: argparse.Namespace) -> int:
     print(f"transformers: {res['hf_baseline']}")
     print(f"graph capture / compile (untimed warm-up runs): "
           f"{sum(res['capture_s'].values()):.2f} s")
+    return 0
+
+
+def _costs(args: argparse.Namespace, pair, backend, log) -> int:
+    from pathlib import Path
+
+    from ..bench.costs import measure_costs, projected_table
+
+    tau, tau_block = args.tau, 16
+    if tau is None:                       # the bundled pair's measured acceptance at block 8
+        from ..bundled import bundled_path
+
+        report = json.loads((bundled_path("stdlib-code") / "train_report.json").read_text())
+        tau, tau_block = report["eval_greedy"]["tau"], report["eval_greedy"]["block_size"]
+    res = measure_costs(pair, backend, blocks=[int(b) for b in args.blocks.split(",")],
+                        contexts=[int(c) for c in args.contexts.split(",")],
+                        batches=[int(b) for b in args.batches.split(",")], tau=tau,
+                        tau_block=tau_block, log=log)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2) if args.json else projected_table(res))
     return 0

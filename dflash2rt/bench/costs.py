@@ -1,0 +1,165 @@
+"""The cost model of speculation on one backend (``dflash2rt bench --costs``):
+
+    speedup(b) = E[L](b) · T_target / (T_draft(b) + T_verify(b))
+
+T_target (a target-only step), T_draft(b) (draft + select) and T_verify(b) (verify + accept +
+commit) are measured per block size b, context length and batch size: a batch of random prompts
+of that length is prefilled once, then each step is run ``reps`` times at that context (a step's
+inputs are never modified, so every repeat sees the same context) between device syncs
+(:func:`profile.synced_phases`), eagerly or replayed as the backend runs it. Beside each
+T_target: the bytes it must move (target weights + the live K/V) and the fraction of the
+memory bandwidth that is, the bandwidth measured in the same run by a device-to-device copy.
+E[L](b) comes from a per-slot acceptance α: given (``tau``: α such that E[L](16) = τ) or from
+the bundled pair's measured τ at block 8; E[L](b) = (1 - α^b) / (1 - α).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..backend import Backend, Fallbacks
+from ..engine import steps
+from ..engine.engine import Engine
+from ..engine.request import Request, SamplingParams
+from ..models.pair import ModelPair
+from .measure import sync
+from .profile import synced_phases
+
+BLOCKS = (1, 2, 4, 8, 16)
+CONTEXTS = (128, 2048, 8192)
+BATCHES = (1, 8)
+
+
+def expected_len(alpha: float, block: int) -> float:
+    """E[committed tokens] of a block-``block`` step with per-slot acceptance ``alpha``."""
+    return float(block) if alpha >= 1 else (1 - alpha ** block) / (1 - alpha)
+
+
+def alpha_for(tau: float, block: int) -> float:
+    """The per-slot acceptance α with expected_len(α, block) = tau (bisection)."""
+    if not 1 <= tau <= block:
+        raise ValueError(f"tau must be in [1, {block}] for block {block}, got {tau}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_len(mid, block) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
+def copy_bandwidth(device: torch.device, mbytes: int = 256, reps: int = 5) -> float:
+    """GB/s of a device-to-device copy (read + write counted), best of ``reps``."""
+    n = mbytes * 2**20 // 4
+    x = torch.ones(n, device=device)
+    y = torch.empty_like(x)
+    best = float("inf")
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        y.copy_(x)
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n * 4 / best / 1e9
+
+
+def _bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def kv_bytes(pair: ModelPair, batch: int, context: int) -> int:
+    a = pair.target.cfg
+    size = torch.empty((), dtype=pair.dtype).element_size()
+    return 2 * a.num_hidden_layers * batch * context * a.num_key_value_heads * a.head_dim * size
+
+
+def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
+               blocks: Sequence[int], reps: int, seed: int = 0) -> dict[int, dict[str, float]]:
+    """block → {"draft", "verify"}: median seconds of each phase of one step (block 1: a
+    target-only step, all in "verify") for ``batch`` random prompts of ``context`` tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = pair.target.cfg.vocab_size
+    prompts = [tuple(torch.randint(0, vocab, (context,), generator=gen).tolist())
+               for _ in range(batch)]
+    reqs = [Request(p, SamplingParams(max_new_tokens=max(blocks) + 1)) for p in prompts]
+    out: dict[int, dict[str, float]] = {}
+    with Engine(pair, backend) as engine, torch.inference_mode(), backend.run_context():
+        steppers, st = engine._start(reqs, True, max(blocks))
+        steps.prefill(pair, st, list(prompts))
+        st.host_lens = [context] * batch
+        for b in blocks:
+            stepper, runs = steppers[b], []
+            for i in range(reps + 1):                               # the first: warm-up
+                clock: dict[str, float] = {"draft": 0.0, "verify": 0.0}
+                clocks: dict[int, Any] = {}
+                with synced_phases(backend.device, clocks):
+                    stepper.step(st, Fallbacks().report, clock).for_host().tolist()
+                if i:
+                    runs.append(clocks[id(clock)][1])
+            out[b] = {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in ("draft", "verify")}
+    return out
+
+
+def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = BLOCKS,
+                  contexts: Sequence[int] = CONTEXTS, batches: Sequence[int] = BATCHES,
+                  tau: float | None = None, tau_block: int = 16, reps: int = 3,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every (batch, context) row: T_target, T_draft / T_verify per block, bytes, bandwidth
+    fraction, projected speedup; contexts the target cannot hold are skipped (and listed)."""
+    if pair.draft is None:
+        raise ValueError("the cost model needs a draft (a target-only pair has no spec step)")
+    blocks = sorted(set(blocks) | {1})
+    bw = copy_bandwidth(backend.device)
+    alpha = alpha_for(tau, tau_block) if tau is not None else None
+    weights = _bytes(pair.target)
+    limit = pair.target.cfg.max_position_embeddings - max(blocks) - 1
+    rows, skipped = [], [c for c in contexts if c > limit]
+    for batch in batches:
+        for context in (c for c in contexts if c <= limit):
+            c = step_costs(pair, backend, batch, context, blocks, reps)
+            t_target = c[1]["verify"]
+            moved = weights + kv_bytes(pair, batch, context)
+            row = {"batch": batch, "context": context, "t_target_s": t_target,
+                   "bytes_per_target_step": moved, "achieved_gbps": moved / t_target / 1e9,
+                   "bandwidth_fraction": moved / t_target / 1e9 / bw,
+                   "blocks": {b: {"t_draft_s": c[b]["draft"], "t_verify_s": c[b]["verify"],
+                                  "step_over_target": (c[b]["draft"] + c[b]["verify"]) / t_target}
+                              for b in blocks if b > 1}}
+            if alpha is not None:
+                row["projected_speedup"] = {
+                    b: expected_len(alpha, b) * t_target / (v["t_draft_s"] + v["t_verify_s"])
+                    for b, v in row["blocks"].items()}
+            rows.append(row)
+            log(f"batch {batch}, context {context}: target step {t_target * 1e3:.2f} ms, "
+                f"{moved / 1e9:.3f} GB moved ({row['bandwidth_fraction']:.0%} of {bw:.1f} GB/s)")
+    return {"backend": backend.name, "device": str(backend.device), "dtype": str(pair.dtype),
+            "copy_bandwidth_gbps": bw, "target_weight_bytes": weights,
+            "draft_weight_bytes": _bytes(pair.draft),
+            "acceptance": None if alpha is None else {
+                "tau": tau, "tau_block": tau_block, "alpha": alpha,
+                "expected_len": {b: expected_len(alpha, b) for b in blocks}},
+            "rows": rows, "skipped_contexts": skipped,
+            "method": "medians of per-phase seconds between device syncs after one warm-up "
+                      "step, at a fixed context (step inputs are never modified)"}
+
+
+def projected_table(res: dict[str, Any]) -> str:
+    """The rows as text: target step, bandwidth fraction, spec step / target step and the
+    projected speedup per block size."""
+    acc = res["acceptance"]
+    head = (f"copy bandwidth {res['copy_bandwidth_gbps']:.1f} GB/s; acceptance: alpha "
+            f"{acc['alpha']:.3f} (tau {acc['tau']:.2f} at block {acc['tau_block']})"
+            if acc else f"copy bandwidth {res['copy_bandwidth_gbps']:.1f} GB/s")
+    lines = [head]
+    for r in res["rows"]:
+        blocks = " ".join(f"b{b}: x{r['projected_speedup'][b]:.2f} ({v['step_over_target']:.2f})"
+                          if "projected_speedup" in r else
+                          f"b{b}: ({v['step_over_target']:.2f})"
+                          for b, v in r["blocks"].items())
+        lines.append(f"batch {r['batch']:>2} context {r['context']:>5}: target step "
+                     f"{r['t_target_s'] * 1e3:8.2f} ms, {r['bandwidth_fraction']:4.0%} of "
+                     f"bandwidth; projected speedup (spec step / target step) {blocks}")
+    if res["skipped_contexts"]:
+        lines.append(f"skipped contexts (beyond the target's positions): {res['skipped_contexts']}")
+    return "\n".join(lines)

@@ -1,0 +1,42 @@
+"""The cost model (``dflash2rt bench --costs``): its arithmetic, and a measured run on a tiny pair."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dflash2rt import get_backend
+from dflash2rt.bench.costs import alpha_for, expected_len, measure_costs, projected_table
+
+from tiny_models import tiny_pair
+
+
+def test_expected_length_and_its_inverse():
+    assert expected_len(0.0, 8) == 1 and expected_len(1.0, 8) == 8
+    assert math.isclose(expected_len(0.5, 3), 1 + 0.5 + 0.25)
+    for tau, block in ((1.0, 16), (4.69, 8), (6.5, 16), (15.9, 16)):
+        assert math.isclose(expected_len(alpha_for(tau, block), block), tau, rel_tol=1e-9)
+    with pytest.raises(ValueError):
+        alpha_for(9.0, 8)
+
+
+def test_measured_costs_give_the_co_design_formula_per_row():
+    pair = tiny_pair("dflash2", block=4)
+    limit = pair.target.cfg.max_position_embeddings
+    res = measure_costs(pair, get_backend("cpu"), blocks=(2, 4), contexts=(8, 16, limit),
+                        batches=(1, 2), tau=3.0, tau_block=4, reps=1, log=lambda m: None)
+    assert res["skipped_contexts"] == [limit]
+    assert [(r["batch"], r["context"]) for r in res["rows"]] == [(1, 8), (1, 16), (2, 8), (2, 16)]
+    alpha = res["acceptance"]["alpha"]
+    for r in res["rows"]:
+        assert r["t_target_s"] > 0 and set(r["blocks"]) == {2, 4}
+        assert r["bytes_per_target_step"] > res["target_weight_bytes"]
+        assert math.isclose(r["bandwidth_fraction"] * res["copy_bandwidth_gbps"],
+                            r["bytes_per_target_step"] / r["t_target_s"] / 1e9)
+        for b, v in r["blocks"].items():
+            assert v["t_draft_s"] > 0 and v["t_verify_s"] > 0
+            assert math.isclose(r["projected_speedup"][b], expected_len(alpha, b)
+                                * r["t_target_s"] / (v["t_draft_s"] + v["t_verify_s"]))
+    assert res["rows"][2]["bytes_per_target_step"] > res["rows"][0]["bytes_per_target_step"]
+    assert "projected speedup" in projected_table(res)
