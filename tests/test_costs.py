@@ -40,3 +40,24 @@ def test_measured_costs_give_the_co_design_formula_per_row():
                                 * r["t_target_s"] / (v["t_draft_s"] + v["t_verify_s"]))
     assert res["rows"][2]["bytes_per_target_step"] > res["rows"][0]["bytes_per_target_step"]
     assert "projected speedup" in projected_table(res)
+
+
+def test_transformers_step_is_the_difference_of_two_generates_and_says_which_cache_ran():
+    from dflash2rt.bench.costs import hf_step
+
+    class FakeHF:
+        def __init__(self, static_ok: bool) -> None:
+            self.static_ok, self.calls = static_ok, []
+
+        def generate(self, prompts, n, **extra):
+            self.calls.append((len(prompts), len(prompts[0]), n, extra.get("cache_implementation")))
+            if extra.get("cache_implementation") == "static" and not self.static_ok:
+                raise ValueError("no static cache here")
+            return [[0] * n for _ in prompts], 0.5 + 0.1 * n
+
+    ok = FakeHF(True)
+    r = hf_step(ok, batch=2, context=5, vocab=11, new=4)
+    assert r["cache"] == "static" and math.isclose(r["t_step_s"], 0.1)
+    assert math.isclose(r["t_prefill_s"], 0.6) and {c[:2] for c in ok.calls} == {(2, 5)}
+    bad = hf_step(FakeHF(False), batch=1, context=3, vocab=11, new=2)
+    assert bad["cache"].startswith("default (static cache failed: ValueError")

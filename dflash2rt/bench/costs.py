@@ -101,12 +101,37 @@ def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
     return out
 
 
+def hf_step(hf: Any, batch: int, context: int, vocab: int, new: int = 8, seed: int = 0
+            ) -> dict[str, Any]:
+    """transformers' target-only decode step at ``context``: (generate 1 + ``new`` tokens -
+    generate 1) / ``new``, each after a warm-up; with a static cache (sdpa) where generate()
+    accepts one, else its default cache — the row says which ran."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (context,), generator=gen).tolist() for _ in range(batch)]
+    for cache in ("static", None):
+        extra = {"cache_implementation": cache} if cache else {}
+        try:
+            times = {}
+            for n in (1, 1 + new):
+                hf.generate(prompts, n, **extra)                     # warm-up
+                times[n] = min(hf.generate(prompts, n, **extra)[1] for _ in range(2))
+        except Exception as exc:  # noqa: BLE001 - reported: the row says the static cache failed
+            if cache is None:
+                raise
+            failed = f"{type(exc).__name__}: {exc}"[:200]
+            continue
+        return {"t_step_s": (times[1 + new] - times[1]) / new, "t_prefill_s": times[1],
+                "cache": cache or f"default (static cache failed: {failed})"}
+    raise AssertionError("unreachable")
+
+
 def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = BLOCKS,
                   contexts: Sequence[int] = CONTEXTS, batches: Sequence[int] = BATCHES,
                   tau: float | None = None, tau_block: int = 16, reps: int = 3,
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
+                  hf: Any = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every (batch, context) row: T_target, T_draft / T_verify per block, bytes, bandwidth
-    fraction, projected speedup; contexts the target cannot hold are skipped (and listed)."""
+    fraction, projected speedup, and with ``hf`` (a ``hf_baseline.HFGreedy`` of the same target)
+    transformers' target-only step; contexts the target cannot hold are skipped (and listed)."""
     if pair.draft is None:
         raise ValueError("the cost model needs a draft (a target-only pair has no spec step)")
     blocks = sorted(set(blocks) | {1})
@@ -126,6 +151,8 @@ def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = 
                    "blocks": {b: {"t_draft_s": c[b]["draft"], "t_verify_s": c[b]["verify"],
                                   "step_over_target": (c[b]["draft"] + c[b]["verify"]) / t_target}
                               for b in blocks if b > 1}}
+            if hf is not None:                  # transformers on the same weights, same shape
+                row["transformers"] = hf_step(hf, batch, context, pair.target.cfg.vocab_size)
             if alpha is not None:
                 row["projected_speedup"] = {
                     b: expected_len(alpha, b) * t_target / (v["t_draft_s"] + v["t_verify_s"])
@@ -157,8 +184,10 @@ def projected_table(res: dict[str, Any]) -> str:
                           if "projected_speedup" in r else
                           f"b{b}: ({v['step_over_target']:.2f})"
                           for b, v in r["blocks"].items())
+        hf = r.get("transformers")
+        peer = f" (transformers {hf['t_step_s'] * 1e3:.2f} ms, {hf['cache']} cache)" if hf else ""
         lines.append(f"batch {r['batch']:>2} context {r['context']:>5}: target step "
-                     f"{r['t_target_s'] * 1e3:8.2f} ms, {r['bandwidth_fraction']:4.0%} of "
+                     f"{r['t_target_s'] * 1e3:8.2f} ms{peer}, {r['bandwidth_fraction']:4.0%} of "
                      f"bandwidth; projected speedup (spec step / target step) {blocks}")
     if res["skipped_contexts"]:
         lines.append(f"skipped contexts (beyond the target's positions): {res['skipped_contexts']}")

@@ -51,9 +51,10 @@ class HFGreedy:
         self.pad = 0
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0
-                 ) -> tuple[list[list[int]], float]:
-        """→ (new token ids per prompt, seconds), exactly ``max_new_tokens`` each."""
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                 **extra: Any) -> tuple[list[list[int]], float]:
+        """→ (new token ids per prompt, seconds), exactly ``max_new_tokens`` each; ``extra``:
+        further ``generate()`` arguments (e.g. ``cache_implementation="static"``)."""
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -61,7 +62,7 @@ class HFGreedy:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        kw = generate_kwargs(max_new_tokens, self.pad, temperature, top_p)
+        kw = {**generate_kwargs(max_new_tokens, self.pad, temperature, top_p), **extra}
         if temperature:
             torch.manual_seed(seed)
         sync(self.device)

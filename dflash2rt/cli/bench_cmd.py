@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     pair = resolve_model(path, backend.device, DTYPES[args.dtype])
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
     if args.costs:
-        return _costs(args, pair, backend, log)
+        return _costs(args, pair, backend, log, path)
     res = run_bench(pair, path, backend, args.max_new_tokens, args.repeats,
                     tuple(int(b) for b in args.blocks.split(",")), args.prompts, not args.no_hf,
                     log, parse_temperatures(args.temperatures))
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _costs(args: argparse.Namespace, pair, backend, log) -> int:
+def _costs(args: argparse.Namespace, pair, backend, log, path) -> int:
     from pathlib import Path
 
     from ..bench.costs import measure_costs, projected_table
@@ -90,10 +90,19 @@ def _costs(args: argparse.Namespace, pair, backend, log) -> int:
 
         report = json.loads((bundled_path("stdlib-code") / "train_report.json").read_text())
         tau, tau_block = report["eval_greedy"]["tau"], report["eval_greedy"]["block_size"]
+    hf = None
+    if not args.no_hf:
+        from ..bench.hf_baseline import HFGreedy, hf_available
+
+        why = hf_available()
+        if why:
+            raise SystemExit(f"--costs compares with transformers, which is unavailable ({why}); "
+                             "pass --no-hf to measure ours alone")
+        hf = HFGreedy(path / "target", pair.dtype, backend.device)
     res = measure_costs(pair, backend, blocks=[int(b) for b in args.blocks.split(",")],
                         contexts=[int(c) for c in args.contexts.split(",")],
                         batches=[int(b) for b in args.batches.split(",")], tau=tau,
-                        tau_block=tau_block, log=log)
+                        tau_block=tau_block, hf=hf, log=log)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2) if args.json else projected_table(res))
