@@ -130,3 +130,18 @@ def test_dtype_auto_is_float32_on_the_cpu_and_the_checkpoints_dtype_elsewhere(qw
         resolve_dtype("auto", tmp_path, "xpu")
     with pytest.raises(InvalidInputError, match="'auto'"):
         resolve_dtype("fp32", t, "cpu")
+
+
+def test_run_reports_load_time_and_peak_rss_next_to_the_checkpoint_size(qwen06, capsys):
+    from dflash2rt.cli import main
+
+    out, _ = qwen06
+    rc = main(["run", "--backend", "cpu", "--model", str(out), "--prompt", "def f(x):",
+               "--max-new-tokens", "2", "--no-spec", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    load = json.loads(captured.out)["load"]
+    files = list((out / "target").glob("*.safetensors")) + list((out / "draft").glob("*.safetensors"))
+    assert load["checkpoint_bytes"] == sum(f.stat().st_size for f in files) > 5 * 10**8
+    assert load["peak_rss_bytes"] >= load["rss_before_bytes"] > 0 and load["seconds"] > 0
+    assert "peak host RSS" in captured.err and "checkpoint files" in captured.err

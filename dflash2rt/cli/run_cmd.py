@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -105,7 +106,13 @@ def run(args: argparse.Namespace) -> int:
     selection = Registry.discover().select(args.backend)
     print(selection.describe(), file=sys.stderr)
     dtype = "auto" if args.dtype == "auto" else DTYPES[args.dtype]
+    load = _LoadWatch()
     pair = resolve_model(_model_arg(args.model), selection.backend.device, dtype)
+    loaded = load.done(pair)
+    print(f"loaded {pair.name} ({str(pair.dtype).replace('torch.', '')}) in "
+          f"{loaded['seconds']:.1f}s: peak host RSS {loaded['peak_rss_bytes'] / 1e9:.2f} GB "
+          f"(before loading {loaded['rss_before_bytes'] / 1e9:.2f} GB), checkpoint files "
+          f"{loaded['checkpoint_bytes'] / 1e9:.2f} GB", file=sys.stderr)
     single = len(prompts) == 1 and not args.json
     progress = _Progress(pair.tokenizer, single, lambda: _shown(pair, prompts[0]),
                          args.stop)
@@ -115,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                   stop=args.stop, dtype=dtype, on_tokens=progress)
     if args.json:
         print(file=sys.stderr)
-        print(json.dumps(res.as_dict(), indent=2))
+        print(json.dumps({**res.as_dict(), "load": loaded}, indent=2))
         return 0
     if progress.stream_text:
         progress.finish(res.texts[0])
@@ -139,3 +146,31 @@ def _shown(pair, prompt: str | list[int]) -> str:
     if isinstance(prompt, str):
         return prompt
     return pair.tokenizer.decode(prompt) if pair.tokenizer is not None else str(prompt)
+
+
+class _LoadWatch:
+    """Seconds and peak host RSS of loading the models (the process's peak, so a model loaded
+    earlier in the process hides this one's), next to the size of the checkpoint files."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.t0, self.rss0 = time.perf_counter(), _peak_rss()
+
+    def done(self, pair) -> dict:
+        import time
+
+        files = []
+        for m in (pair.target, pair.draft):
+            src = getattr(m, "source_dir", None) if m is not None else None
+            if src:
+                files += [f for f in Path(src).glob("*.safetensors")]
+        return {"seconds": time.perf_counter() - self.t0, "rss_before_bytes": self.rss0,
+                "peak_rss_bytes": _peak_rss(),
+                "checkpoint_bytes": sum(f.stat().st_size for f in files)}
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024      # Linux: kB

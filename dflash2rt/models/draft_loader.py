@@ -61,6 +61,7 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32,
     model.load_state_dict(state, strict=True, assign=True)
     model.to(device)
     model.requires_grad_(False)
+    model.source_dir = str(path)  # where its weights came from (load reports)
     return model.eval(), cfg
 
 

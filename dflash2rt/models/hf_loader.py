@@ -148,6 +148,7 @@ def load_target(
         model.tie_weights()
     model.to(device)  # the rope buffer was built on the CPU
     model.requires_grad_(False)
+    model.source_dir = str(path)  # where its weights came from (load reports)
     return model.eval(), cfg
 
 
