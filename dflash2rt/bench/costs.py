@@ -23,6 +23,7 @@ import torch
 from ..backend import Backend, Fallbacks
 from ..engine import steps
 from ..engine.engine import Engine
+from ..engine.memory import cache_bytes
 from ..engine.request import Request, SamplingParams
 from ..models.pair import ModelPair
 from .measure import sync
@@ -69,9 +70,10 @@ def _bytes(module: torch.nn.Module) -> int:
 
 
 def kv_bytes(pair: ModelPair, batch: int, context: int) -> int:
+    """The target's live K/V of ``batch`` requests at ``context`` (what a step reads)."""
     a = pair.target.cfg
-    size = torch.empty((), dtype=pair.dtype).element_size()
-    return 2 * a.num_hidden_layers * batch * context * a.num_key_value_heads * a.head_dim * size
+    return cache_bytes(a.num_hidden_layers, batch, context, a.num_key_value_heads, a.head_dim,
+                       pair.dtype)
 
 
 def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,

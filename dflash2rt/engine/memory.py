@@ -6,10 +6,8 @@ import torch
 
 from ..errors import ResourceError
 from ..models.kv_cache import KVCache
-from ..models.memory import GB, check_fits
+from ..models.memory import check_fits
 from ..models.pair import ModelPair
-
-__all__ = ["GB", "cache_bytes", "check_fits", "make_caches"]
 
 
 def cache_bytes(layers: int, batch: int, rows: int, kv_heads: int, head_dim: int,

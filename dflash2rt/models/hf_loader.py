@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ from dflash2rt.models.memory import check_fits
 from dflash2rt.models.target import TargetModel
 from dflash2rt.models.tokenizer import TextTokenizer, load_tokenizer, read_json_object
 
-__all__ = ["load_target", "load_tokenizer", "read_config", "save_target", "TextTokenizer"]
+__all__ = ["load_target", "load_tokenizer", "read_config", "save_target", "target_tensors",
+           "TextTokenizer"]
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -90,15 +92,24 @@ def _check_names(expected: dict[str, tuple[int, ...]], found: dict[str, Any], cf
             raise CheckpointError(f"missing tensor {name} (a {cfg.model_type} checkpoint must contain it)")
 
 
+def target_tensors(cfg: TargetConfig, tap_layer_ids: Sequence[int] = ()) -> dict[str, tuple[int, ...]]:
+    """Every tensor a target checkpoint stores for ``cfg``, with its shape (no ``lm_head.weight``
+    when the embeddings are tied)."""
+    with torch.device("meta"):
+        return _stored_shapes(TargetModel(cfg, tap_layer_ids), cfg)
+
+
+def _stored_shapes(model: TargetModel, cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        del shapes["lm_head.weight"]
+    return shapes
+
+
 def check_weights_fit(shapes: dict[str, tuple[int, ...]], dtype: torch.dtype,
                       device: torch.device | str, what: str) -> None:
     """ResourceError before anything is read when the weights cannot fit ``device``."""
-    n = 0
-    for shape in shapes.values():
-        k = 1
-        for d in shape:
-            k *= d
-        n += k
+    n = sum(math.prod(shape) for shape in shapes.values())
     check_fits(n * torch.empty((), dtype=dtype).element_size(), device,
                f"{what} ({n / 1e9:.2f}B parameters in {str(dtype).replace('torch.', '')})",
                "the dtype (bfloat16 halves float32) or use a device with more memory")
@@ -117,9 +128,7 @@ def load_target(
     cfg = TargetConfig.from_dict(read_config(path))
     with torch.device("meta"):
         model = TargetModel(cfg, tap_layer_ids)  # no memory for weights until they are loaded
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    if cfg.tie_word_embeddings:
-        del expected["lm_head.weight"]
+    expected = _stored_shapes(model, cfg)
     found = _scan(_tensor_files(path))
     _check_names(expected, found, cfg)
     check_weights_fit(expected, dtype, device, f"the target at {path}")

@@ -11,7 +11,8 @@ from dflash2rt.errors import CheckpointError, InvalidInputError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.draft import DraftModel
 from dflash2rt.models.draft_loader import expected_tensors, load_draft
-from dflash2rt.models.hf_loader import check_weights_fit, load_target, load_tokenizer, read_config
+from dflash2rt.models.hf_loader import (check_weights_fit, load_target, load_tokenizer, read_config,
+                                        target_tensors)
 from dflash2rt.models.target import TargetModel
 from dflash2rt.models.draft_config import DraftConfig
 from dflash2rt.models.tokenizer import TextTokenizer
@@ -101,10 +102,7 @@ def _check_pair_fits(target_dir: str | Path, draft_cfg: DraftConfig | None, taps
                      device: torch.device | str) -> None:
     """ResourceError before any weight is read when target + draft cannot fit ``device``."""
     cfg = TargetConfig.from_dict(read_config(target_dir))
-    with torch.device("meta"):
-        model = TargetModel(cfg, taps)
-    shapes = {f"target.{n}": tuple(t.shape) for n, t in model.state_dict().items()
-              if not (cfg.tie_word_embeddings and n == "lm_head.weight")}
+    shapes = {f"target.{n}": s for n, s in target_tensors(cfg, taps).items()}
     if draft_cfg is not None:
         shapes.update({f"draft.{n}": s for n, s in expected_tensors(draft_cfg).items()})
     check_weights_fit(shapes, dtype, device, f"the models at {target_dir}"

@@ -4,6 +4,7 @@ step costs at scale depend on shapes and layout, not on trained values)."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,11 @@ import torch
 
 from ..models.config import TargetConfig
 from ..models.draft_config import DraftConfig
+from ..models.draft_loader import expected_tensors as draft_tensors
+from ..models.hf_loader import target_tensors
 from .shapes import SHAPES, draft_config, get_shape
 from .tokenizer import write_tokenizer
-from .write import GB, draft_tensors, target_tensors, write_model
+from .write import GB, write_model
 
 __all__ = ["SHAPES", "synthesize"]
 
@@ -39,15 +42,9 @@ def synthesize(name: str, out: str | Path, seed: int = 0, layers: int | None = N
     dfiles = write_model(out / "draft", dcfg_dict, dshapes, seed + 1, dtype, max_shard_bytes)
     size = lambda files: sum(f.stat().st_size for f in files)  # noqa: E731
     return {"shape": name, "out": str(out), "target_layers": shape.num_layers,
-            "target_params": sum(_numel(s) for s in tshapes.values()),
-            "draft_params": sum(_numel(s) for s in dshapes.values()),
+            "target_params": sum(math.prod(s) for s in tshapes.values()),
+            "draft_params": sum(math.prod(s) for s in dshapes.values()),
             "target_bytes": size(tfiles), "draft_bytes": size(dfiles),
             "target_shards": len(tfiles), "draft_shards": len(dfiles),
             "seconds": round(time.perf_counter() - t0, 1)}
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

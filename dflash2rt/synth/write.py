@@ -5,17 +5,14 @@
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..models.config import TargetConfig
-from ..models.draft import DraftModel
-from ..models.draft_config import DraftConfig
 from ..models.hf_loader import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
-from ..models.target import TargetModel
 
 GB = 10**9
 STD = 0.02
@@ -36,9 +33,7 @@ def plan_shards(shapes: dict[str, tuple[int, ...]], itemsize: int, max_bytes: in
     shards: list[list[str]] = [[]]
     size = 0
     for name, shape in shapes.items():
-        n = itemsize
-        for s in shape:
-            n *= s
+        n = itemsize * math.prod(shape)
         if shards[-1] and size + n > max_bytes:
             shards.append([])
             size = 0
@@ -68,22 +63,6 @@ def write_safetensors(out: Path, shapes: dict[str, tuple[int, ...]], seed: int,
         (out / INDEX_FILE).write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
     return files
-
-
-def target_tensors(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a target checkpoint holds (no ``lm_head.weight`` when tied)."""
-    with torch.device("meta"):
-        model = TargetModel(cfg, ())
-    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    if cfg.tie_word_embeddings:
-        del shapes["lm_head.weight"]
-    return shapes
-
-
-def draft_tensors(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        model = DraftModel(cfg)
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
 def write_model(out: Path, config: dict[str, Any], shapes: dict[str, tuple[int, ...]], seed: int,
