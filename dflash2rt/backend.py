@@ -9,12 +9,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from .ops import attention as attention_op
 from .ops import conv, exact32, selector, verify
 from .ops.batch import BlockNoise, SamplingBatch
 
 # What executes an op (Backend.implementation): the words every report uses.
 TRITON_KERNEL, TORCH_OPS, TRITON_INTERPRETER = "triton kernel", "torch ops", "triton interpreter"
-OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise")
+OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise", "attention")
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,12 @@ class Backend(abc.ABC):
                q: torch.Tensor, sampling: SamplingBatch, noise: BlockNoise,
                check: bool = True) -> verify.VerifyOut:
         """Lossless verification (see ``dflash2rt.ops.verify``)."""
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor,
+                  hi: torch.Tensor, scale: float) -> torch.Tensor:
+        """Attention over cache rows: q [R, T, nh, hd], k/v [R, L, n_kv, hd]; row (r, j) sees
+        keys lo[r, j] <= p < hi[r, j] (see ``dflash2rt.ops.attention``). Default: torch SDPA."""
+        return attention_op.attention(q, k, v, lo, hi, scale)
 
     def noise(self, seed: torch.Tensor, request: torch.Tensor, anchor_pos: torch.Tensor,
               gamma: int) -> BlockNoise:

@@ -10,7 +10,6 @@ from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.memory import make_caches
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.errors import InvalidInputError, NonFiniteLogitsError, SamplingParamsError
-from dflash2rt.models.kv_cache import KVCache
 
 from tiny_models import oracle_pair, successor, tiny_pair
 
@@ -27,10 +26,8 @@ def naive_greedy(pair, prompt, n_new):
     t = pair.target
     for _ in range(n_new):
         ids = torch.tensor([seq])
-        cache = KVCache.empty(t.cfg.num_hidden_layers, 1, 1, t.cfg.num_key_value_heads,
-                              t.cfg.head_dim, pair.dtype, "cpu")
-        out = t(ids, torch.arange(len(seq)).view(1, -1), cache, torch.zeros(1, dtype=torch.long),
-                torch.ones_like(ids, dtype=torch.bool), ctx_len=0)
+        out = t.forward_full(ids, torch.arange(len(seq)).view(1, -1),
+                             torch.ones_like(ids, dtype=torch.bool))
         seq.append(int(torch.argmax(out.logits[0, -1])))
     return seq[len(prompt):]
 
@@ -88,7 +85,7 @@ def test_identity_conv_and_zero_successor_equal_dflash1_drafts():
         st = eng._new_state(reqs, *make_caches(v2, eng.backend.device, len(reqs),
                                                eng._max_len(reqs, 6), spec=True))
         with torch.inference_mode():
-            steps.prefill(pair_, st, PROMPTS)
+            steps.prefill(pair_, st, eng.backend, PROMPTS)
             pos = steps.block_positions(st, 6)
             h = steps.draft_block(pair_, st, eng.backend, pos, max(map(len, PROMPTS)))
             noise = eng.backend.noise(st.seed, st.key, st.lens, 5)

@@ -23,7 +23,7 @@ def _two_steps(backend, spec: bool) -> list[StepOut]:
     with torch.inference_mode():
         steppers, st = engine._start(reqs, spec, 4)
         stepper = steppers[4 if spec else 1]
-        steps.prefill(pair, st, [q.prompt_ids for q in reqs])
+        steps.prefill(pair, st, engine.backend, [q.prompt_ids for q in reqs])
         st.host_lens = [len(q.prompt_ids) for q in reqs]
         for _ in range(2):
             res = stepper.step(st, Fallbacks().report, clock)
@@ -116,7 +116,7 @@ def test_target_only_steps_of_an_adaptive_run_defer_the_draft_context_to_a_catch
     engine, pending = Engine(pair, get_backend("cpu")), 3
     with torch.inference_mode():
         steppers, st = engine._start(reqs, True, 4)
-        toks = [steps.prefill(pair, st, [q.prompt_ids for q in reqs]).token.tolist()]
+        toks = [steps.prefill(pair, st, engine.backend, [q.prompt_ids for q in reqs]).token.tolist()]
         st.host_lens = [len(q.prompt_ids) for q in reqs]
         for _ in range(pending):
             res = steppers[1].step(st, Fallbacks().report, {"draft": 0.0, "verify": 0.0})
@@ -126,7 +126,7 @@ def test_target_only_steps_of_an_adaptive_run_defer_the_draft_context_to_a_catch
             toks.append(res.anchor.tolist())
         longer = [q.prompt_ids + tuple(t[i] for t in toks[:-1]) for i, q in enumerate(reqs)]
         _, ref = engine._start(reqs, True, 4)
-        steps.prefill(pair, ref, longer)
+        steps.prefill(pair, ref, engine.backend, longer)
         before = [b.clone() for b in st.draft_storage.k]
         steps.catch_up_draft(pair, st, pending)
     assert st.lens.tolist() == [len(p) for p in longer]

@@ -61,15 +61,23 @@ def _prefill(model: TargetModel, prompts: list[list[int]]):
     ids = torch.zeros(r, t, dtype=torch.int64)
     for i, p in enumerate(prompts):
         ids[i, : len(p)] = torch.tensor(p)
-    counts = torch.tensor([len(p) for p in prompts])
-    valid = torch.arange(t)[None, :] < counts[:, None]  # [R, T] right padding
+    counts = torch.tensor([len(p) for p in prompts])  # right padding past each prompt
     cache = KVCache.empty(model.cfg.num_hidden_layers, r, MAX_LEN, model.cfg.num_key_value_heads,
                           model.cfg.head_dim, F64, "cpu")
     lens = torch.zeros(r, dtype=torch.int64)
     positions = torch.arange(t).expand(r, t).contiguous()
-    out = model(ids, positions, cache, lens, valid)
-    cache.commit(out.new_kv, lens, counts)
+    out = model(ids, positions, cache, lens)         # writes every row's K/V; commit = new lens
     return out, cache, lens + counts
+
+
+def _scribble_past(cache: KVCache, lens: torch.Tensor, seed: int) -> None:
+    """Large finite garbage in every cache row at or past a request's length: rows there are
+    scratch (padding, rejected drafts) and must never be read."""
+    g = torch.Generator().manual_seed(seed)
+    for buf in (*cache.k, *cache.v):
+        past = torch.arange(buf.shape[1])[None, :] >= lens[:, None]          # [R, max_len]
+        junk = torch.randn(buf.shape, generator=g, dtype=buf.dtype) * 1e3
+        buf.copy_(torch.where(past[..., None, None], junk, buf))
 
 
 @torch.no_grad()
@@ -105,8 +113,7 @@ def test_logits_at_gives_exactly_the_selected_rows(pair):
     cache = KVCache.empty(model.cfg.num_hidden_layers, r, MAX_LEN, model.cfg.num_key_value_heads,
                           model.cfg.head_dim, F64, "cpu")
     out = model(ids, torch.arange(t).expand(r, t).contiguous(), cache,
-                torch.zeros(r, dtype=torch.int64), torch.arange(t)[None, :] < counts[:, None],
-                logits_at=counts - 1)
+                torch.zeros(r, dtype=torch.int64), logits_at=counts - 1)
     assert out.logits.shape == (r, 1, model.cfg.vocab_size)
     for i, n in enumerate(counts.tolist()):
         torch.testing.assert_close(out.logits[i, 0], full.logits[i, n - 1], rtol=0, atol=1e-12)
@@ -114,16 +121,16 @@ def test_logits_at_gives_exactly_the_selected_rows(pair):
 
 
 @torch.no_grad()
-def test_invalid_rows_before_valid_ones_are_invisible(pair):
-    """Left padding: `valid`, not causality, must hide the padded rows."""
+def test_full_forward_hides_invalid_rows_before_valid_ones(pair):
+    """The cache-free forward (training): left padding — `valid`, not causality, must hide the
+    padded rows; the result equals HF on the unpadded prompt."""
     model, hf, cfg = pair
     prompt = _prompts()[0]
     pad, n = 4, len(prompt)
     ids = torch.tensor([[0] * pad + prompt])  # [1, pad + n]
     valid = torch.arange(pad + n)[None, :] >= pad
     positions = (torch.arange(pad + n) - pad).clamp(min=0)[None, :]
-    cache = KVCache.empty(cfg.num_hidden_layers, 1, MAX_LEN, cfg.num_key_value_heads, cfg.head_dim, F64, "cpu")
-    out = model(ids, positions, cache, torch.zeros(1, dtype=torch.int64), valid)
+    out = model.forward_full(ids, positions, valid)
     logits, hidden = hf_run(hf, prompt)
     _close(out.logits[0, pad:], logits, "left-padded prompt")
     _check_taps(model, out.taps[0, pad:], hidden, "left-padded prompt")
@@ -138,13 +145,13 @@ def test_decode_one_token_at_a_time(pair):
     for step in range(4):
         tok = torch.randint(0, 97, (len(seqs), 1), generator=g)  # [R, 1]
         ctx = max(map(len, seqs)) if step % 2 else None  # a host bound on lens must not change results
-        out = model(tok, lens[:, None], cache, lens, torch.ones_like(tok, dtype=torch.bool), ctx_len=ctx)
+        _scribble_past(cache, lens, step)
+        out = model(tok, lens[:, None], cache, lens, ctx_len=ctx)
         for r in range(len(seqs)):
             seqs[r].append(int(tok[r, 0]))
             logits, hidden = hf_run(hf, seqs[r])
             _close(out.logits[r], logits[-1:], f"decode step {step} request {r}")
             _check_taps(model, out.taps[r], tuple(h[-1:] for h in hidden), f"decode step {step} request {r}")
-        cache.commit(out.new_kv, lens, torch.ones_like(lens))
         lens = lens + 1
 
 
@@ -157,18 +164,18 @@ def test_block_verify_then_partial_commit(pair):
     t = 5
     block = torch.randint(0, 97, (len(seqs), t), generator=g)  # [R, T]
     valid = torch.arange(t)[None, :] < torch.tensor([[5], [3], [5]])  # request 1 padded after 3 rows
-    out = model(block, lens[:, None] + torch.arange(t), cache, lens, valid)
+    out = model(block, lens[:, None] + torch.arange(t), cache, lens)
     for r, seq in enumerate(seqs):
         n = int(valid[r].sum())
         logits, hidden = hf_run(hf, seq + block[r, :n].tolist())
         _close(out.logits[r, :n], logits[-n:], f"verify request {r}")
         _check_taps(model, out.taps[r, :n], tuple(h[-n:] for h in hidden), f"verify request {r}")
-    # Accept 2, 3 and 0 rows: the rejected rows must leave no trace in the next forward.
+    # Accept 2, 3 and 0 rows (committing is advancing the lengths): the rejected rows' K/V stay
+    # in the cache past the new lengths and must leave no trace in the next forward.
     counts = torch.tensor([2, 3, 0])
-    cache.commit(out.new_kv, lens, counts)
     lens = lens + counts
     nxt = torch.randint(0, 97, (len(seqs), 1), generator=g)
-    out = model(nxt, lens[:, None], cache, lens, torch.ones_like(nxt, dtype=torch.bool))
+    out = model(nxt, lens[:, None], cache, lens)
     for r, seq in enumerate(seqs):
         logits, _ = hf_run(hf, seq + block[r, : int(counts[r])].tolist() + [int(nxt[r, 0])])
         _close(out.logits[r], logits[-1:], f"after partial commit request {r}")
@@ -186,13 +193,13 @@ def test_float32_follows_unpatched_hf(checkpoint):
     ids = torch.tensor([_prompts()[0] * 3])  # [1, 21]
     cache = KVCache.empty(cfg.num_hidden_layers, 1, MAX_LEN, cfg.num_key_value_heads, cfg.head_dim,
                           torch.float32, "cpu")
-    out = model(ids, torch.arange(ids.shape[1])[None], cache, torch.zeros(1, dtype=torch.int64), ids >= 0)
+    out = model(ids, torch.arange(ids.shape[1])[None], cache, torch.zeros(1, dtype=torch.int64))
     err = (out.logits - hf(input_ids=ids).logits).abs().max().item()
     assert err <= 1e-5, f"float32 logits differ from HF eager by {err:.3e}"
 
 
 @torch.no_grad()
-def test_forward_and_commit_never_read_tensor_values_on_host(pair, monkeypatch):
+def test_forward_never_reads_tensor_values_on_host(pair, monkeypatch):
     """No .item()/.tolist()/bool()/int() on tensors: the hot path must not sync device -> host."""
     model, _, _ = pair
     prompts = _prompts()
@@ -207,5 +214,5 @@ def test_forward_and_commit_never_read_tensor_values_on_host(pair, monkeypatch):
 
     for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, sync)
-    out = model(ids, lens[:, None] + torch.arange(5), cache, lens, ids == 0)
-    cache.commit(out.new_kv, lens, torch.tensor([1, 5, 2]))
+    model(ids, lens[:, None] + torch.arange(5), cache, lens)
+    model(ids, lens[:, None] + torch.arange(5), cache, lens, ctx_len=9)

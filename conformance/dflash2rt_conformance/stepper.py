@@ -25,7 +25,7 @@ def run_step(pair: ModelPair, backend, prompt: tuple[int, ...], seed: int, key: 
         pair.draft.empty_cache(1, max_len, pair.dtype, dev), i64([0]), i64([0]), i64([seed]),
         i64([key]), SamplingBatch.build([temperature], [top_k], [top_p], dev), [0], [0])
     with torch.inference_mode():
-        first = steps.prefill(pair, st, [prompt])
+        first = steps.prefill(pair, st, backend, [prompt])
         pos = steps.block_positions(st, block)
         h_e = steps.draft_block(pair, st, backend, pos, n)
         noise = backend.noise(st.seed, st.key, st.lens, block - 1)

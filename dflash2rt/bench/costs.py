@@ -88,7 +88,7 @@ def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
     out: dict[int, dict[str, float]] = {}
     with Engine(pair, backend) as engine, torch.inference_mode(), backend.run_context():
         steppers, st = engine._start(reqs, True, max(blocks))
-        steps.prefill(pair, st, list(prompts))
+        steps.prefill(pair, st, backend, list(prompts))
         st.host_lens = [context] * batch
         for b in blocks:
             stepper, runs = steppers[b], []

@@ -142,7 +142,7 @@ class Engine:
         with torch.inference_mode(), self.backend.run_context():
             steppers, st = self._start(requests, spec, block)
             try:
-                first = steps.prefill(pair, st, [q.prompt_ids for q in requests])
+                first = steps.prefill(pair, st, self.backend, [q.prompt_ids for q in requests])
                 host = torch.stack([first.token, pack_flags(first.bad)], 1).tolist()  # prefill's
                 raise_flags([h[1] for h in host], st.rows)
                 for i, (tok, _) in enumerate(host):

@@ -133,7 +133,7 @@ class StepBodies:
     def target_only(self, inp: Tensors, sampled: bool, ctx_len: int | None) -> Tensors:
         """One target token per row: forward → sample → commit KV; the StepOut fields."""
         st = self._state(inp, sampled)
-        token, bad, out, pos = steps.target_only_forward(self.pair, st, ctx_len)   # [R], [R]
+        token, bad, out, pos = steps.target_only_forward(self.pair, st, self.backend, ctx_len)   # [R], [R]
         count = torch.where(inp["live"], 1, 0)                           # padded rows: inert
         steps.commit_kv(self.pair, st, out, pos, count, defer_draft=True)  # draft: side buffer
         return {"accept_len": torch.zeros_like(token), "tokens": token.view(-1, 1),

@@ -27,8 +27,10 @@ class Prefilled:
     bad: torch.Tensor     # [R] bool
 
 
-def prefill(pair: ModelPair, st: BatchState, prompts: list[tuple[int, ...]]) -> Prefilled:
-    """Run the prompts through the target, commit their KV (and draft context), sample token 1."""
+def prefill(pair: ModelPair, st: BatchState, backend: Backend, prompts: list[tuple[int, ...]]
+            ) -> Prefilled:
+    """Run the prompts through the target (it writes their K/V), commit the draft context,
+    sample token 1."""
     dev = st.lens.device
     r, t = len(prompts), max(len(p) for p in prompts)
     ids = torch.zeros(r, t, dtype=torch.int64)
@@ -37,9 +39,8 @@ def prefill(pair: ModelPair, st: BatchState, prompts: list[tuple[int, ...]]) -> 
     ids = ids.to(dev)                                                    # [R, T] right-padded
     n = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)
     pos = torch.arange(t, device=dev).expand(r, t)                       # [R, T]
-    valid = pos < n.view(r, 1)
-    out = pair.target(ids, pos, st.target_cache, st.lens, valid, ctx_len=0, logits_at=n - 1)
-    st.target_cache.commit(out.new_kv, st.lens, n)
+    out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=0, logits_at=n - 1,
+                      attn=backend.attention)                           # writes the target K/V
     if st.draft_cache is not None:
         st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, n)
     last = out.logits[:, 0]                                              # row n - 1 only
@@ -93,20 +94,21 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
                  ) -> tuple[TargetOutput, VerifyOut]:
     """Target forward over [anchor, d_1..d_γ] (causal), then lossless acceptance."""
     ids = torch.cat([st.anchor.view(-1, 1), sel.draft], dim=1)           # [R, B]
-    valid = torch.ones_like(ids, dtype=torch.bool)
-    out = pair.target(ids, pos, st.target_cache, st.lens, valid, ctx_len=ctx_len)
+    out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=ctx_len,
+                      attn=backend.attention)                           # writes all B rows' K/V
     return out, backend.verify(out.logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
                                check=False)
 
 
 def commit_kv(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor,
               count: torch.Tensor, defer_draft: bool = False) -> None:
-    """Write target KV and draft context KV of the first ``count`` rows at ``st.lens``.
+    """Write the draft context KV of the first ``count`` rows at ``st.lens`` (the target's
+    forward wrote its own K/V of every row; the rows past ``count`` lie past the new length:
+    scratch that the next step overwrites before anything reads it).
     ``defer_draft``: keep only the draft's context hidden (its side buffer); the K/V projection
     waits for ``catch_up_draft`` before the next speculative step (target-only steps of an
     adaptive run: most of them are followed by more target-only steps).
     Idempotent for the same inputs (graph warm-up runs the step more than once)."""
-    st.target_cache.commit(out.new_kv, st.lens, count)
     if st.draft_cache is None:
         return
     ctx = pair.draft.context_hidden(out.taps)                              # [R, T, H]
@@ -128,13 +130,14 @@ def catch_up_draft(pair: ModelPair, st: BatchState, pending: int) -> None:
                           torch.full_like(start, pending))
 
 
-def target_only_forward(pair: ModelPair, st: BatchState, ctx_len: int | None):
-    """One target row per request at position n and the sampled token n+1 (nothing written)
+def target_only_forward(pair: ModelPair, st: BatchState, backend: Backend,
+                        ctx_len: int | None):
+    """One target row per request at position n (its K/V written) and the sampled token n+1
     → (token [R], bad [R], target output, positions [R, 1])."""
     pos = st.lens.view(-1, 1)
     ids = st.anchor.view(-1, 1)
-    out = pair.target(ids, pos, st.target_cache, st.lens, torch.ones_like(ids, dtype=torch.bool),
-                      ctx_len=ctx_len)
+    out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=ctx_len,
+                      attn=backend.attention)
     u = uniforms(st.seed, st.key, st.lens + 1, Stream.BONUS)              # decides position n+1
     token, bad = sample_next(out.logits[:, 0], st.sampling, u)
     return token, bad, out, pos

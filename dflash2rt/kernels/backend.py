@@ -40,7 +40,8 @@ class KernelBackend(TorchOpsBackend):
         """The conv, the selector walk and verification are kernels (top-K and logit processing
         inside ``select`` / ``verify`` stay torch); the noise is drawn by torch ops."""
         return {"conv_prepare": built_as(conv), "conv_finish": built_as(conv),
-                "select": built_as(selector), "verify": built_as(verify), "noise": TORCH_OPS}
+                "select": built_as(selector), "verify": built_as(verify), "noise": TORCH_OPS,
+                "attention": TORCH_OPS}
 
     def conv_prepare(self, x, base, delta, block_size):
         return conv.conv_prepare(x, base, delta, block_size, self.tuning)

@@ -59,8 +59,9 @@ class DraftLayer(nn.Module):
         out = backend.conv_finish(h.reshape(r * b, hid), a, conv.base_kernel[1], delta[:, 1], block)
         return out.view(r, b, hid)
 
-    def forward(self, h, cos, sin, ctx_k, ctx_v, mask, backend: Backend, block: int):
-        attn = lambda x: self.self_attn(x, cos, sin, ctx_k, ctx_v, mask)[0]  # noqa: E731
+    def forward(self, h, attend, backend: Backend, block: int):
+        """``attend(self_attn, x)`` → the attention of the normed (conv-prepared) rows x."""
+        attn = lambda x: attend(self.self_attn, x)  # noqa: E731
         h = self._sublayer(h, self.input_layernorm, self.attention_conv, attn, backend, block)
         return self._sublayer(h, self.post_attention_layernorm, self.mlp_conv, self.mlp,
                               backend, block)
@@ -118,19 +119,21 @@ class DraftModel(nn.Module):
 
     def forward(self, block_emb: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 lens: torch.Tensor, backend: Backend, ctx_len: int | None = None) -> torch.Tensor:
-        """block_emb [R, B, H] at positions [R, B]; context rows [0, lens[r]) → hidden [R, B, H]."""
+        """block_emb [R, B, H] at positions [R, B] (lens[r] + i); context rows [0, lens[r]) →
+        hidden [R, B, H]. The block rows' K/V are written into the cache at their positions
+        first (scratch past the context: the commit after verification overwrites them) and
+        every row attends to its context window and the whole block (``backend.attention``)."""
         r, b, _ = block_emb.shape
-        ctx = cache.max_len if ctx_len is None else ctx_len
+        n_keys = cache.max_len if ctx_len is None else min(ctx_len + b, cache.max_len)
         h = block_emb * self.cfg.input_embedding_scale
         cos, sin = self.rope(positions, h.dtype)
-        kpos = torch.arange(ctx, device=lens.device)
-        past = kpos.view(1, 1, ctx) < lens.view(r, 1, 1)                      # [R, 1, ctx]
+        start = lens.view(r, 1)
+        hi = (start + b).expand(r, b)                                         # the whole block
         for i, layer in enumerate(self.layers):
             window = self.cfg.sliding_windows[i]
-            seen = past
-            if window is not None:
-                seen = past & (positions.unsqueeze(-1) - kpos.view(1, 1, ctx) < window)
-            mask = torch.cat([seen.expand(r, b, ctx),
-                              torch.ones(r, b, b, dtype=torch.bool, device=h.device)], dim=-1)
-            h = layer(h, cos, sin, cache.k[i][:, :ctx], cache.v[i][:, :ctx], mask, backend, b)
+            lo = torch.zeros_like(positions) if window is None \
+                else torch.minimum((positions - window + 1).clamp(min=0), start)  # [R, B]
+            attend = (lambda a, x, i=i, lo=lo: a.forward_cached(
+                x, cos, sin, cache.k[i], cache.v[i], positions, lo, hi, n_keys, backend.attention))
+            h = layer(h, attend, backend, b)
         return self.norm(h)

@@ -8,6 +8,7 @@ from torch import nn
 
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.models.rope import apply_rotary
+from dflash2rt.ops.attention import AttentionFn, attend, attention, write_rows
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -43,37 +44,6 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """[R, T, n_kv, hd] -> [R, T, n_kv * n_rep, hd]; query head h reads kv head h // n_rep (HF order)."""
-    if n_rep == 1:
-        return x
-    r, t, n_kv, hd = x.shape
-    return x[:, :, :, None, :].expand(r, t, n_kv, n_rep, hd).reshape(r, t, n_kv * n_rep, hd)
-
-
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None
-) -> torch.Tensor:
-    """softmax(q k^T * scale) v over keys where mask is True.
-
-    q [R, Tq, nh, hd], k/v [R, Tk, n_kv, hd] (nh a multiple of n_kv), mask bool broadcastable to
-    [R, Tq, Tk]. Matmuls run in the input dtype, the softmax in `compute_dtype`. A query row whose mask
-    is all False gets a finite (uniform) average instead of NaN, so it cannot poison other rows.
-    Returns [R, Tq, nh, hd].
-    """
-    nh, n_kv = q.shape[2], k.shape[2]
-    if nh % n_kv or k.shape != v.shape or q.shape[-1] != k.shape[-1]:
-        raise InvalidInputError(f"attend: incompatible q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if mask.dtype != torch.bool:
-        raise InvalidInputError(f"attend: mask must be bool, got {mask.dtype}")
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    k, v = repeat_kv(k, nh // n_kv), repeat_kv(v, nh // n_kv)  # [R, Tk, nh, hd]
-    scores = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1)) * scale  # [R, nh, Tq, Tk]
-    scores = scores.masked_fill(~mask.unsqueeze(-3), torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=compute_dtype(scores.dtype)).to(q.dtype)  # [R, nh, Tq, Tk]
-    return torch.matmul(probs, v.transpose(1, 2)).transpose(1, 2)  # [R, Tq, nh, hd]
 
 
 class Attention(nn.Module):
@@ -118,7 +88,8 @@ class Attention(nn.Module):
         past_v: torch.Tensor,
         mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Attend the T new rows to [past ; new] keys under `mask` [R, T, P + T].
+        """Attend the T new rows to [past ; new] keys under `mask` [R, T, P + T] (training and
+        references: any mask; the runtime uses ``forward_cached``).
 
         Returns (output [R, T, H], new keys, new values [R, T, n_kv, hd]).
         """
@@ -128,3 +99,27 @@ class Attention(nn.Module):
         values = torch.cat((past_v, v), dim=1)  # [R, P + T, n_kv, hd]
         out = attend(q, keys, values, mask, self.scale)  # [R, T, nh, hd]
         return self.o_proj(out.flatten(-2)), k, v
+
+    def forward_cached(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        write_pos: torch.Tensor,
+        lo: torch.Tensor,
+        hi: torch.Tensor,
+        n_keys: int,
+        attn: AttentionFn = attention,
+    ) -> torch.Tensor:
+        """Write the T new rows' K/V into the cache buffers [R, max_len, n_kv, hd] at
+        ``write_pos`` [R, T], then attend over the cache's first ``n_keys`` rows: row (r, j)
+        sees keys lo[r, j] <= p < hi[r, j] (no copy of the context, GQA inside ``attn``).
+        → output [R, T, H]."""
+        q = self.project_q(x, cos, sin)  # [R, T, nh, hd]
+        k, v = self.project_kv(x, cos, sin)  # [R, T, n_kv, hd]
+        write_rows(cache_k, k, write_pos)
+        write_rows(cache_v, v, write_pos)
+        out = attn(q, cache_k[:, :n_keys], cache_v[:, :n_keys], lo, hi, self.scale)
+        return self.o_proj(out.flatten(-2))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,15 +13,15 @@ from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.kv_cache import KVCache
 from dflash2rt.models.layers import Attention, RMSNorm, SwiGLU
 from dflash2rt.models.rope import inv_freq, rope_cos_sin
+from dflash2rt.ops.attention import AttentionFn, attention
 
 
 @dataclass(frozen=True)
 class TargetOutput:
-    """What one target forward returns; nothing is written to the cache."""
+    """What one target forward returns (the cached forward has written its K/V rows)."""
 
-    logits: torch.Tensor  # [R, T, V]
+    logits: torch.Tensor  # [R, T, V] (or [R, 1, V] with logits_at)
     taps: torch.Tensor  # [R, T, n_taps, H]: output of decoder layer tap_layer_ids[i]
-    new_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer: k (rotated), v [R, T, n_kv, hd]
 
 
 class DecoderLayer(nn.Module):
@@ -37,19 +37,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
-    def forward(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        past_k: torch.Tensor,
-        past_v: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        a, k, v = self.self_attn(self.input_layernorm(h), cos, sin, past_k, past_v, mask)
-        h = h + a  # [R, T, H]
-        h = h + self.mlp(self.post_attention_layernorm(h))
-        return h, k, v
+    def forward(self, h: torch.Tensor, attend: Callable[[Attention, torch.Tensor], torch.Tensor]
+                ) -> torch.Tensor:
+        """``attend(self_attn, normed h)`` → the attention sublayer's output [R, T, H]."""
+        h = h + attend(self.self_attn, self.input_layernorm(h))  # [R, T, H]
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class _Backbone(nn.Module):
@@ -62,17 +54,12 @@ class _Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-def attention_mask(lens: torch.Tensor, valid: torch.Tensor, ctx_len: int) -> torch.Tensor:
-    """Bool [R, T, ctx_len + T]: cache rows [0, lens[r]) plus new rows j' <= j that are valid (and j itself).
-
-    Letting every row see itself keeps padded rows finite; valid rows never see padded ones.
-    """
-    r, t = valid.shape
-    past = torch.arange(ctx_len, device=lens.device) < lens[:, None]  # [R, ctx]
+def causal_mask(valid: torch.Tensor) -> torch.Tensor:
+    """Bool [R, T, T]: row j sees valid rows j' <= j, and itself (padded rows stay finite)."""
+    t = valid.shape[1]
     j = torch.arange(t, device=valid.device)
     causal = j[None, :] <= j[:, None]  # [T, T]
-    new = causal & (valid[:, None, :] | (j[None, :] == j[:, None]))  # [R, T, T]
-    return torch.cat((past[:, None, :].expand(r, t, ctx_len), new), dim=-1)  # [R, T, ctx + T]
+    return causal & (valid[:, None, :] | (j[None, :] == j[:, None]))  # [R, T, T]
 
 
 class TargetModel(nn.Module):
@@ -122,28 +109,51 @@ class TargetModel(nn.Module):
         positions: torch.Tensor,
         cache: KVCache,
         lens: torch.Tensor,
-        valid: torch.Tensor,
         ctx_len: int | None = None,
         logits_at: torch.Tensor | None = None,
+        attn: AttentionFn = attention,
     ) -> TargetOutput:
-        """Run T new rows per request against cache rows [0, lens[r]); the cache is not written.
+        """Run T new rows per request at positions lens[r] + t; each writes its K/V into the
+        cache at its position first, then attends (causally) over the cache: rows
+        [0, lens[r]) and the new rows up to itself.
 
-        input_ids, positions [R, T] int64; lens [R] int64; valid [R, T] bool (padded rows may give
-        garbage but never affect valid rows). `ctx_len` (host int, default cache.max_len) bounds the
-        cache rows read: pass it only when every lens[r] <= ctx_len. `logits_at` [R] int64 (row
-        index per request) computes the logits of that row only: [R, 1, V] (prefill needs the
-        last prompt row alone). No device->host sync.
+        input_ids, positions [R, T] int64 (positions[r, t] = lens[r] + t < cache.max_len);
+        lens [R] int64. Rows past a request's real ones (right padding) give garbage that no
+        earlier row reads; what they write lies past the request's length (scratch, as are
+        rejected rows: committing is advancing ``lens``). `ctx_len` (host int, default
+        cache.max_len - T) bounds the cache rows read before the new ones: pass it only when
+        every lens[r] <= ctx_len. `logits_at` [R] int64 (row index per request) computes the
+        logits of that row only: [R, 1, V] (prefill needs the last prompt row alone). ``attn``:
+        the attention op (a backend's ``attention``). No device->host sync.
         """
-        self._check(input_ids, positions, cache, lens, valid, ctx_len)
-        ctx = cache.max_len if ctx_len is None else ctx_len
+        self._check(input_ids, positions, cache, lens, ctx_len)
+        t = input_ids.shape[1]
+        n_keys = cache.max_len if ctx_len is None else min(ctx_len + t, cache.max_len)
         h = self.embed(input_ids)  # [R, T, H]
         cos, sin = self.rope(positions, h.dtype)  # [R, T, hd]
-        mask = attention_mask(lens, valid, ctx)  # [R, T, ctx + T]
+        lo, hi = torch.zeros_like(positions), positions + 1  # [R, T]: keys [0, pos]
+
+        def layer_attend(i: int):
+            return lambda a, x: a.forward_cached(x, cos, sin, cache.k[i], cache.v[i], positions,
+                                                 lo, hi, n_keys, attn)
+
+        return self._run(h, layer_attend, logits_at)
+
+    def forward_full(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor
+                     ) -> TargetOutput:
+        """A causal forward of whole sequences without a cache (training, references):
+        input_ids, positions [R, T]; valid [R, T] bool (invalid rows: garbage, never read)."""
+        h = self.embed(input_ids)  # [R, T, H]
+        cos, sin = self.rope(positions, h.dtype)
+        mask = causal_mask(valid)  # [R, T, T]
+        none = h.new_zeros(h.shape[0], 0, self.cfg.num_key_value_heads, self.cfg.head_dim)
+        return self._run(h, lambda i: lambda a, x: a(x, cos, sin, none, none, mask)[0], None)
+
+    def _run(self, h: torch.Tensor, layer_attend, logits_at: torch.Tensor | None) -> TargetOutput:
+        """The decoder stack, taps and LM head; ``layer_attend(i)`` is layer i's attention."""
         taps: dict[int, torch.Tensor] = {}
-        new_kv = []
         for i, layer in enumerate(self.model.layers):
-            h, k, v = layer(h, cos, sin, cache.k[i][:, :ctx], cache.v[i][:, :ctx], mask)
-            new_kv.append((k, v))
+            h = layer(h, layer_attend(i))
             if i in self.tap_layer_ids:
                 taps[i] = h
         last = h
@@ -154,7 +164,7 @@ class TargetModel(nn.Module):
             tapped = torch.stack([taps[i] for i in self.tap_layer_ids], dim=2)  # [R, T, n_taps, H]
         else:
             tapped = h.new_zeros(*h.shape[:2], 0, h.shape[-1])
-        return TargetOutput(logits=logits, taps=tapped, new_kv=tuple(new_kv))
+        return TargetOutput(logits=logits, taps=tapped)
 
     def _check(
         self,
@@ -162,7 +172,6 @@ class TargetModel(nn.Module):
         positions: torch.Tensor,
         cache: KVCache,
         lens: torch.Tensor,
-        valid: torch.Tensor,
         ctx_len: int | None,
     ) -> None:
         """Host-side checks of shapes and dtypes only (no tensor values are read)."""
@@ -173,8 +182,6 @@ class TargetModel(nn.Module):
             raise InvalidInputError(
                 f"positions must be [{r}, {t}] int64, got {tuple(positions.shape)} {positions.dtype}"
             )
-        if valid.shape != (r, t) or valid.dtype != torch.bool:
-            raise InvalidInputError(f"valid must be [{r}, {t}] bool, got {tuple(valid.shape)} {valid.dtype}")
         if lens.shape != (r,) or lens.dtype != torch.int64:
             raise InvalidInputError(f"lens must be [{r}] int64, got {tuple(lens.shape)} {lens.dtype}")
         if cache.num_layers != self.cfg.num_hidden_layers or cache.batch_size != r:
@@ -186,5 +193,7 @@ class TargetModel(nn.Module):
             raise InvalidInputError(f"cache heads {tuple(cache.k[0].shape[2:])} do not match the model")
         if cache.dtype != self.lm_head.weight.dtype:
             raise InvalidInputError(f"cache dtype {cache.dtype} differs from the model's {self.lm_head.weight.dtype}")
+        if t > cache.max_len:
+            raise InvalidInputError(f"{t} new rows exceed the cache's max_len {cache.max_len}")
         if ctx_len is not None and not 0 <= ctx_len <= cache.max_len:
             raise InvalidInputError(f"ctx_len {ctx_len} must be in [0, {cache.max_len}]")

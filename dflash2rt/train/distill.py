@@ -105,7 +105,7 @@ def draft_hidden(draft: DraftModel, target: TargetModel, batch: Batch, backend: 
     cos, sin = draft.rope(pos, h.dtype)
     mask = block_mask(batch.anchors, lctx, b)
     for layer, (k, v) in zip(draft.layers, ctx_kv):
-        h = layer(h, cos, sin, k, v, mask, backend, b)
+        h = layer(h, lambda a, x, k=k, v=v: a(x, cos, sin, k, v, mask)[0], backend, b)
     return draft.norm(h).view(r, n, b, -1)
 
 

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from ..models.config import TargetConfig
-from ..models.kv_cache import KVCache
 from ..models.target import TargetModel
 from .progress import Progress
 
@@ -73,12 +72,8 @@ def sample_windows(stream: torch.Tensor, batch: int, length: int, gen: torch.Gen
 def lm_logits(model: TargetModel, ids: torch.Tensor) -> torch.Tensor:
     """Full-sequence causal forward (no cache) with grads: ids [R, T] → logits [R, T, V]."""
     r, t = ids.shape
-    a = model.cfg
-    cache = KVCache.empty(a.num_hidden_layers, r, 1, a.num_key_value_heads, a.head_dim,
-                          model.lm_head.weight.dtype, ids.device)
-    pos = torch.arange(t).expand(r, t)
-    valid = torch.ones(r, t, dtype=torch.bool)
-    return model(ids, pos, cache, torch.zeros(r, dtype=torch.int64), valid, ctx_len=0).logits
+    pos = torch.arange(t, device=ids.device).expand(r, t)
+    return model.forward_full(ids, pos, torch.ones(r, t, dtype=torch.bool, device=ids.device)).logits
 
 
 def lm_taps(model: TargetModel, seqs: list[list[int]]) -> torch.Tensor:
@@ -94,13 +89,9 @@ def lm_forward(model: TargetModel, seqs: list[list[int]]):
     ids = torch.zeros(r, t, dtype=torch.int64)
     for i, s in enumerate(seqs):
         ids[i, :len(s)] = torch.tensor(s)
-    a = model.cfg
-    cache = KVCache.empty(a.num_hidden_layers, r, 1, a.num_key_value_heads, a.head_dim,
-                          model.lm_head.weight.dtype, dev)
     valid = torch.arange(t).expand(r, t) < torch.tensor([len(s) for s in seqs]).view(r, 1)
     pos = torch.arange(t).expand(r, t)
-    return model(ids.to(dev), pos.to(dev), cache, torch.zeros(r, dtype=torch.int64, device=dev),
-                 valid.to(dev), ctx_len=0)
+    return model.forward_full(ids.to(dev), pos.to(dev), valid.to(dev))
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
