@@ -126,28 +126,30 @@ class Backend(abc.ABC):
 
     def prepare_models(self, modules: list[torch.nn.Module], fallbacks: Fallbacks
                        ) -> str | None:
-        """Run ``model_pass`` once per module (the Engine calls this); a failure is reported to
-        ``fallbacks`` (again by every later caller for the same modules) and leaves the
-        modules as they were."""
+        """Run ``model_pass`` once per module (the Engine calls this) → what the pass did to
+        these modules (also when an earlier engine ran it), or None without a pass. A failure
+        is reported to ``fallbacks`` (again by every later caller for the same modules) and
+        leaves the modules as they were."""
         if self.model_pass is None:
             return None
-        for m in modules:                          # passes already tried: their failure, if any
-            why = getattr(m, "_dflash2rt_prepared", {}).get(id(self))
+        todo = [m for m in modules if id(self) not in getattr(m, "_dflash2rt_prepared", {})]
+        if todo:
+            try:
+                did, why = self.model_pass(todo), ""
+            except Exception as exc:  # noqa: BLE001 - reported; the plain modules stay correct
+                why = f"model pass skipped ({type(exc).__name__}: {exc}); the models run unmodified"
+                did = None
+            for m in todo:
+                m._dflash2rt_prepared = {**getattr(m, "_dflash2rt_prepared", {}),
+                                         id(self): (why, did)}
+        done: list[str] = []
+        for m in modules:                          # each module's pass: its failure, its result
+            why, did = m._dflash2rt_prepared[id(self)]
             if why:
                 fallbacks.report(why)
-        todo = [m for m in modules if id(self) not in getattr(m, "_dflash2rt_prepared", {})]
-        if not todo:
-            return None
-        why = ""
-        try:
-            done = self.model_pass(todo)
-        except Exception as exc:  # noqa: BLE001 - reported; the plain modules stay correct
-            why = f"model pass skipped ({type(exc).__name__}: {exc}); the models run unmodified"
-            fallbacks.report(why)
-            done = None
-        for m in todo:
-            m._dflash2rt_prepared = {**getattr(m, "_dflash2rt_prepared", {}), id(self): why}
-        return done
+            if did and did not in done:
+                done.append(did)
+        return "; ".join(done) or None
 
     @abc.abstractmethod
     def conv_prepare(self, x: torch.Tensor, base: torch.Tensor, delta: torch.Tensor,

@@ -136,8 +136,8 @@ def run(args: argparse.Namespace) -> int:
         f"{b}x{n}" for b, n in sorted(s.block_sizes.items()))
     print(f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "
           f"{s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f} ({blocks}), "
-          f"accept histogram {s.accept_hist}; {split}; fallbacks: {s.fallbacks or 'none'}",
-          file=sys.stderr)
+          f"accept histogram {s.accept_hist}; {split}; fallbacks: {s.fallbacks or 'none'}"
+          + (f"; {s.model_pass}" if s.model_pass else ""), file=sys.stderr)
     return 0
 
 

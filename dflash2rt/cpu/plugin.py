@@ -9,7 +9,7 @@ import torch
 
 from ..backend import Backend, BackendSpec, Probe, TorchOpsBackend
 from ..hookspecs import hookimpl
-from . import interpret, nofp64
+from . import interpret, nofp64, packed
 
 DTYPES = ("float32", "float64", "bfloat16")
 
@@ -27,7 +27,9 @@ def probe() -> Probe:
 
 
 def create(_: Probe) -> Backend:
-    return TorchOpsBackend("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16))
+    backend = TorchOpsBackend("cpu", "cpu", (torch.float32, torch.float64, torch.bfloat16))
+    backend.model_pass = packed.pack_linears      # float32 linears on oneDNN (cpu/packed.py)
+    return backend
 
 
 @hookimpl

@@ -59,8 +59,8 @@ class Engine:
                                     f"runs on {backend.device}; load the models there")
         # Every run's first fallbacks: the backend's standing ones, then the model pass's.
         self._standing_fallbacks = Fallbacks(backend.standing_fallbacks)
-        backend.prepare_models([m for m in (pair.target, pair.draft) if m is not None],
-                               self._standing_fallbacks)
+        self.model_pass = backend.prepare_models(
+            [m for m in (pair.target, pair.draft) if m is not None], self._standing_fallbacks)
 
     def _max_len(self, requests: Sequence[Request], block: int) -> int:
         """Cache rows a batch needs: prompt + new tokens + one block in flight."""
@@ -135,7 +135,7 @@ class Engine:
             q.validate(pair.target.cfg.vocab_size)
         stats = RunStats("spec" if spec else "target-only", self.backend.name,
                          str(self.backend.device), block if spec else 1, requests=len(requests),
-                         adaptive=sched is not None)
+                         adaptive=sched is not None, model_pass=self.model_pass)
         fallbacks = Fallbacks(self._standing_fallbacks.reported)    # this run's recorder
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens)
         start = time.perf_counter()
