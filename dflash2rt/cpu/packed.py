@@ -23,7 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.memory import GB, available_bytes
+
 PACK_ATTR = "_dflash2rt_onednn"
+HEADROOM = 0.5          # pack only when the copies take at most this share of the free memory
 
 
 def unavailable() -> str | None:
@@ -68,17 +71,19 @@ def pack_linears(modules: list[nn.Module]) -> str:
     why = unavailable()
     if why is not None:
         return f"linears: torch F.linear ({why})"
-    layers, nbytes = 0, 0
-    for model in modules:
-        for m in model.modules():
-            if not _packable(m):
-                continue
-            if not hasattr(m, PACK_ATTR):
-                _pack(m)
-                m.forward = types.MethodType(_forward, m)
-            layers += 1
-            nbytes += m.weight.numel() * m.weight.element_size()
+    layers = [m for model in modules for m in model.modules() if _packable(m)]
     if not layers:
         return "linears: torch F.linear (no float32 CPU linear layers to pack)"
-    return (f"linears: oneDNN packed ({layers} layers, {nbytes / 2**20:.0f} MiB of packed "
+    nbytes = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    todo = sum(m.weight.numel() * m.weight.element_size() for m in layers
+               if not hasattr(m, PACK_ATTR))
+    free = available_bytes(torch.device("cpu"))
+    if free is not None and todo > HEADROOM * free:
+        return (f"linears: torch F.linear (packing them would take {todo / GB:.2f} GB more; "
+                f"{free / GB:.2f} GB are available)")
+    for m in layers:
+        if not hasattr(m, PACK_ATTR):
+            _pack(m)
+            m.forward = types.MethodType(_forward, m)
+    return (f"linears: oneDNN packed ({len(layers)} layers, {nbytes / 2**20:.0f} MiB of packed "
             "weights beside the dense ones)")
