@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from dflash2rt import get_backend
 from dflash2rt.bench.costs import alpha_for, expected_len, measure_costs, projected_table
@@ -42,22 +43,26 @@ def test_measured_costs_give_the_co_design_formula_per_row():
     assert "projected speedup" in projected_table(res)
 
 
-def test_transformers_step_is_the_difference_of_two_generates_and_says_which_cache_ran():
+def test_transformers_step_is_its_own_cached_forward_and_says_which_cache_ran(tmp_path,
+                                                                            monkeypatch):
+    """transformers' step is one forward of one token per row on its StaticCache after one
+    prefill: the greedy tokens it ran equal generate()'s; a failing static cache is named."""
+    pytest.importorskip("transformers", reason="the peer baseline needs transformers")
+    import transformers
+    from _hf_tiny import write_checkpoint
+
     from dflash2rt.bench.costs import hf_step
+    from dflash2rt.bench.hf_baseline import HFGreedy
 
-    class FakeHF:
-        def __init__(self, static_ok: bool) -> None:
-            self.static_ok, self.calls = static_ok, []
+    hf = HFGreedy(write_checkpoint("qwen3", tmp_path / "ckpt"), dtype=torch.float64)
+    r = hf_step(hf, batch=2, context=5, vocab=97, new=3)
+    assert r["cache"] == "static" and r["t_step_s"] > 0 and r["t_prefill_s"] > 0
+    want, _ = hf.generate(r["prompts"], 5)
+    assert r["tokens"] == want
+    def refuse(*args, **kwargs):
+        raise ValueError("no static cache here")
 
-        def generate(self, prompts, n, **extra):
-            self.calls.append((len(prompts), len(prompts[0]), n, extra.get("cache_implementation")))
-            if extra.get("cache_implementation") == "static" and not self.static_ok:
-                raise ValueError("no static cache here")
-            return [[0] * n for _ in prompts], 0.5 + 0.1 * n
-
-    ok = FakeHF(True)
-    r = hf_step(ok, batch=2, context=5, vocab=11, new=4)
-    assert r["cache"] == "static" and math.isclose(r["t_step_s"], 0.1)
-    assert math.isclose(r["t_prefill_s"], 0.6) and {c[:2] for c in ok.calls} == {(2, 5)}
-    bad = hf_step(FakeHF(False), batch=1, context=3, vocab=11, new=2)
-    assert bad["cache"].startswith("default (static cache failed: ValueError")
+    monkeypatch.setattr(transformers.StaticCache, "__init__", refuse)
+    bad = hf_step(hf, batch=1, context=3, vocab=97, new=2)
+    assert bad["cache"] == "dynamic (static failed: ValueError: no static cache here)"
+    assert bad["tokens"] == hf.generate(bad["prompts"], 4)[0]

@@ -15,6 +15,7 @@ the bundled pair's measured τ at block 8; E[L](b) = (1 - α^b) / (1 - α).
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any, Callable, Sequence
 
@@ -79,7 +80,8 @@ def kv_bytes(pair: ModelPair, batch: int, context: int) -> int:
 def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
                blocks: Sequence[int], reps: int, seed: int = 0) -> dict[int, dict[str, float]]:
     """block → {"draft", "verify"}: median seconds of each phase of one step (block 1: a
-    target-only step, all in "verify") for ``batch`` random prompts of ``context`` tokens."""
+    target-only step, all in "verify") for ``batch`` random prompts of ``context`` tokens;
+    0 → {"prefill": seconds of the one prefill of those prompts}."""
     gen = torch.Generator().manual_seed(seed)
     vocab = pair.target.cfg.vocab_size
     prompts = [tuple(torch.randint(0, vocab, (context,), generator=gen).tolist())
@@ -88,7 +90,11 @@ def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
     out: dict[int, dict[str, float]] = {}
     with Engine(pair, backend) as engine, torch.inference_mode(), backend.run_context():
         steppers, st = engine._start(reqs, True, max(blocks))
+        sync(backend.device)
+        t0 = time.perf_counter()
         steps.prefill(pair, st, backend, list(prompts))
+        sync(backend.device)
+        out[0] = {"prefill": time.perf_counter() - t0}
         st.host_lens = [context] * batch
         for b in blocks:
             stepper, runs = steppers[b], []
@@ -103,27 +109,52 @@ def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
     return out
 
 
-def hf_step(hf: Any, batch: int, context: int, vocab: int, new: int = 8, seed: int = 0
+def hf_step(hf: Any, batch: int, context: int, vocab: int, new: int = 4, seed: int = 0
             ) -> dict[str, Any]:
-    """transformers' target-only decode step at ``context``: (generate 1 + ``new`` tokens -
-    generate 1) / ``new``, each after a warm-up; with a static cache (sdpa) where generate()
-    accepts one, else its default cache — the row says which ran."""
+    """transformers' target-only decode step at ``context``, measured as ours is: one prefill
+    of ``batch`` random prompts (timed), a warm-up step, then the median of ``new`` greedy
+    forward steps of one token each, between syncs. The cache is transformers' StaticCache
+    (what ``generate(cache_implementation="static")`` uses), else its DynamicCache — the row
+    says which ran, and why not static."""
+    from transformers import DynamicCache, StaticCache
+
     gen = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(0, vocab, (context,), generator=gen).tolist() for _ in range(batch)]
-    for cache in ("static", None):
-        extra = {"cache_implementation": cache} if cache else {}
+    model, dev = hf.model, hf.device
+    ids = torch.randint(0, vocab, (batch, context), generator=gen).to(dev)
+    # transformers >= 5.x names the cache argument ``cache`` (``past_key_values`` deprecated)
+    arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    failed = ""
+    for kind in ("static", "dynamic"):
         try:
-            times = {}
-            for n in (1, 1 + new):
-                hf.generate(prompts, n, **extra)                     # warm-up
-                times[n] = min(hf.generate(prompts, n, **extra)[1] for _ in range(2))
+            cache = (StaticCache(config=model.config, max_cache_len=context + new + 2)
+                     if kind == "static" else DynamicCache(config=model.config))
+            with torch.inference_mode():
+                sync(dev)
+                t0 = time.perf_counter()
+                out = model(input_ids=ids, **{arg: cache}, use_cache=True,
+                            cache_position=torch.arange(context, device=dev))
+                sync(dev)
+                prefill = time.perf_counter() - t0
+                tok, steps_s = out.logits[:, -1:].argmax(-1), []
+                toks = [tok]
+                for i in range(new + 1):                            # the first: warm-up
+                    sync(dev)
+                    t0 = time.perf_counter()
+                    out = model(input_ids=tok, **{arg: cache}, use_cache=True,
+                                cache_position=torch.tensor([context + i], device=dev))
+                    tok = out.logits[:, -1:].argmax(-1)
+                    sync(dev)
+                    steps_s.append(time.perf_counter() - t0)
+                    toks.append(tok)
         except Exception as exc:  # noqa: BLE001 - reported: the row says the static cache failed
-            if cache is None:
+            if kind == "dynamic":
                 raise
             failed = f"{type(exc).__name__}: {exc}"[:200]
             continue
-        return {"t_step_s": (times[1 + new] - times[1]) / new, "t_prefill_s": times[1],
-                "cache": cache or f"default (static cache failed: {failed})"}
+        runs = sorted(steps_s[1:])
+        return {"t_step_s": runs[len(runs) // 2], "t_prefill_s": prefill,
+                "cache": "static" if kind == "static" else f"dynamic (static failed: {failed})",
+                "prompts": ids.tolist(), "tokens": torch.cat(toks, 1).tolist()}
     raise AssertionError("unreachable")
 
 
@@ -148,6 +179,7 @@ def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = 
             t_target = c[1]["verify"]
             moved = weights + kv_bytes(pair, batch, context)
             row = {"batch": batch, "context": context, "t_target_s": t_target,
+                   "t_prefill_s": c[0]["prefill"],
                    "bytes_per_target_step": moved, "achieved_gbps": moved / t_target / 1e9,
                    "bandwidth_fraction": moved / t_target / 1e9 / bw,
                    "blocks": {b: {"t_draft_s": c[b]["draft"], "t_verify_s": c[b]["verify"],
@@ -163,6 +195,7 @@ def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = 
             log(f"batch {batch}, context {context}: target step {t_target * 1e3:.2f} ms, "
                 f"{moved / 1e9:.3f} GB moved ({row['bandwidth_fraction']:.0%} of {bw:.1f} GB/s)")
     return {"backend": backend.name, "device": str(backend.device), "dtype": str(pair.dtype),
+            "model_pass": Engine(pair, backend).model_pass,
             "copy_bandwidth_gbps": bw, "target_weight_bytes": weights,
             "draft_weight_bytes": _bytes(pair.draft),
             "acceptance": None if alpha is None else {
@@ -180,16 +213,18 @@ def projected_table(res: dict[str, Any]) -> str:
     head = (f"copy bandwidth {res['copy_bandwidth_gbps']:.1f} GB/s; acceptance: alpha "
             f"{acc['alpha']:.3f} (tau {acc['tau']:.2f} at block {acc['tau_block']})"
             if acc else f"copy bandwidth {res['copy_bandwidth_gbps']:.1f} GB/s")
-    lines = [head]
+    lines = [head + (f"; {res['model_pass']}" if res.get("model_pass") else "")]
     for r in res["rows"]:
         blocks = " ".join(f"b{b}: x{r['projected_speedup'][b]:.2f} ({v['step_over_target']:.2f})"
                           if "projected_speedup" in r else
                           f"b{b}: ({v['step_over_target']:.2f})"
                           for b, v in r["blocks"].items())
         hf = r.get("transformers")
-        peer = f" (transformers {hf['t_step_s'] * 1e3:.2f} ms, {hf['cache']} cache)" if hf else ""
+        peer = (f" (transformers {hf['t_step_s'] * 1e3:.2f} ms, prefill "
+                f"{hf['t_prefill_s']:.2f} s, {hf['cache']} cache)" if hf else "")
         lines.append(f"batch {r['batch']:>2} context {r['context']:>5}: target step "
-                     f"{r['t_target_s'] * 1e3:8.2f} ms{peer}, {r['bandwidth_fraction']:4.0%} of "
+                     f"{r['t_target_s'] * 1e3:8.2f} ms, prefill {r['t_prefill_s']:.2f} s{peer}, "
+                     f"{r['bandwidth_fraction']:4.0%} of "
                      f"bandwidth; projected speedup (spec step / target step) {blocks}")
     if res["skipped_contexts"]:
         lines.append(f"skipped contexts (beyond the target's positions): {res['skipped_contexts']}")
