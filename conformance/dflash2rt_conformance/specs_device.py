@@ -40,7 +40,8 @@ def reference_target_probs(x):
 
 def call_target_probs(backend, x):
     s = sampling_batch(x, backend.device)
-    return {"p": ops_sampling.target_probs(x["logits"], s.temperature, s.top_k, s.top_p)}
+    return {"p": ops_sampling.target_probs(x["logits"], s.temperature, s.top_k, s.top_p,
+                                           top_k_max=s.top_k_max, top_p_rows=s.top_p_rows)}
 
 
 TARGET_PROBS = OpSpec(
