@@ -38,7 +38,7 @@ DTYPES = {"float32": ('("float32",)', "(torch.float32,)"),
                   "(torch.float32, torch.float64, torch.bfloat16)")}
 
 _TOPP_KEEPS_ONE_MORE = '''
-def _target_probs_keeps_one_more(logits, temperature, top_k, top_p):
+def _target_probs_keeps_one_more(logits, temperature, top_k, top_p, **host_facts):
     """ops.sampling.target_probs with `before <= top_p`: at an exact boundary the token whose
     mass ahead equals top_p is kept too (one token too many)."""
     r, _, v = logits.shape

@@ -118,4 +118,4 @@ def test_level_minimum_discounts_only_undeclared_dtype_skips():
                      100, 94, 0, None)
     assert (v["result"], v["minimum"]) == ("pass", 10)
     v = level_result("L1", _counts(passed=10, skipped=90, typed_executed=4), 100, 94, 0, None)
-    assert v["result"] == "fail" and v["minimum"] == 85
+    assert v["result"] == "fail" and v["minimum"] == 95

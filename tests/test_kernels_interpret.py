@@ -106,3 +106,24 @@ def test_bf16_is_refused_on_the_interpreter(backend):
 
     with pytest.raises(InvalidInputError, match="does not run torch.bfloat16"):
         Engine(oracle_pair(4, dtype=torch.bfloat16), backend)
+
+
+@pytest.mark.parametrize("ties", [(5, 1029), (1029, 2053), (700, 1500), (1023, 1024, 3000),
+                                  (3000,), (0, 1024, 2048)])
+def test_verify_greedy_argmax_ties_across_chunk_lanes(ties):
+    """The per-lane running maximum: ties in the same lane of different chunks (5 / 1029 with
+    1024-token chunks), in different lanes, in the last partial chunk: the lowest id wins."""
+    g = torch.Generator().manual_seed(sum(ties))
+    v = 3001
+    logits = torch.randn(2, 2, v, generator=g).clamp(-4, 4)
+    logits[:, 0, list(ties)] = 9.0
+    logits[1, 1] = float("-inf")                              # an all −inf bonus row: id 0
+    draft = torch.tensor([[ties[0]], [ties[-1]]])
+    sampling = SamplingBatch.greedy_batch(2)
+    noise = BlockNoise.unused(2, 1, "cpu")
+    got = verify.verify(logits, draft, draft.unsqueeze(-1), torch.ones(2, 1, 1), sampling, noise,
+                        check=False)
+    want = ref_ver.verify(logits, draft, draft.unsqueeze(-1), torch.ones(2, 1, 1), sampling,
+                          noise, check=False)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.accept_len, want.accept_len)
+    assert int(got.tokens[0, 0]) == min(ties)

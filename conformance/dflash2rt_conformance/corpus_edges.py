@@ -161,3 +161,45 @@ def f32_product_flips(g):
         accept.append([u])
     return verify_inputs(logits, draft, np.array(cand), np.array(q), [1.0] * len(rows),
                          accept=accept, residual=[[0.5]] * len(rows), g=g)
+
+
+def large_vocab(g, v: int, kinds: tuple[str, ...]):
+    """One γ = 1 request per kind at a real vocabulary size (V = 151,936 Qwen, 202,048 the
+    published DFlash2 draft's target), each on exact laws (equal logits, −inf elsewhere) with
+    ids spread over the first, middle and last verify chunks. b, c: ids near V/2 and V − 2000.
+
+    - "greedy": ties {9, V−1} → d = 9 accepted (lowest id); bonus argmax V − 5 → [9, V−5].
+    - "plain" (no filter: the softmax-only path): p = 1/4 on {2, b, c, V−1}; d = 2 (q = 1)
+      rejected at u = 1/2; residual {b, c, V−1} at u = 1/2 → c.
+    - "top_k" (top_k = 2, T = 0.8, the torch.topk path): 4 ties at 0 and one token at −1; the
+      ties with the k-th value are kept, so p = 1/4 on {5, b+2, c+2, V−1} (dropping a tie or
+      ignoring top_k changes p); d = 5 accepted at u = 1/8; bonus at u = 0.9 → V−1.
+    - "top_p" (top_k = 3, top_p = 1/2, the sorted path): 4 ties at 0, one at −1/2; top-k keeps
+      the 4 ties, top-p the two lowest ids {7, b+4}; d = c+4 (p = 0) rejected; residual = p at
+      u = 3/4 → b+4."""
+    b, c = v // 2 + 1, v - 2000
+    rows = {"greedy": ([9], 0.0, 0, 1.0, 0.5, 0.5), "plain": ([2], 1.0, 0, 1.0, 0.5, 0.5),
+            "top_k": ([5], 0.8, 2, 1.0, 0.125, 0.9), "top_p": ([c + 4], 1.0, 3, 0.5, 0.5, 0.5)}
+    logits = np.full((len(kinds), 2, v), NEG)
+    draft, cand, params = [], [], []
+    for i, kind in enumerate(kinds):
+        d, t, k, p, u, bonus = rows[kind]
+        if kind == "greedy":
+            logits[i] = np.clip(g.normal(0, 1, (2, v)), -4, 4)
+            logits[i, 0, [9, v - 1]] = logits[i, 1, v - 5] = 9.0
+        elif kind == "plain":
+            logits[i, :, [2, b, c, v - 1]] = 0.0
+        elif kind == "top_k":
+            logits[i, :, [5, b + 2, c + 2, v - 1]] = 0.0
+            logits[i, :, 11] = -1.0
+        else:
+            logits[i, :, [7, b + 4, c + 4, v - 1]] = 0.0
+            logits[i, :, 13] = -0.5
+        draft.append(d)
+        cand.append([[d[0], 1]])
+        params.append((t, k, p, u, bonus))
+    t, k, p, u, bonus = (list(x) for x in zip(*params))
+    return verify_inputs(logits, draft, np.array(cand), np.tile([1.0, 0.0], (len(kinds), 1, 1)),
+                         t, top_k=k, top_p=p, accept=[[x] for x in u],
+                         residual=[[0.75 if kk == "top_p" else 0.5] for kk in kinds],
+                         bonus=bonus, g=g)

@@ -144,6 +144,14 @@ PROBS_CASES = [
               temps=[1.0, 1.0, 1.0, 0.8, 1.0, 1.0, 0.7, 1.3], top_k=[0, 0, 0, 0, 0, 0, 3, 0],
               top_p=[0.5, 0.5, 0.25, 0.5, HALF_UP, HALF_DOWN, 0.5, 0.375],
               tied=[4, 8, 4, 2, 4, 4, 4, 8], u_max=True),
+    # Real vocabulary sizes (quick tier): random logits through the softmax-only and the
+    # torch.topk paths, a greedy row; then exact top-p / top-k boundaries (tied logits) through
+    # the sorted path, next to a row with top_k ≥ V (keeps all) in the same batch.
+    ProbsCase(name="large_vocab_v151936", r=3, t=2, v=151_936, temps=[1.0, 0.7, 0.0],
+              top_k=[0, 50, 0], top_p=[1.0, 1.0, 1.0]),
+    ProbsCase(name="large_vocab_topp_ties_v202048", r=4, t=1, v=202_048,
+              temps=[1.0, 0.9, 1.2, 1.0], top_k=[0, 0, 3, 202_049], top_p=[0.5, 0.375, 1.0, 1.0],
+              tied=[4, 8, 5, 6], u_max=True),
 ]
 
 

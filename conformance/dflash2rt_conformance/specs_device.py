@@ -40,7 +40,8 @@ def reference_target_probs(x):
 
 def call_target_probs(backend, x):
     s = sampling_batch(x, backend.device)
-    return {"p": ops_sampling.target_probs(x["logits"], s.temperature, s.top_k, s.top_p)}
+    return {"p": ops_sampling.target_probs(x["logits"], s.temperature, s.top_k, s.top_p,
+                                           top_k_max=s.top_k_max, top_p_rows=s.top_p_rows)}
 
 
 TARGET_PROBS = OpSpec(
@@ -80,7 +81,8 @@ def inverse_cdf_samples():
             Sample(name="u_near_one_v61", seed=602,
                    params=dict(r=5, v=61, zeros=True, near_one=True)),
             Sample(name="v1000", seed=603, params=dict(r=17, v=1000, zeros=True),
-                   tier="exhaustive")]
+                   tier="exhaustive"),
+            Sample(name="large_vocab_v202048", seed=604, params=dict(r=2, v=202_048, zeros=True))]
 
 
 def make_inverse_cdf_inputs(sample, dtype):

@@ -23,7 +23,11 @@ def topk_samples():
             Sample(name="neg_inf_tail_v41_k7", seed=613,
                    params=dict(r=3, v=41, k=7, ties=True, tail=30)),
             Sample(name="ties_v129_k64", seed=614, params=dict(r=5, v=129, k=64, ties=True),
-                   tier="exhaustive")]
+                   tier="exhaustive"),
+            Sample(name="large_vocab_ties_v151936_k16", seed=615,
+                   params=dict(r=3, v=151_936, k=16, ties=True)),
+            Sample(name="large_vocab_ties_v202048_k1", seed=616,
+                   params=dict(r=2, v=202_048, k=1, ties=True, tail=1000))]
 
 
 def make_topk_inputs(sample, dtype):

@@ -68,6 +68,12 @@ SELECT_CASES = [
                temps=[1.0, 1.0, 0.0], nan_codebook=1),
     SelectCase(name="tiny_temperatures_no_overflow", r=3, gamma=4, v=31, k=5, rank=3,
                temps=[1e-38, 1.4e-45, 1e-30]),
+    # Real vocabulary sizes, K = 16 as the published draft: logits on a ½ grid, so the K-th
+    # value is tied across the vocabulary (lowest ids win); a −inf padded tail.
+    SelectCase(name="large_vocab_v151936_k8", r=2, gamma=2, v=151_936, k=8, rank=4,
+               temps=[0.0, 1.0], ties=True, tail=64),
+    SelectCase(name="large_vocab_v202048_k16", r=2, gamma=3, v=202_048, k=16, rank=4,
+               softcap=30.0, temps=[0.8, 0.0], ties=True),
 ]
 
 

@@ -3,6 +3,7 @@ and the bug-class cases of ``corpus_edges``. Seeds go by position within each ta
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -77,6 +78,14 @@ EDGE_CASES = [
     HandCase(name="real_vocab_v151936", build=corpus_edges.real_vocab,
              tier="exhaustive"),                      # ~18 s in the Triton interpreter
     HandCase(name="accept_f32_vs_f64_q_not_pow2", build=corpus_edges.f32_product_flips),
+    # Large vocabularies in the quick tier, sized for the Triton interpreter (one γ = 1 request
+    # per kind; a sampled program there costs ~2 s at V = 202,048).
+    HandCase(name="large_vocab_v151936_greedy_plain",
+             build=functools.partial(corpus_edges.large_vocab, v=151_936,
+                                     kinds=("greedy", "plain"))),
+    HandCase(name="large_vocab_v202048_topk_topp",
+             build=functools.partial(corpus_edges.large_vocab, v=202_048,
+                                     kinds=("greedy", "top_k", "top_p"))),
 ]
 
 

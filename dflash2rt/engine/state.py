@@ -47,11 +47,8 @@ class BatchState:
         self.target_storage.compact_(t)
         if self.draft_storage is not None:
             self.draft_storage.compact_(t)
-        s = self.sampling
-        sampling = SamplingBatch(s.temperature[t], s.top_k[t], s.top_p[t], s.greedy[t],
-                                 s.any_sampled)
         return BatchState(self.target_storage, self.draft_storage, self.lens[t], self.anchor[t],
-                          self.seed[t], self.key[t], sampling,
+                          self.seed[t], self.key[t], self.sampling.take(idx),
                           [self.host_lens[i] for i in idx], [self.rows[i] for i in idx])
 
 

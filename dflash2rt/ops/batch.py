@@ -8,14 +8,18 @@ from typing import Sequence
 import torch
 
 from .rng import Stream, bits_to_uniform, philox_words
-from .sampling import check_sampling_params
+from .sampling import check_sampling_params, staged_float32
 
 
 @dataclass(frozen=True)
 class SamplingBatch:
     """Sampling parameters of R requests (select, not branch: greedy rows are flagged, not split).
 
-    ``any_sampled`` is a host-side fact that lets ops skip work no row needs.
+    ``any_sampled``, ``top_k_max`` and ``top_p_rows`` are host-side facts (known when the
+    batch is built, no device sync) that let ops skip work no row needs: ``top_k_max`` bounds
+    every row's top_k (0: none truncates), ``top_p_rows`` lists the rows whose float32 top_p
+    is below 1. None: not known (graph bodies built from static tensors), so every row may
+    truncate.
     """
 
     temperature: torch.Tensor  # [R] float32, 0 = greedy
@@ -23,6 +27,8 @@ class SamplingBatch:
     top_p: torch.Tensor        # [R] float32, 1 = off
     greedy: torch.Tensor       # [R] bool
     any_sampled: bool
+    top_k_max: int | None = None
+    top_p_rows: tuple[int, ...] | None = None
 
     @staticmethod
     def build(temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
@@ -37,7 +43,19 @@ class SamplingBatch:
             top_p=torch.tensor(list(top_p), dtype=torch.float32, device=device),
             greedy=temp == 0,
             any_sampled=any(t > 0 for t in temperature),
+            top_k_max=max((int(k) for k in top_k), default=0),
+            top_p_rows=tuple(i for i, p in enumerate(top_p) if staged_float32(p) < 1.0),
         )
+
+    def take(self, idx: Sequence[int]) -> "SamplingBatch":
+        """The batch of rows ``idx`` (host-known indices: no device→host sync); the host facts
+        stay true (``any_sampled`` and ``top_k_max`` as upper bounds)."""
+        t = torch.tensor(list(idx), dtype=torch.int64, device=self.temperature.device)
+        nucleus = set(self.top_p_rows or ())
+        rows = None if self.top_p_rows is None else \
+            tuple(new for new, old in enumerate(idx) if old in nucleus)
+        return SamplingBatch(self.temperature[t], self.top_k[t], self.top_p[t], self.greedy[t],
+                             self.any_sampled, self.top_k_max, rows)
 
     @staticmethod
     def greedy_batch(r: int, device: torch.device | str = "cpu") -> "SamplingBatch":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 import struct
+from typing import Sequence
 
 import torch
 
@@ -37,10 +38,7 @@ def check_sampling_params(temperature: float, top_k: int, top_p: float) -> None:
         raise SamplingParamsError(
             f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
     if temperature > 0:
-        try:
-            staged = struct.unpack("f", struct.pack("f", float(temperature)))[0]
-        except OverflowError:      # some Pythons raise, others round to inf
-            staged = math.inf
+        staged = staged_float32(temperature)
         if math.isinf(staged):
             raise SamplingParamsError(f"temperature {temperature!r} is too large for float32 "
                                       f"(max {FLOAT32_MAX:.3g})")
@@ -56,14 +54,50 @@ def check_sampling_params(temperature: float, top_k: int, top_p: float) -> None:
 
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor) -> torch.Tensor:
+                 top_p: torch.Tensor, top_k_max: int | None = None,
+                 top_p_rows: Sequence[int] | None = None) -> torch.Tensor:
     """logits [R, T, V] → float32 probabilities [R, T, V] after temperature / top-k / top-p.
 
     temperature [R] float (0 → computed at 1, caller uses argmax), top_k [R] int (0 = off),
     top_p [R] float (1 = off). Entries with p = 0 are exactly 0.
+
+    Host facts (``SamplingBatch`` knows them; None = not known) let a batch skip work no row
+    needs, with the same law bit for bit: ``top_k_max`` bounds every row's top_k (0: no row
+    truncates by top-k), ``top_p_rows`` lists the rows whose float32 top_p is below 1. Only
+    those rows are sorted (a full-vocabulary sort); the others are a softmax of the scaled
+    logits, masked below the k-th largest value (``torch.topk`` of ``top_k_max``) when a row
+    keeps fewer than all.
     """
-    r, _, v = logits.shape
+    r, t, v = logits.shape
     x = scale(logits, temperature.view(r, 1, 1))                          # [R, T, V], ≤ 0
+    nucleus = list(range(r) if top_p_rows is None else top_p_rows)
+    kmax = v if top_k_max is None else min(int(top_k_max), v)
+    if len(nucleus) == r:
+        return _sorted_probs(x, top_k, top_p)
+    out = _top_k_probs(x, top_k, kmax)                                    # [R, T, V]
+    if nucleus:
+        rows = torch.tensor(nucleus, dtype=torch.int64, device=x.device)
+        out = out.index_copy(0, rows, _sorted_probs(x[rows], top_k[rows], top_p[rows]))
+    return out
+
+
+def _top_k_probs(x: torch.Tensor, top_k: torch.Tensor, kmax: int) -> torch.Tensor:
+    """Rows without top-p: softmax of x [R, T, V] where x ≥ the row's k-th largest value (ties
+    kept), the k-th value read from ``torch.topk`` of kmax (≥ every row's top_k, or V)."""
+    if kmax == 0:
+        return torch.softmax(x, dim=-1)
+    r, t, v = x.shape
+    vals = torch.topk(x, kmax, dim=-1).values                             # [R, T, kmax] desc
+    truncates = ((top_k > 0) & (top_k < v)).view(r, 1, 1)
+    k = top_k.clamp(min=1, max=kmax).view(r, 1, 1)
+    kth = torch.where(truncates, vals.gather(-1, (k - 1).expand(r, t, 1)), NEG_INF)
+    return torch.softmax(x.masked_fill(~(x >= kth), NEG_INF), dim=-1)
+
+
+def _sorted_probs(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The full law on scaled logits x [R, T, V]: one stable descending sort per row, the k-th
+    value, the top-p prefix of the sorted law (mass strictly ahead < top_p, ties by lower id)."""
+    r, _, v = x.shape
     srt, order = torch.sort(x, dim=-1, descending=True, stable=True)      # [R, T, V]
     rank = torch.arange(v, device=x.device).view(1, 1, v)
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v)).clamp(max=v).view(r, 1, 1)
@@ -76,6 +110,14 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     srt = srt.masked_fill(~keep_p, NEG_INF)
     masked = torch.full_like(x, NEG_INF).scatter(-1, order, srt)
     return torch.softmax(masked, dim=-1)
+
+
+def staged_float32(x: float) -> float:
+    """``x`` as a float32 tensor holds it (inf when it overflows)."""
+    try:
+        return struct.unpack("f", struct.pack("f", float(x)))[0]
+    except OverflowError:      # some Pythons raise, others round to inf
+        return math.inf
 
 
 def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

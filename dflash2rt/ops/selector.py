@@ -44,17 +44,23 @@ class SelectorOut:
 
 
 def topk_lowest_index(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of [..., V] by value, descending, ties broken by the lower index (deterministic)."""
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]                  # [..., 1]
-    above = logits > kth
-    tied = logits == kth
-    room = k - above.sum(dim=-1, keepdim=True)
-    take = above | (tied & (torch.cumsum(tied.to(torch.int64), dim=-1) <= room))
-    slot = torch.where(take, torch.cumsum(take.to(torch.int64), dim=-1) - 1, k)
-    ids = torch.arange(logits.shape[-1], device=logits.device).expand_as(logits)
-    picked = torch.zeros(*logits.shape[:-1], k + 1, dtype=torch.int64, device=logits.device)
-    picked.scatter_(-1, slot, ids)                                        # ascending id order
-    picked = picked[..., :k]
+    """Top-k of [..., V] by value, descending, ties broken by the lower index (deterministic).
+
+    Two ``torch.topk`` passes, no full-vocabulary sort or cumsum: the values above the k-th
+    largest value are exactly ``topk``'s; the rest are the lowest ids holding the k-th value,
+    found by a top-k of ``-id`` over the row's ties (int32 keys).
+    """
+    v = logits.shape[-1]
+    vals, idx = torch.topk(logits, k, dim=-1)                             # [..., K] descending
+    kth = vals[..., -1:]
+    above = vals > kth                                                    # a prefix of each row
+    ids = torch.arange(v, dtype=torch.int32, device=logits.device)
+    key = torch.where(logits == kth, -ids, torch.iinfo(torch.int32).min)  # [..., V]
+    tied = -torch.topk(key, k, dim=-1).values.to(torch.int64)             # lowest tied ids, asc
+    col = torch.arange(k, device=logits.device)
+    fill = (col - above.sum(dim=-1, keepdim=True)).clamp(min=0)
+    picked = torch.where(above, idx, tied.gather(-1, fill)).clamp(0, v - 1)   # a NaN row: any
+    picked = torch.sort(picked, dim=-1).values                            # ascending id order
     vals = logits.gather(-1, picked)
     order = torch.sort(vals, dim=-1, descending=True, stable=True).indices
     return vals.gather(-1, order), picked.gather(-1, order)

@@ -118,7 +118,8 @@ def topk_mass(pair: ModelPair, prompts: list[list[int]], outputs: list[list[int]
             probs = target_probs(logits.unsqueeze(0),
                                  torch.tensor([float(temperature)], device=dev),
                                  torch.tensor([0], device=dev),
-                                 torch.tensor([float(top_p)], device=dev))[0]
+                                 torch.tensor([float(top_p)], device=dev), top_k_max=0,
+                                 top_p_rows=() if top_p >= 1 else None)[0]
         else:
             probs = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
         rows = anchors[0].view(-1, 1) + torch.arange(gamma, device=dev)     # [N, γ]
