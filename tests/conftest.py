@@ -22,6 +22,13 @@ def _has_gpu() -> bool:
 if not _has_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).parent))
+# pytest-xdist workers (`pytest -n 2`, the README's test command) share the cores: one torch
+# thread each, for them and the subprocesses they start (oversubscribed OpenMP slows torch 10x+).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
