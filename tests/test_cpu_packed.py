@@ -60,6 +60,9 @@ def test_nothing_is_packed_without_memory_for_the_copies_or_without_onednn(monke
     monkeypatch.setattr(packed, "available_bytes", lambda device: 1000)
     said = packed.pack_linears(mods)
     assert said.startswith("linears: torch F.linear (packing them would take") and "GB" in said
+    monkeypatch.setenv("DFLASH2RT_CPU_PACK", "0")
+    assert packed.pack_linears(mods) == "linears: torch F.linear (DFLASH2RT_CPU_PACK=0)"
+    monkeypatch.delenv("DFLASH2RT_CPU_PACK")
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert packed.pack_linears(mods) == "linears: torch F.linear (this torch build has no " \
                                         "oneDNN (mkldnn))"

@@ -17,6 +17,7 @@ no oneDNN (or the models are not float32 on the CPU) the pass says so and change
 
 from __future__ import annotations
 
+import os
 import types
 
 import torch
@@ -26,11 +27,15 @@ from torch import nn
 from ..models.memory import GB, available_bytes
 
 PACK_ATTR = "_dflash2rt_onednn"
+ENV = "DFLASH2RT_CPU_PACK"      # "0": leave the linears to F.linear (A/B runs, a suspect build)
 HEADROOM = 0.5          # pack only when the copies take at most this share of the free memory
 
 
 def unavailable() -> str | None:
-    """Why this torch cannot pack linears with oneDNN, or None when it can."""
+    """Why linears are not packed here (``DFLASH2RT_CPU_PACK=0``, or this torch cannot), or
+    None when they are."""
+    if os.environ.get(ENV, "1") == "0":
+        return f"{ENV}=0"
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (mkldnn)"
     for op in ("_reorder_linear_weight", "_linear_pointwise"):
