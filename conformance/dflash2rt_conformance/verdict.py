@@ -32,7 +32,7 @@ from typing import Any
 MINIMUM = {
     "L0": 17,     # every reference self-check (none depends on the backend or a dtype),
                   # incl. 4 adaptive-schedule laws in Fractions and the peeking-schedule mutant
-    "L1": 85,     # float32: 57 op samples + 4 spec steps; 24 error inputs
+    "L1": 97,     # float32: 66 op samples (9 of attention) + 4 spec steps; 27 error inputs
     "L2": 3,      # the quarter-table law and two float32 float-table laws
     "L3": 8,      # one float32 sampled joint law and the greedy chain; adaptive block sizes:
                   # 4 reference schedules + the engine's AdaptiveSchedule (float32) and the
