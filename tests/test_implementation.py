@@ -36,7 +36,7 @@ def test_the_triton_interpret_backend_says_triton_interpreter():
                          env=env_, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines()[1] == ("triton interpreter: conv_prepare, conv_finish, "
-                                          "select, verify; torch ops: noise, attention")
+                                          "select, verify, attention; torch ops: noise")
 
 
 def test_gpu_backend_whose_kernels_fail_reports_a_kernel_fallback(monkeypatch):
@@ -118,4 +118,4 @@ def test_level_minimum_discounts_only_undeclared_dtype_skips():
                      100, 94, 0, None)
     assert (v["result"], v["minimum"]) == ("pass", 10)
     v = level_result("L1", _counts(passed=10, skipped=90, typed_executed=4), 100, 94, 0, None)
-    assert v["result"] == "fail" and v["minimum"] == 95
+    assert v["result"] == "fail" and v["minimum"] == 107

@@ -127,3 +127,99 @@ def test_verify_greedy_argmax_ties_across_chunk_lanes(ties):
                           noise, check=False)
     assert torch.equal(got.tokens, want.tokens) and torch.equal(got.accept_len, want.accept_len)
     assert int(got.tokens[0, 0]) == min(ties)
+
+
+def _attention_case(seed, r, t, n_kv, group, hd, n_keys, window=None, dtype=torch.float32,
+                    max_len=None):
+    """q [R, T, nh, hd] and k, v = cache[:, :L] of a longer cache (strided, as the models pass
+    them); ragged lens per request; lo = the window start (≤ lens) or 0, hi = causal or block."""
+    g = torch.Generator().manual_seed(seed)
+    max_len = max_len or n_keys + 7
+    q = torch.randn(r, t, n_kv * group, hd, generator=g).to(dtype)
+    cache = torch.randn(2, r, max_len, n_kv, hd, generator=g).to(dtype)
+    lens = torch.randint(0, n_keys - t + 1, (r,), generator=g)
+    lens[0] = n_keys - t                                     # one request at the full length
+    pos = lens.view(-1, 1) + torch.arange(t)                 # [R, T]
+    if window is None:                                       # target: causal
+        lo, hi = torch.zeros_like(pos), pos + 1
+    else:                                                    # draft block: window, whole block
+        lo = torch.minimum((pos - window + 1).clamp(min=0), lens.view(-1, 1))
+        hi = (lens + t).view(-1, 1).expand(r, t)
+    return q, cache[0, :, :n_keys], cache[1, :, :n_keys], lo, hi, hd ** -0.5
+
+
+def _attention64(q, k, v, lo, hi, scale):
+    """Float64 loop reference: row (r, j), head h over keys lo <= p < hi of KV head h // G."""
+    q, k, v = q.double(), k.double(), v.double()
+    r_, t_, nh, _ = q.shape
+    group = nh // k.shape[2]
+    out = torch.empty_like(q)
+    for r in range(r_):
+        for j in range(t_):
+            a, b = int(lo[r, j]), int(hi[r, j])
+            for h in range(nh):
+                w = torch.softmax(k[r, a:b, h // group] @ q[r, j, h] * scale, 0)
+                out[r, j, h] = w @ v[r, a:b, h // group]
+    return out
+
+
+@pytest.mark.parametrize("t, n_kv, group, hd, n_keys, window", [
+    (1, 2, 1, 16, 19, None),         # T = 1 decode, MHA, L prime
+    (1, 1, 8, 64, 37, None),         # GQA 8
+    (17, 1, 2, 32, 41, None),        # T = 17 causal, GQA 2
+    (17, 2, 4, 24, 29, 5),           # draft block, sliding window 5 (lo > 0), hd not a power of 2
+    (3, 1, 4, 128, 70, None),        # L above one key tile (64) and not a multiple of it
+])
+def test_attention_matches_reference(t, n_kv, group, hd, n_keys, window):
+    from dflash2rt.kernels import attention
+    from dflash2rt.ops.attention import attention as torch_attention
+
+    args = _attention_case(t * 100 + hd, 3, t, n_kv, group, hd, n_keys, window)
+    assert not args[1].is_contiguous()                   # a slice of the cache, not a copy
+    got = attention.attention(*args)
+    assert got.dtype == torch.float32 and got.shape == args[0].shape
+    torch.testing.assert_close(got.double(), _attention64(*args), rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(got, torch_attention(*args), rtol=2e-6, atol=2e-6)
+
+
+def test_attention_float16_and_tiles():
+    from dflash2rt.kernels import attention
+    from dflash2rt.kernels.tuning import Tuning
+
+    args = _attention_case(7, 2, 5, 2, 2, 20, 33, window=4, dtype=torch.float16)
+    want = _attention64(*args)
+    got = attention.attention(*args)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.double(), want, rtol=5e-3, atol=5e-3)
+    # tiny tiles: several query tiles (M = 10 rows, 16 per tile) and key tiles of 16
+    small = attention.attention(*args, tuning=Tuning(attn_block_m=16, attn_block_n=16))
+    torch.testing.assert_close(small.double(), want, rtol=5e-3, atol=5e-3)
+
+
+def test_attention_reads_exactly_lo_to_hi():
+    """Mutation check: a key at lo and at hi - 1 changes the row, a key at hi or below lo (or
+    past L in the cache buffer) does not."""
+    from dflash2rt.kernels import attention
+
+    r, t, hd, max_len, n_keys = 1, 2, 16, 40, 30
+    q = torch.zeros(r, t, 2, hd)
+    q[..., 0] = 1.0
+    cache = torch.zeros(2, r, max_len, 1, hd)
+    k, v = cache[0, :, :n_keys], cache[1, :, :n_keys]
+    lo, hi = torch.tensor([[3, 0]]), torch.tensor([[9, 30]])
+    base = attention.attention(q, k, v, lo, hi, 1.0)
+    for p, row, seen in ((3, 0, True), (8, 0, True), (9, 0, False), (2, 0, False),
+                         (0, 1, True), (29, 1, True), (30, 1, False), (35, 1, False)):
+        cache.zero_()
+        cache[1, 0, p, 0, :] = 1000.0                   # a loud value at key p
+        cache[0, 0, p, 0, 0] = 5.0                      # and a loud score
+        out = attention.attention(q, k, v, lo, hi, 1.0)
+        moved = (out[0, row] - base[0, row]).abs().max().item() > 1.0
+        assert moved == seen, f"key {p} for row {row}: seen={moved}, want {seen}"
+
+
+def test_backend_attention_is_the_kernel(backend):
+    args = _attention_case(3, 2, 1, 1, 4, 16, 21)
+    assert backend.implementation["attention"] == "triton interpreter"
+    torch.testing.assert_close(backend.attention(*args).double(), _attention64(*args),
+                               rtol=2e-6, atol=2e-6)

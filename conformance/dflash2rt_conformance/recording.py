@@ -35,5 +35,8 @@ class RecordingBackend(Backend):
                            out.tokens.cpu(), sampling.greedy.cpu()))
         return out
 
+    def attention(self, q, k, v, lo, hi, scale):
+        return self.inner.attention(q, k, v, lo, hi, scale)
+
     def noise(self, seed, request, anchor_pos, gamma):
         return self.inner.noise(seed, request, anchor_pos, gamma)

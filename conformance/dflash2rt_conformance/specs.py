@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from .opspec import ErrorInput, OpSpec
 from .samples import Sample
+from .specs_attention import ATTENTION
 from .specs_backend import CONV_FINISH, CONV_PREPARE, NOISE, VERIFY
 from .specs_device import INVERSE_CDF, SAMPLE_NEXT, SAMPLING_PARAMS, TARGET_PROBS
 from .specs_device_selector import TOPK, UNARY
 from .specs_select import SELECT
 
-SPECS: tuple[OpSpec, ...] = (NOISE, CONV_PREPARE, CONV_FINISH, SELECT, VERIFY, TARGET_PROBS,
-                             INVERSE_CDF, TOPK, UNARY, SAMPLE_NEXT, SAMPLING_PARAMS)
+SPECS: tuple[OpSpec, ...] = (NOISE, CONV_PREPARE, CONV_FINISH, SELECT, VERIFY, ATTENTION,
+                             TARGET_PROBS, INVERSE_CDF, TOPK, UNARY, SAMPLE_NEXT, SAMPLING_PARAMS)
 
 __all__ = ["SPECS", "OpSpec", "ErrorInput", "cases", "error_cases"]
 

@@ -34,6 +34,10 @@ _BF16_ACCUM = ("the conv works in the input dtype (ops/conv.py): it rounds base+
                "product and the sum to bf16 (2^-8 relative each; a kernel may keep the sum in "
                "fp32); with Tk ≤ 7 taps of |w·x| ≲ 4 that is ≲ 3·7·4·2^-8 ≈ 0.33 worst case, "
                "≈ 0.06 in practice")
+_BF16_ATTN = ("attention returns q's dtype: the output is rounded to bf16 (2^-9 relative, ≲ 0.008 "
+              "for |out| ≲ 4), and flash-style kernels (and torch's CPU SDPA) round the softmax "
+              "weights to bf16 before P·V (2^-9 relative each, so ≲ 2^-9·max|v| ≈ 0.008 for "
+              "|v| ≲ 4); 0.0081 measured on the CPU torch op")
 _STEP32 = ("a float32 model forward (2-3 decoder layers, RMSNorm, softmax attention, SwiGLU) "
            "accumulates ~1e-6 relative per layer; logits of magnitude ≲ 10 drift ≲ 1e-4")
 
@@ -43,6 +47,7 @@ LOOSENED = MappingProxyType({
     ("unary_scores", "float64"): Tol(2e-6, 2e-6, _F32_CONTRACT),
     ("conv_prepare", "bfloat16"): Tol(0.1, 0.05, _BF16_ACCUM),
     ("conv_finish", "bfloat16"): Tol(0.1, 0.05, _BF16_ACCUM),
+    ("attention", "bfloat16"): Tol(0.02, 0.01, _BF16_ATTN),
     ("spec_step.hidden", "float64"): Tol(1e-10, 1e-10, "float64 model forward: ~50 dependent "
                                          "reductions of length ≤ 72 in another order"),
     ("spec_step.logits", "float64"): Tol(1e-10, 1e-10, "as spec_step.hidden, through the head"),

@@ -30,7 +30,8 @@ def probe() -> Probe:
     from importlib.metadata import version
 
     return Probe(True, device="cpu (Triton interpreter)",
-                 kernels="triton kernels under the interpreter: conv, selector walk, verify",
+                 kernels="triton kernels under the interpreter: conv, selector walk, verify, "
+                 "attention",
                  dtypes=("float32", "float16"),
                  graphs="none: the interpreter has no graphs (eager launches)",
                  details={"triton": version("triton"), "torch": torch.__version__})

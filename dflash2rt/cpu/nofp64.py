@@ -71,6 +71,7 @@ class NoFp64Backend(TorchOpsBackend):
     select = _forbidding(TorchOpsBackend.select)
     verify = _forbidding(TorchOpsBackend.verify)
     noise = _forbidding(TorchOpsBackend.noise)
+    attention = _forbidding(TorchOpsBackend.attention)
 
 
 def probe() -> Probe:

@@ -1,4 +1,5 @@
-"""A backend whose conv, selector walk and verification run as the shared Triton kernels.
+"""A backend whose conv, selector walk, verification and attention run as the shared Triton
+kernels.
 
 On a device without float64 (``has_fp64=False``: Intel Arc A-series) the sampled select / verify,
 whose kernels compute in tl.float64, run the float32 formulation of the torch ops instead
@@ -11,7 +12,7 @@ import torch
 
 from ..backend import TORCH_OPS, TRITON_INTERPRETER, TRITON_KERNEL, TorchOpsBackend
 from ..ops import selector as ops_selector, verify as ops_verify
-from . import conv, selector, verify
+from . import attention, conv, selector, verify
 from .tuning import DEFAULT, Tuning
 
 
@@ -24,8 +25,9 @@ def built_as(module) -> str:
 
 
 class KernelBackend(TorchOpsBackend):
-    """Top-K, logit processing and the draft/target forwards stay torch; the DFlash2 ops are
-    Triton kernels launched with the vendor's ``tuning``."""
+    """Top-K, logit processing and the draft/target forwards (but their attention) stay torch;
+    the DFlash2 ops and the attention over the static cache are Triton kernels launched with
+    the vendor's ``tuning``."""
 
     def __init__(self, name: str, device: torch.device | str, dtypes: tuple[torch.dtype, ...],
                  tuning: Tuning = DEFAULT, has_fp64: bool = True) -> None:
@@ -37,11 +39,12 @@ class KernelBackend(TorchOpsBackend):
 
     @property
     def implementation(self) -> dict[str, str]:
-        """The conv, the selector walk and verification are kernels (top-K and logit processing
-        inside ``select`` / ``verify`` stay torch); the noise is drawn by torch ops."""
+        """The conv, the selector walk, verification and attention are kernels (top-K and logit
+        processing inside ``select`` / ``verify`` stay torch); the noise is drawn by torch
+        ops."""
         return {"conv_prepare": built_as(conv), "conv_finish": built_as(conv),
                 "select": built_as(selector), "verify": built_as(verify), "noise": TORCH_OPS,
-                "attention": TORCH_OPS}
+                "attention": built_as(attention)}
 
     def conv_prepare(self, x, base, delta, block_size):
         return conv.conv_prepare(x, base, delta, block_size, self.tuning)
@@ -61,3 +64,6 @@ class KernelBackend(TorchOpsBackend):
             return ops_verify.verify(logits, draft, candidates, q, sampling, noise, check,
                                      has_fp64=False)
         return verify.verify(logits, draft, candidates, q, sampling, noise, check, self.tuning)
+
+    def attention(self, q, k, v, lo, hi, scale):
+        return attention.attention(q, k, v, lo, hi, scale, self.tuning)

@@ -107,11 +107,12 @@ def targets() -> dict[str, tuple[str, int | str, int, Tuning, str]]:
 
 
 def _cases(tuning: Tuning) -> dict[str, tuple[Any, str, Callable[[], Any]]]:
-    from . import conv, selector, verify
+    from . import attention, conv, selector, verify
     from .backend import KernelBackend
 
     kernel = {"conv_prepare": (conv, "_conv_kernel"), "conv_finish": (conv, "_conv_kernel"),
-              "select": (selector, "_walk_kernel"), "verify": (verify, "_verify_kernel")}
+              "select": (selector, "_walk_kernel"), "verify": (verify, "_verify_kernel"),
+              "attention": (attention, "_attention_kernel")}
     out = {}
     for d, dt in DTYPES.items():
         be = KernelBackend("compile-check", "cpu", (dt,), tuning)

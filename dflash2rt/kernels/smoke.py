@@ -19,7 +19,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def cases(dtype: torch.dtype, device: torch.device | str = "cpu"
           ) -> dict[str, tuple[str, Callable[[], tuple[Any, ...]]]]:
     """case → (Backend method, a function making its arguments): conv prepare / finish, select
-    and verify greedy / sampled, on ``device`` in ``dtype``."""
+    and verify greedy / sampled, attention decode / block, on ``device`` in ``dtype``."""
     g = torch.Generator().manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=g).to(device, dtype)   # noqa: E731
     ids = lambda *v: torch.tensor(v, device=device)                    # noqa: E731
@@ -46,12 +46,26 @@ def cases(dtype: torch.dtype, device: torch.device | str = "cpu"
         return (rnd(r, gamma + 1, v), cand[..., 0], cand,
                 torch.full((r, gamma, k), 1.0 / k, device=device), batch(temp), noise, False)
 
+    def attention(t: int, n_kv: int, group: int, hd: int, window: int | None
+                  ) -> tuple[Any, ...]:
+        r, max_len, n_keys = 2, 48, 40     # k, v: strided slices cache[:, :L] (not copied)
+        cache = rnd(2, r, max_len, n_kv, hd)
+        lens = ids(11, 23)
+        pos = lens.view(-1, 1) + torch.arange(t, device=device)                 # [R, T]
+        lo = torch.zeros_like(pos) if window is None else \
+            torch.minimum((pos - window + 1).clamp(min=0), lens.view(-1, 1))
+        hi = pos + 1 if window is None else (lens + t).view(-1, 1).expand(r, t)
+        return (rnd(r, t, n_kv * group, hd), cache[0, :, :n_keys], cache[1, :, :n_keys], lo, hi,
+                hd ** -0.5)
+
     out: dict[str, tuple[str, Callable[[], tuple[Any, ...]]]] = {}
     for f in ("prepare", "finish"):
         out[f"conv-{f}"] = (f"conv_{f}", lambda f=f: conv(f == "finish"))
     for mode, temp in (("greedy", 0.0), ("sampled", 0.8)):
         out[f"select-{mode}"] = ("select", lambda t=temp: select(t))
         out[f"verify-{mode}"] = ("verify", lambda t=temp: verify(t))
+    out["attention-decode"] = ("attention", lambda: attention(1, 2, 4, 128, None))   # target
+    out["attention-block"] = ("attention", lambda: attention(17, 1, 2, 256, 8))     # draft
     return out
 
 

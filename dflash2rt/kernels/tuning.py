@@ -8,18 +8,23 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-KERNELS = "triton kernels: conv (fused taps + block mask), selector lattice walk, verify"
+KERNELS = ("triton kernels: conv (fused taps + block mask), selector lattice walk, verify, "
+           "attention (per-request key ranges over the static cache)")
 
 
 @dataclass(frozen=True)
 class Tuning:
     """``block_h``: channels per conv program; ``block_v``: vocabulary chunk of the verify scan;
     ``num_warps``: warps (NVIDIA: 32 lanes, AMD: 64-lane wavefronts on CDNA, 32 on RDNA,
-    Intel: sub-groups)."""
+    Intel: sub-groups); ``attn_block_m``: query rows (query positions × heads of a GQA group)
+    per attention program; ``attn_block_n``: keys per attention tile (both capped by the head
+    dim in the launcher, and at least 16 for ``tl.dot``)."""
 
     block_h: int = 128
     block_v: int = 1024
     num_warps: int = 4
+    attn_block_m: int = 64
+    attn_block_n: int = 64
 
 
 DEFAULT = Tuning()
