@@ -78,10 +78,13 @@ def kv_bytes(pair: ModelPair, batch: int, context: int) -> int:
 
 
 def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
-               blocks: Sequence[int], reps: int, seed: int = 0) -> dict[int, dict[str, float]]:
+               blocks: Sequence[int], reps: int, seed: int = 0,
+               peer: Callable[[], Any] | None = None) -> dict[int, dict[str, float]]:
     """block → {"draft", "verify"}: median seconds of each phase of one step (block 1: a
     target-only step, all in "verify") for ``batch`` random prompts of ``context`` tokens;
-    0 → {"prefill": seconds of the one prefill of those prompts}."""
+    0 → {"prefill": seconds of the one prefill of those prompts}. ``peer``: called after each
+    of our target-only steps (warm-up included), so that a peer's steps interleave with ours
+    (this machine's speed drifts; side by side means step by step)."""
     gen = torch.Generator().manual_seed(seed)
     vocab = pair.target.cfg.vocab_size
     prompts = [tuple(torch.randint(0, vocab, (context,), generator=gen).tolist())
@@ -103,59 +106,76 @@ def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
                 clocks: dict[int, Any] = {}
                 with synced_phases(backend.device, clocks):
                     stepper.step(st, Fallbacks().report, clock).for_host().tolist()
+                if b == 1 and peer is not None:
+                    peer()
                 if i:
                     runs.append(clocks[id(clock)][1])
             out[b] = {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in ("draft", "verify")}
     return out
 
 
+class HFDecode:
+    """transformers' target-only decode at ``context``, measured as ours is: one prefill of
+    ``batch`` random prompts (timed), then each ``step()`` is one greedy forward of one token
+    per row, between syncs (the first a warm-up). The cache is transformers' StaticCache (what
+    ``generate(cache_implementation="static")`` uses), else its DynamicCache — ``result()`` says
+    which ran, and why not static."""
+
+    def __init__(self, hf: Any, batch: int, context: int, vocab: int, steps: int = 8,
+                 seed: int = 0) -> None:
+        from transformers import DynamicCache, StaticCache
+
+        gen = torch.Generator().manual_seed(seed)
+        self.model, self.dev, self.context = hf.model, hf.device, context
+        self.ids = torch.randint(0, vocab, (batch, context), generator=gen).to(self.dev)
+        # transformers >= 5.x names the cache argument ``cache`` (``past_key_values`` deprecated)
+        self.arg = ("cache" if "cache" in inspect.signature(self.model.forward).parameters
+                    else "past_key_values")
+        self.steps_s: list[float] = []
+        failed = ""
+        for kind in ("static", "dynamic"):
+            try:
+                self.cache = (StaticCache(config=self.model.config, max_cache_len=context + steps)
+                              if kind == "static" else DynamicCache(config=self.model.config))
+                self.prefill_s = self._forward(self.ids, torch.arange(context, device=self.dev))
+            except Exception as exc:  # noqa: BLE001 - reported: which cache ran, and why
+                if kind == "dynamic":
+                    raise
+                failed = f"{type(exc).__name__}: {exc}"[:200]
+                continue
+            self.kind = "static" if kind == "static" else f"dynamic (static failed: {failed})"
+            break
+        self.tokens = [self.tok]
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> float:
+        with torch.inference_mode():
+            sync(self.dev)
+            t0 = time.perf_counter()
+            out = self.model(input_ids=ids, **{self.arg: self.cache}, use_cache=True,
+                             cache_position=positions)
+            self.tok = out.logits[:, -1:].argmax(-1)
+            sync(self.dev)
+            return time.perf_counter() - t0
+
+    def step(self) -> None:
+        pos = self.context + len(self.steps_s)
+        self.steps_s.append(self._forward(self.tok, torch.tensor([pos], device=self.dev)))
+        self.tokens.append(self.tok)
+
+    def result(self) -> dict[str, Any]:
+        runs = sorted(self.steps_s[1:])                        # the first: warm-up
+        return {"t_step_s": runs[len(runs) // 2], "t_prefill_s": self.prefill_s,
+                "cache": self.kind, "steps": len(runs), "prompts": self.ids.tolist(),
+                "tokens": torch.cat(self.tokens, 1).tolist()}
+
+
 def hf_step(hf: Any, batch: int, context: int, vocab: int, new: int = 4, seed: int = 0
             ) -> dict[str, Any]:
-    """transformers' target-only decode step at ``context``, measured as ours is: one prefill
-    of ``batch`` random prompts (timed), a warm-up step, then the median of ``new`` greedy
-    forward steps of one token each, between syncs. The cache is transformers' StaticCache
-    (what ``generate(cache_implementation="static")`` uses), else its DynamicCache — the row
-    says which ran, and why not static."""
-    from transformers import DynamicCache, StaticCache
-
-    gen = torch.Generator().manual_seed(seed)
-    model, dev = hf.model, hf.device
-    ids = torch.randint(0, vocab, (batch, context), generator=gen).to(dev)
-    # transformers >= 5.x names the cache argument ``cache`` (``past_key_values`` deprecated)
-    arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    failed = ""
-    for kind in ("static", "dynamic"):
-        try:
-            cache = (StaticCache(config=model.config, max_cache_len=context + new + 2)
-                     if kind == "static" else DynamicCache(config=model.config))
-            with torch.inference_mode():
-                sync(dev)
-                t0 = time.perf_counter()
-                out = model(input_ids=ids, **{arg: cache}, use_cache=True,
-                            cache_position=torch.arange(context, device=dev))
-                sync(dev)
-                prefill = time.perf_counter() - t0
-                tok, steps_s = out.logits[:, -1:].argmax(-1), []
-                toks = [tok]
-                for i in range(new + 1):                            # the first: warm-up
-                    sync(dev)
-                    t0 = time.perf_counter()
-                    out = model(input_ids=tok, **{arg: cache}, use_cache=True,
-                                cache_position=torch.tensor([context + i], device=dev))
-                    tok = out.logits[:, -1:].argmax(-1)
-                    sync(dev)
-                    steps_s.append(time.perf_counter() - t0)
-                    toks.append(tok)
-        except Exception as exc:  # noqa: BLE001 - reported: the row says the static cache failed
-            if kind == "dynamic":
-                raise
-            failed = f"{type(exc).__name__}: {exc}"[:200]
-            continue
-        runs = sorted(steps_s[1:])
-        return {"t_step_s": runs[len(runs) // 2], "t_prefill_s": prefill,
-                "cache": "static" if kind == "static" else f"dynamic (static failed: {failed})",
-                "prompts": ids.tolist(), "tokens": torch.cat(toks, 1).tolist()}
-    raise AssertionError("unreachable")
+    """``HFDecode`` on its own: a warm-up and ``new`` timed steps → its ``result()``."""
+    dec = HFDecode(hf, batch, context, vocab, new + 2, seed)
+    for _ in range(new + 1):
+        dec.step()
+    return dec.result()
 
 
 def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = BLOCKS,
@@ -175,7 +195,10 @@ def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = 
     rows, skipped = [], [c for c in contexts if c > limit]
     for batch in batches:
         for context in (c for c in contexts if c <= limit):
-            c = step_costs(pair, backend, batch, context, blocks, reps)
+            peer = (HFDecode(hf, batch, context, pair.target.cfg.vocab_size, reps + 2)
+                    if hf is not None else None)     # transformers, same weights and shape
+            c = step_costs(pair, backend, batch, context, blocks, reps,
+                           peer=peer.step if peer else None)
             t_target = c[1]["verify"]
             moved = weights + kv_bytes(pair, batch, context)
             row = {"batch": batch, "context": context, "t_target_s": t_target,
@@ -185,8 +208,9 @@ def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = 
                    "blocks": {b: {"t_draft_s": c[b]["draft"], "t_verify_s": c[b]["verify"],
                                   "step_over_target": (c[b]["draft"] + c[b]["verify"]) / t_target}
                               for b in blocks if b > 1}}
-            if hf is not None:                  # transformers on the same weights, same shape
-                row["transformers"] = hf_step(hf, batch, context, pair.target.cfg.vocab_size)
+            if peer is not None:                # its steps interleaved with our T_target's
+                row["transformers"] = {k: v for k, v in peer.result().items()
+                                       if k not in ("prompts", "tokens")}
             if alpha is not None:
                 row["projected_speedup"] = {
                     b: expected_len(alpha, b) * t_target / (v["t_draft_s"] + v["t_verify_s"])

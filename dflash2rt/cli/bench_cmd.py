@@ -33,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "fraction and the projected speedup (bench/costs.py)")
     p.add_argument("--contexts", default="128,2048,8192", help="--costs: context lengths")
     p.add_argument("--batches", default="1,8", help="--costs: batch sizes")
+    p.add_argument("--reps", type=int, default=3, help="--costs: timed steps per block size "
+                   "(medians; transformers' steps interleave with our target-only ones)")
     p.add_argument("--tau", type=float, default=None, help="--costs: the acceptance curve as τ at "
                    "block 16 (default: the bundled pair's measured τ at block 8)")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
@@ -102,7 +104,7 @@ def _costs(args: argparse.Namespace, pair, backend, log, path) -> int:
     res = measure_costs(pair, backend, blocks=[int(b) for b in args.blocks.split(",")],
                         contexts=[int(c) for c in args.contexts.split(",")],
                         batches=[int(b) for b in args.batches.split(",")], tau=tau,
-                        tau_block=tau_block, hf=hf, log=log)
+                        tau_block=tau_block, reps=args.reps, hf=hf, log=log)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2) if args.json else projected_table(res))
