@@ -78,6 +78,20 @@ PY
 section "benchmark in bfloat16 (the same runs)" 150 \
     $PY -m dflash2rt bench --backend "$BACKEND" --dtype bfloat16 --repeats 2 --prompts 4 \
     --json-out "$OUT/bench-bf16.json"
+# Real scale (issue 16): a Qwen3-8B-shaped pair with random weights, in bf16 with graphs: the
+# cost model per block size x context x batch beside transformers (sdpa, StaticCache) on the
+# same checkpoint. SCALE=0 skips it (the default for BACKEND=cpu dry runs); SCALE_SHAPE picks
+# another synth shape.
+[ "$BACKEND" = cpu ] && SCALE=${SCALE:-0}
+if [ "${SCALE:-1}" = 1 ]; then
+    section "synth ${SCALE_SHAPE:-qwen3-8b} (random weights, the published layout)" 150 \
+        $PY -m dflash2rt synth --shape "${SCALE_SHAPE:-qwen3-8b}" --out "$OUT/synth"
+    section "cost model on ${SCALE_SHAPE:-qwen3-8b}, bf16, graphs (bench --costs)" 180 \
+        $PY -m dflash2rt bench --costs --backend "$BACKEND" --model "$OUT/synth" \
+        --dtype bfloat16 --contexts 128,2048,8192 --batches 1,8 \
+        --json-out "$OUT/costs-${SCALE_SHAPE:-qwen3-8b}.json"
+    rm -rf "$OUT/synth"            # ~17 GB of random weights: not worth carrying back
+fi
 if [ "${QUALIFY:-0}" = 1 ] && [ $(( $(date +%s) - start )) -lt 210 ]; then
     section "qualify --quick (conformance L0 only: the full suite ran above)" 110 \
         $PY -m dflash2rt qualify --backend "$BACKEND" --quick --conformance-select L0 \
