@@ -114,8 +114,10 @@ def test_level_rule(counts, selected, typed, na, result, reason):
 
 
 def test_level_minimum_discounts_only_undeclared_dtype_skips():
-    v = level_result("L1", _counts(passed=10, skipped=90, dtype_skipped=90, typed_executed=4),
-                     100, 94, 0, None)
+    v = level_result("L1", _counts(passed=10, skipped=190, dtype_skipped=190, typed_executed=4),
+                     200, 194, 0, None)
     assert (v["result"], v["minimum"]) == ("pass", 10)
-    v = level_result("L1", _counts(passed=10, skipped=90, typed_executed=4), 100, 94, 0, None)
+    v = level_result("L1", _counts(passed=10, skipped=190, typed_executed=4), 200, 194, 0, None)
     assert v["result"] == "fail" and v["minimum"] == 107
+    v = level_result("L1", _counts(passed=10, skipped=90, typed_executed=4), 100, 94, 0, None)
+    assert v["result"] == "fail" and v["minimum"] == 100      # never above what was selected
