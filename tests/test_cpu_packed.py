@@ -18,6 +18,12 @@ needs_onednn = pytest.mark.skipif(packed.unavailable() is not None,
                                   reason=f"no oneDNN packing here: {packed.unavailable()}")
 
 
+@pytest.fixture(autouse=True)
+def _pack_small_layers(monkeypatch):
+    """The tests' layers are small: pack them anyway (one test checks the size floor)."""
+    monkeypatch.setattr(packed, "MIN_ELEMENTS", 0)
+
+
 def _layers(seed: int = 0) -> list[nn.Linear]:
     torch.manual_seed(seed)
     return [nn.Linear(48, 80), nn.Linear(80, 48, bias=False), nn.Linear(7, 300)]
@@ -83,4 +89,14 @@ def test_runs_say_what_the_pass_did_and_decode_the_same_tokens():
         assert stats.model_pass.startswith("linears: oneDNN packed (")
         assert outs[0].token_ids == want[0].token_ids
     _, stats = Engine(tiny_pair("dflash2", block=4), get_backend("cpu")).generate(req)
-    assert stats.model_pass == "linears: torch F.linear (no float32 CPU linear layers to pack)"
+    assert stats.model_pass.startswith("linears: torch F.linear (no float32 CPU linear layer of")
+
+
+def test_layers_below_the_size_floor_stay_on_f_linear(monkeypatch):
+    monkeypatch.setattr(packed, "MIN_ELEMENTS", 48 * 80)
+    mods = _layers()                                   # 48 x 80, 80 x 48 and 7 x 300 weights
+    said = packed.pack_linears([nn.Sequential(*mods)])
+    if packed.unavailable() is None:
+        assert said.startswith("linears: oneDNN packed (2 layers")
+    assert not hasattr(mods[2], packed.PACK_ATTR)
+    assert mods[2].forward.__func__ is nn.Linear.forward
