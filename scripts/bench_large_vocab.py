@@ -12,10 +12,10 @@ built by ``SamplingBatch.build``::
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from dflash2rt.bench.measure import mean_ms
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
 from dflash2rt.ops.sampling import target_probs
 from dflash2rt.ops.selector import topk_lowest_index
@@ -37,16 +37,6 @@ def old_topk_lowest_index(logits: torch.Tensor, k: int):
     vals = logits.gather(-1, picked[..., :k])
     order = torch.sort(vals, dim=-1, descending=True, stable=True).indices
     return vals.gather(-1, order), picked[..., :k].gather(-1, order)
-
-
-def timed(fn, sync, n: int) -> float:
-    fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / n * 1e3
 
 
 def main() -> None:
@@ -79,12 +69,12 @@ def main() -> None:
                     (f"verify sampled {name}",
                      lambda b: verify(logits, cand[..., 0], cand, q, b, noise, check=False))]
             for label, fn in rows:
-                before = timed(lambda: fn(bare), sync, a.repeat)
-                after = timed(lambda: fn(s), sync, a.repeat)
+                before = mean_ms(lambda: fn(bare), sync, a.repeat)
+                after = mean_ms(lambda: fn(s), sync, a.repeat)
                 print(f"{label:<26}{r:>3}  {before:>10.1f}  {after:>9.1f}  {before / after:>5.1f}x")
         sel = logits[:, 1:].contiguous()                                   # [R, γ, V]
-        before = timed(lambda: old_topk_lowest_index(sel, k), sync, a.repeat)
-        after = timed(lambda: topk_lowest_index(sel, k), sync, a.repeat)
+        before = mean_ms(lambda: old_topk_lowest_index(sel, k), sync, a.repeat)
+        after = mean_ms(lambda: topk_lowest_index(sel, k), sync, a.repeat)
         print(f"{'selector top-K (K=16)':<26}{r:>3}  {before:>10.1f}  {after:>9.1f}  "
               f"{before / after:>5.1f}x")
 

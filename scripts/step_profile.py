@@ -9,29 +9,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import torch
 
 from dflash2rt.api import resolve_model
-from dflash2rt.bench.measure import TEMPERATURES, seeded_requests
+from dflash2rt.bench.measure import TEMPERATURES, mean_ms, seeded_requests
 from dflash2rt.bench.profile import profile_steps
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.registry import Registry
 
 PROMPT = "def parse(self, text):\n"
-
-
-def _timed(fn, sync, n: int = 50) -> float:
-    """Mean ms of ``fn`` over ``n`` back-to-back calls, synchronised at both ends."""
-    fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    sync()
-    return 1e3 * (time.perf_counter() - t0) / n
 
 
 def _top_kernels(fn, n: int = 12) -> list[dict]:
@@ -54,7 +42,7 @@ def _graphed_ms(fn, sync, calls: int = 50) -> float:
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    return _timed(graph.replay, sync, 10) / calls
+    return mean_ms(graph.replay, sync, 10) / calls
 
 
 def _gemms(pair, device, sync) -> list[dict]:
@@ -128,8 +116,8 @@ def main() -> int:
             for key, runner in graphed.runners.items():
                 bucket = runner.state[1]
                 name = f"{mode}:{key}"
-                res[f"{name}_replay_ms"] = _timed(bucket.graph.replay, sync)
-                res[f"{name}_eager_body_ms"] = _timed(lambda: runner.body(bucket.inputs), sync, 10)
+                res[f"{name}_replay_ms"] = mean_ms(bucket.graph.replay, sync, 50)
+                res[f"{name}_eager_body_ms"] = mean_ms(lambda: runner.body(bucket.inputs), sync, 10)
                 if backend.device.type == "cuda":
                     res[f"{name}_top_kernels"] = _top_kernels(lambda: runner.body(bucket.inputs))
     if backend.device.type == "cuda":

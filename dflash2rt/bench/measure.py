@@ -179,6 +179,18 @@ def sync(device: torch.device) -> None:
         torch.accelerator.synchronize(device)
 
 
+def mean_ms(fn: Callable[[], Any], sync: Callable[[], None], n: int) -> float:
+    """Mean milliseconds of ``fn`` over ``n`` back-to-back calls after one untimed call,
+    ``sync`` (waiting for the device) at both ends of the timed window."""
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return 1e3 * (time.perf_counter() - t0) / n
+
+
 def resolve_backend(backend: Backend | str | None) -> Backend:
     """A Backend object as is; a name (or None: the default) through the plugin registry."""
     if isinstance(backend, Backend):

@@ -120,8 +120,8 @@ class TargetModel(nn.Module):
         input_ids, positions [R, T] int64 (positions[r, t] = lens[r] + t < cache.max_len);
         lens [R] int64. Rows past a request's real ones (right padding) give garbage that no
         earlier row reads; what they write lies past the request's length (scratch, as are
-        rejected rows: committing is advancing ``lens``). `ctx_len` (host int, default
-        cache.max_len - T) bounds the cache rows read before the new ones: pass it only when
+        rejected rows: committing is advancing ``lens``). `ctx_len` (host int; default: the whole
+        cache is read) bounds the cache rows read before the new ones: pass it only when
         every lens[r] <= ctx_len. `logits_at` [R] int64 (row index per request) computes the
         logits of that row only: [R, 1, V] (prefill needs the last prompt row alone). ``attn``:
         the attention op (a backend's ``attention``). No device->host sync.
