@@ -70,6 +70,26 @@ def test_compact_keeps_the_storage():
     assert all(torch.equal(b[:2], e) for b, e in zip(cache.v, expect))
 
 
+
+@pytest.mark.parametrize("idx", [[3, 0], [0, 1], [0, 2, 3], [1, 3], [2, 1, 0]])
+def test_compact_with_host_indices_moves_live_rows_only(idx):
+    """A host list moves each kept request's first ``upto`` positions into its new slot, leaves
+    the rest of every buffer bit-identical, and copies nothing when no slot changes."""
+    cache = _random_cache()
+    before = [b.clone() for b in (*cache.k, *cache.v)]
+    upto = 3
+    cache.compact_(idx, upto)
+    for buf, old in zip((*cache.k, *cache.v), before):
+        want = old.clone()
+        for j, src in enumerate(idx):
+            want[j, :upto] = old[src, :upto]
+        assert torch.equal(buf, want)
+    ptr = cache.k[0].data_ptr()
+    cache.compact_(list(range(len(idx))), upto)       # nothing moves
+    assert cache.k[0].data_ptr() == ptr
+    with pytest.raises(InvalidInputError, match="indices"):
+        cache.compact_(list(range(cache.batch_size + 1)))
+
 def test_side_buffers_commit_masked_and_move_with_the_cache():
     """A side buffer (the draft's deferred context hidden) is written like K/V — rows past a
     request's count untouched, bit for bit — read back at any positions, and moved by ``rows``

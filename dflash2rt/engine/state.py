@@ -44,9 +44,10 @@ class BatchState:
         """The batch reduced to rows ``idx``, compacted into slots [0, len(idx)) in place
         (host-known indices: no device→host sync; cache storage never moves)."""
         t = torch.tensor(idx, dtype=torch.int64, device=self.lens.device)
-        self.target_storage.compact_(t)
+        upto = max((self.host_lens[i] for i in idx), default=0)    # rows past it are scratch
+        self.target_storage.compact_(idx, upto)
         if self.draft_storage is not None:
-            self.draft_storage.compact_(t)
+            self.draft_storage.compact_(idx, upto)
         return BatchState(self.target_storage, self.draft_storage, self.lens[t], self.anchor[t],
                           self.seed[t], self.key[t], self.sampling.take(idx),
                           [self.host_lens[i] for i in idx], [self.rows[i] for i in idx])

@@ -115,17 +115,30 @@ class KVCache:
         return KVCache(tuple(b[:n] for b in self.k), tuple(b[:n] for b in self.v),
                        tuple(b[:n] for b in self.side))
 
-    def compact_(self, idx: torch.Tensor) -> None:
+    def compact_(self, idx: torch.Tensor | Sequence[int], upto: int | None = None) -> None:
         """In place: slots [0, n) receive requests `idx` [n] in order; storage (and graph pointers) stay put.
 
         Slots [n, R) keep stale data (never read: rows past a request's length are masked). n
-        comes from idx's shape (no sync).
+        comes from idx's shape (no sync). ``upto``: only positions [0, upto) are moved (the
+        caller knows every kept request's length is at most that; later rows are scratch).
+        A host list ``idx`` moves only the slots whose request changes (none when the batch
+        drops its last rows): at real scale a slot is hundreds of MB of cache.
         """
-        n = idx.shape[0]
+        n = len(idx) if not isinstance(idx, torch.Tensor) else idx.shape[0]
         if n > self.batch_size:
             raise InvalidInputError(f"compact_: {n} indices for a cache of {self.batch_size} requests")
+        upto = self.max_len if upto is None else min(int(upto), self.max_len)
+        if isinstance(idx, torch.Tensor):
+            dst, src = torch.arange(n, device=idx.device), idx
+        else:
+            moved = [(j, int(s)) for j, s in enumerate(idx) if int(s) != j]
+            if not moved or upto <= 0:
+                return
+            dst, src = (torch.tensor(x, dtype=torch.int64, device=self.device)
+                        for x in zip(*moved))
         for buf in (*self.k, *self.v, *self.side):
-            buf[:n] = buf.index_select(0, idx)
+            live = buf[:, :upto]
+            live.index_copy_(0, dst, live.index_select(0, src))
 
 
 def _rows_at(lens: torch.Tensor, counts: torch.Tensor, t: int, max_len: int):
