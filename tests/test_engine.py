@@ -111,6 +111,11 @@ def test_same_seed_same_tokens_across_runs_batches_and_positions(block):
     assert [o.token_ids for o in batch] == [o.token_ids for o in again]
     if block is None:
         assert s.adaptive and sum(s.block_sizes.values()) == s.steps
+        # every real step timed once, under its block and the batch's bucket
+        assert {b: sum(n for n, _ in per.values()) for b, per in s.step_time.items()} \
+            == s.block_sizes
+        assert all(set(per) <= {1, 2, 4} and all(c > 0 for c in per.values())
+                   for per in s.observed_costs.values())
         return
     alone, _ = gen([(3, 4, 5)], **params)
     moved, _ = gen([(6,), (9, 9, 9, 9), (3, 4, 5)], **params)

@@ -145,6 +145,9 @@ def test_run_bench_smoke_with_aliases(model_dir):
         assert set(r["contenders"]) == {"target_only", "fixed", "adaptive"}
         assert r["contenders"]["fixed"]["block_size"] == 8
         assert sum(r["contenders"]["adaptive"]["block_sizes"].values()) > 0
+        ad = r["contenders"]["adaptive"]
+        assert set(ad["observed_step_s"]) == set(ad["block_sizes"])
+        assert set(ad["observed_step_s"]) <= set(ad["cost_table_s"])
         for c in r["contenders"].values():
             assert c["tokens_per_s"] > 0 and c["tau"] >= 1
             assert set(bm.STEP_PHASES) <= set(c["step_split_s"])

@@ -146,6 +146,22 @@ class Measurement:
         return dict(sorted(out.items()))
 
     @property
+    def observed_step_s(self) -> dict[str, dict[str, float]]:
+        """block → batch bucket → mean seconds of a decode step over every timed sample
+        (``RunStats.step_time``; keys as strings, for JSON)."""
+        acc: dict[tuple[int, int], list] = {}
+        for st in self.stats:
+            for b, per in st.step_time.items():
+                for k, (n, sec) in per.items():
+                    cell = acc.setdefault((int(b), int(k)), [0, 0.0])
+                    cell[0] += n
+                    cell[1] += sec
+        out: dict[str, dict[str, float]] = {}
+        for (b, k), (n, sec) in sorted(acc.items()):
+            out.setdefault(str(b), {})[str(k)] = sec / n
+        return out
+
+    @property
     def tau(self) -> float:
         """Committed tokens per request per step over every timed sample (0 without stats)."""
         st = self.stats

@@ -162,7 +162,11 @@ def _row(t: Temperature, batch: int, prompts: Sequence[Sequence[int]],
         if name != HF:
             d.update(tau=x.tau, steps=x.steps,
                      block_sizes={str(k): v for k, v in x.block_sizes.items()},
-                     step_split_s=prof.get((t.label, name)))
+                     step_split_s=prof.get((t.label, name)),
+                     observed_step_s=x.observed_step_s)
+            if name == ADAPTIVE and x.stats:    # what the schedule predicted per step
+                d["cost_table_s"] = {str(b): {str(k): c for k, c in per.items()}
+                                     for b, per in x.stats[-1].costs.items()}
         if name == FIXED:
             d["block_size"] = block
         d.update(capture_s=x.capture_s, warmup_s=x.warmup_s, fallbacks=list(x.fallbacks))

@@ -59,7 +59,7 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
     """One decode step: the step's bodies (step.py), the one device→host transfer, then the
     host work: raise on bad flags, emit accepted tokens, mirror lengths, drop finished.
     → (the batch left, drafts accepted per row of ``st``, the step's seconds without capture)."""
-    t0, cap0 = time.perf_counter(), stepper.capture_s
+    t0, cap0, bucket = time.perf_counter(), stepper.capture_s, bucket_of(st.size)
     res = stepper.step(st, fallbacks.report, stats.time)   # eager bodies time themselves
     st.lens.copy_(res.lens)
     st.anchor.copy_(res.anchor)
@@ -79,7 +79,9 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
     st = drop_finished(st, out)
     end = time.perf_counter()
     stats.time["host"] += end - t1
-    return st, accepted, end - t0 - (stepper.capture_s - cap0)
+    seconds = end - t0 - (stepper.capture_s - cap0)
+    stats.record_step_time(block, bucket, seconds)
+    return st, accepted, seconds
 
 
 def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats: RunStats,

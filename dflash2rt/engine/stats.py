@@ -16,6 +16,9 @@ class RunStats:
     adaptive: bool = False         # block size chosen per step (engine/schedule.py)
     block_sizes: dict[int, int] = field(default_factory=dict)  # block → steps (1: target-only)
     costs: dict[int, dict[int, float]] = field(default_factory=dict)  # block → bucket → seconds
+    # block → bucket → [steps, seconds] of this run's real decode steps (capture excluded):
+    # what the steps cost, beside ``costs`` (what the schedule's table predicted)
+    step_time: dict[int, dict[int, list]] = field(default_factory=dict)
     calibration_steps: int = 0     # adaptive: timing steps whose results were discarded
     calibration_s: float = 0.0     # their seconds (part of wall_s; capture excluded)
     draft_deferred: int = 0        # adaptive: positions whose draft context K/V a target-only
@@ -67,7 +70,20 @@ class RunStats:
         self.request_steps += len(accepted)
         self.committed += sum(a + 1 for a in accepted)
 
+    def record_step_time(self, block: int, bucket: int, seconds: float) -> None:
+        """One real decode step of ``block`` at batch ``bucket`` took ``seconds``."""
+        cell = self.step_time.setdefault(block, {}).setdefault(bucket, [0, 0.0])
+        cell[0] += 1
+        cell[1] += seconds
+
+    @property
+    def observed_costs(self) -> dict[int, dict[int, float]]:
+        """block → bucket → mean seconds of this run's decode steps (``step_time``)."""
+        return {b: {k: s / n for k, (n, s) in sorted(per.items()) if n}
+                for b, per in sorted(self.step_time.items())}
+
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
-        d.update(tau=self.tau, tokens_per_s=self.tokens_per_s)
+        d.update(tau=self.tau, tokens_per_s=self.tokens_per_s,
+                 observed_costs=self.observed_costs)
         return d
