@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 
 from ..errors import SamplingParamsError
+from .sort import sort_desc_stable
 
 NEG_INF = float("-inf")
 FLOAT32_MAX = 3.4028234663852886e38
@@ -98,7 +99,7 @@ def _sorted_probs(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> 
     """The full law on scaled logits x [R, T, V]: one stable descending sort per row, the k-th
     value, the top-p prefix of the sorted law (mass strictly ahead < top_p, ties by lower id)."""
     r, _, v = x.shape
-    srt, order = torch.sort(x, dim=-1, descending=True, stable=True)      # [R, T, V]
+    srt, order = sort_desc_stable(x)                                       # [R, T, V]
     rank = torch.arange(v, device=x.device).view(1, 1, v)
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v)).clamp(max=v).view(r, 1, 1)
     kth = srt.gather(-1, (k - 1).expand(r, srt.shape[1], 1))              # [R, T, 1]
