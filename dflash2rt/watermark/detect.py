@@ -82,7 +82,7 @@ def token_evidence(key: WatermarkKey, tokens: Sequence[int],
     (context, token) pair occurred earlier: not counted)."""
     width = check_context_width(context_width)
     t = check_tokens(tokens)
-    pos = torch.arange(width, t.shape[0])
+    pos = torch.arange(min(width, t.shape[0]), t.shape[0])
     ctx = context_hash(windows(t, width)[pos]) if pos.numel() else torch.zeros(0, dtype=torch.int64)
     tok = t[pos]
     r_a = keyed_uniforms(key.draft, ctx, tok).double().numpy()
