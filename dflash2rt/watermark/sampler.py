@@ -9,16 +9,32 @@ to the lower token id, and p = 0 is never chosen. A row that is not a law (NaN, 
 no positive mass) returns -1: the caller flags it, as ``ops.sampling.inverse_cdf`` does.
 
 Draft (subkey A), target (B) and coin (C) values are independent because their subkeys are.
+The race needs float64 (``has_fp64``, as in ``ops.verify``): on a device without it the draws
+raise ``WatermarkUnsupportedError`` (a float32 formulation is not written yet); the coin is
+integer work and an exact float32 map, and runs everywhere.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..errors import BackendError
+from ..ops.exact32 import fp64_enabled
 from .keys import SubKey
 from .values import COIN_TOKEN, keyed_uniforms, neg_log
 
 _INF = float("inf")
+
+
+class WatermarkUnsupportedError(BackendError):
+    """Watermarked sampling asked of a device that cannot run it (no float64)."""
+
+
+def require_fp64(has_fp64: bool | None = None) -> None:
+    if not fp64_enabled(has_fp64):
+        raise WatermarkUnsupportedError(
+            "watermarked sampling compares -log(r) / p in float64 and this device has no "
+            "float64; run the watermark on a device with float64 (cpu, cuda, rocm)")
 
 
 def _law_rows(p: torch.Tensor) -> torch.Tensor:
@@ -31,9 +47,11 @@ def _race(p: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return torch.where(p > 0, e / torch.where(p > 0, p, 1.0), _INF)
 
 
-def exp_min_index(probs: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+def exp_min_index(probs: torch.Tensor, e: torch.Tensor, has_fp64: bool | None = None
+                  ) -> torch.Tensor:
     """probs [R, V] (any float dtype), e [R, V] float64 → int64 [R]: argmin e / p, lowest id on
     ties, -1 for a row that is not a law."""
+    require_fp64(has_fp64)
     p = probs.to(torch.float64)
     key = _race(p, e)                                                    # [R, V]
     v = p.shape[-1]
@@ -42,9 +60,11 @@ def exp_min_index(probs: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return torch.where(_law_rows(p), first, -1)
 
 
-def exp_min_candidates(probs: torch.Tensor, ids: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+def exp_min_candidates(probs: torch.Tensor, ids: torch.Tensor, e: torch.Tensor,
+                       has_fp64: bool | None = None) -> torch.Tensor:
     """Over a sparse candidate set: probs / ids / e [R, K] → int64 [R], the winning *position*
     in K (lowest token id on ties, then lowest position), -1 for a row that is not a law."""
+    require_fp64(has_fp64)
     p = probs.to(torch.float64)
     key = _race(p, e)                                                    # [R, K]
     k = p.shape[-1]
@@ -56,20 +76,23 @@ def exp_min_candidates(probs: torch.Tensor, ids: torch.Tensor, e: torch.Tensor) 
     return torch.where(_law_rows(p), first, -1)
 
 
-def draw_dense(sub: SubKey, ctx: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+def draw_dense(sub: SubKey, ctx: torch.Tensor, probs: torch.Tensor,
+               has_fp64: bool | None = None) -> torch.Tensor:
     """Gumbel-max token per row: ctx [R] int64 context hashes, probs [R, V] → int64 [R]."""
+    require_fp64(has_fp64)
     v = probs.shape[-1]
     tokens = torch.arange(v, dtype=torch.int64, device=probs.device)
     u = keyed_uniforms(sub, ctx.to(probs.device).view(-1, 1), tokens.view(1, -1))   # [R, V]
     return exp_min_index(probs, neg_log(u))
 
 
-def draw_sparse(sub: SubKey, ctx: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor
-                ) -> torch.Tensor:
+def draw_sparse(sub: SubKey, ctx: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor,
+                has_fp64: bool | None = None) -> torch.Tensor:
     """Gumbel-max over candidates (the draft walk): ids / probs [R, K] → position in K [R].
 
     The keyed value of a candidate depends on its token id only, so the draw is the dense draw of
     the same law restricted to the candidates (tested)."""
+    require_fp64(has_fp64)
     u = keyed_uniforms(sub, ctx.to(probs.device).view(-1, 1), ids.to(torch.int64))  # [R, K]
     return exp_min_candidates(probs, ids.to(torch.int64), neg_log(u))
 
