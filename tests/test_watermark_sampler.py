@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from dflash2rt.ops.exact32 import without_fp64
 from dflash2rt.watermark import WatermarkKey, sampler, values
 from dflash2rt_conformance.reference import watermark as ref
 from dflash2rt_conformance.stats import chi2_test, detectable_tv
@@ -27,7 +28,8 @@ def _laws():
     logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -1.0, -3.0])
     peaked = torch.softmax(logits / 0.7, -1)
     peaked = torch.where(torch.cumsum(peaked, 0) - peaked < 0.95, peaked, 0.0)
-    return {"flat_with_zeros": flat.float(), "peaked_T0.7_top_p0.95": (peaked / peaked.sum()).float()}
+    return {"flat_with_zeros": flat.float(),
+            "peaked_T0.7_top_p0.95": (peaked / peaked.sum()).float()}
 
 
 @pytest.mark.parametrize("name", list(_laws()))
@@ -113,3 +115,15 @@ def test_a_b_draws_and_coin_are_independent():
     u_b = values.keyed_uniforms(KEY.target, ctx, torch.from_numpy(b))
     assert float(u_b.double().mean()) > 0.6
     assert abs(float(sampler.coin(KEY.coin, ctx).double().mean()) - 0.5) < 0.005
+
+
+def test_draws_refuse_a_device_without_float64():
+    """No silent fallback: the race is float64; the coin (integer work) still runs."""
+    ctx, p = _contexts(2, 6), torch.full((2, 3), 1 / 3)
+    ids = torch.zeros(2, 3, dtype=torch.int64)
+    with without_fp64():
+        for call in (lambda: sampler.draw_dense(KEY.target, ctx, p),
+                     lambda: sampler.draw_sparse(KEY.draft, ctx, ids, p)):
+            with pytest.raises(sampler.WatermarkUnsupportedError, match="no float64"):
+                call()
+        assert sampler.coin(KEY.coin, ctx).shape == (2,)

@@ -55,9 +55,9 @@ class WatermarkKey:
 
     def __init__(self, secret: bytes) -> None:
         if not isinstance(secret, (bytes, bytearray)) or len(secret) != SECRET_BYTES:
+            size = len(secret) if isinstance(secret, (bytes, bytearray)) else "?"
             raise WatermarkKeyError(f"a watermark key is {SECRET_BYTES} bytes (256 bits); got "
-                                    f"{type(secret).__name__} of length "
-                                    f"{len(secret) if isinstance(secret, (bytes, bytearray)) else '?'}")
+                                    f"{type(secret).__name__} of length {size}")
         self._secret = bytes(secret)
         self._subkeys = {n: SubKey(n, self._derive(n.encode(), 12)) for n in (DRAFT, TARGET, COIN)}
 
