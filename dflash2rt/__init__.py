@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["run", "get_backend", "list_backends", "__version__"]
+__all__ = ["run", "get_backend", "list_backends", "WatermarkKey", "__version__"]
 
 if TYPE_CHECKING:
     from .api import run
     from .backend import Backend
     from .registry import BackendStatus
+    from .watermark import WatermarkKey
 
 
 def __getattr__(name: str) -> Any:
@@ -21,6 +22,10 @@ def __getattr__(name: str) -> Any:
         from .api import run
 
         return run
+    if name == "WatermarkKey":
+        from .watermark import WatermarkKey
+
+        return WatermarkKey
     raise AttributeError(f"module 'dflash2rt' has no attribute {name!r}")
 
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "dflash2rt"
 LAYERS = (
     {"errors"},
     {"ops", "bundled"},
-    {"backend"},
+    {"backend", "watermark"},
     {"hookspecs", "kernels", "graphs"},
     {"plugin_kit", "registry", "models"},
     {"cpu", "engine"},

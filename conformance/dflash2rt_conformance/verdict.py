@@ -32,8 +32,8 @@ from typing import Any
 MINIMUM = {
     "L0": 17,     # every reference self-check (none depends on the backend or a dtype),
                   # incl. 4 adaptive-schedule laws in Fractions and the peeking-schedule mutant
-    "L1": 107,    # float32: 76 op samples (10 at V = 151,936 / 202,048, 9 of attention) +
-                  # 4 spec steps; 27 error inputs
+    "L1": 114,    # float32: 79 op samples (10 at V = 151,936 / 202,048, 9 of attention, 3 of
+                  # watermark values) + 4 spec steps; 31 error inputs (4 of the watermark)
     "L2": 3,      # the quarter-table law and two float32 float-table laws
     "L3": 8,      # one float32 sampled joint law and the greedy chain; adaptive block sizes:
                   # 4 reference schedules + the engine's AdaptiveSchedule (float32) and the

@@ -1,0 +1,157 @@
+"""Watermark keys: a 256-bit secret and its three domain-separated subkeys A, B, C.
+
+A (draft walk), B (target residual / bonus / target-only draws) and C (acceptance coin) must be
+independent, or the draft's noise leaks into the residual draw and the result is biased (the
+shared-noise bug). Each subkey is keyed BLAKE2b of its domain label under the secret: knowing one
+subkey tells nothing about another or about the secret. A subkey is 96 bits: the 64-bit Philox key
+and one 32-bit counter word of ``values.keyed_bits``.
+
+Keys are secrets: ``repr`` / ``str`` show a one-way fingerprint (BLAKE2b under its own label),
+never the secret or a subkey; they are read from a file or built from bytes, never from the command
+line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from ..errors import InvalidInputError
+
+SECRET_BYTES = 32
+_LABEL = b"dflash2rt watermark v1 "
+DRAFT, TARGET, COIN = "A", "B", "C"          # the subkey names of the issue (draft/target/coin)
+
+
+class WatermarkKeyError(InvalidInputError):
+    """A watermark key that cannot be read or is malformed (the message never holds the key)."""
+
+
+class SubKey:
+    """96 bits of one subkey: Philox key words (k0, k1) and counter word ``word`` (uint32 ints).
+
+    Built only by ``WatermarkKey``; its repr names the domain, never the bits."""
+
+    __slots__ = ("name", "k0", "k1", "word")
+
+    def __init__(self, name: str, digest: bytes) -> None:
+        self.name = name
+        self.k0, self.k1, self.word = (int.from_bytes(digest[i:i + 4], "little")
+                                       for i in range(0, 12, 4))
+
+    def __repr__(self) -> str:
+        return f"SubKey({self.name})"
+
+    __str__ = __repr__
+
+
+class WatermarkKey:
+    """A 256-bit watermark secret (``generate``, ``from_bytes``, ``from_file``; ``save``)."""
+
+    __slots__ = ("_secret", "_subkeys")
+
+    def __init__(self, secret: bytes) -> None:
+        if not isinstance(secret, (bytes, bytearray)) or len(secret) != SECRET_BYTES:
+            size = len(secret) if isinstance(secret, (bytes, bytearray)) else "?"
+            raise WatermarkKeyError(f"a watermark key is {SECRET_BYTES} bytes (256 bits); got "
+                                    f"{type(secret).__name__} of length {size}")
+        self._secret = bytes(secret)
+        self._subkeys = {n: SubKey(n, self._derive(n.encode(), 12)) for n in (DRAFT, TARGET, COIN)}
+
+    @classmethod
+    def generate(cls) -> "WatermarkKey":
+        """A fresh key from the operating system's CSPRNG."""
+        return cls(secrets.token_bytes(SECRET_BYTES))
+
+    @classmethod
+    def from_bytes(cls, secret: bytes) -> "WatermarkKey":
+        return cls(secret)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "WatermarkKey":
+        """Read a key file: 64 hexadecimal digits (what ``save`` / ``watermark keygen`` write;
+        surrounding whitespace ignored) or exactly 32 raw bytes."""
+        path = Path(path).expanduser()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise WatermarkKeyError(f"cannot read watermark key file {str(path)!r}: "
+                                    f"{exc.strerror or type(exc).__name__}") from None
+        text = data.strip()
+        if len(text) == 2 * SECRET_BYTES:
+            try:
+                return cls(bytes.fromhex(text.decode("ascii")))
+            except (UnicodeDecodeError, ValueError):
+                pass
+        if len(data) == SECRET_BYTES:
+            return cls(data)
+        raise WatermarkKeyError(f"watermark key file {str(path)!r} must hold 64 hexadecimal "
+                                f"digits or {SECRET_BYTES} raw bytes (make one with "
+                                "`dflash2rt watermark keygen --out FILE`)")
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write the key as 64 hex digits + newline, readable by the owner only (mode 0600);
+        an existing file is kept unless ``overwrite``."""
+        path = Path(path).expanduser()
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            raise WatermarkKeyError(f"{str(path)!r} exists; refusing to overwrite a key "
+                                    "(choose another path or delete it first)") from None
+        except OSError as exc:
+            raise WatermarkKeyError(f"cannot write watermark key file {str(path)!r}: "
+                                    f"{exc.strerror or type(exc).__name__}") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(self._secret.hex() + "\n")
+        return path
+
+    def _derive(self, label: bytes, size: int) -> bytes:
+        return hashlib.blake2b(_LABEL + label, key=self._secret, digest_size=size).digest()
+
+    def subkey(self, name: str) -> SubKey:
+        """Subkey "A" (draft), "B" (target) or "C" (acceptance coin)."""
+        try:
+            return self._subkeys[name]
+        except KeyError:
+            raise WatermarkKeyError(f"no subkey {name!r}; use 'A', 'B' or 'C'") from None
+
+    @property
+    def draft(self) -> SubKey:
+        return self._subkeys[DRAFT]
+
+    @property
+    def target(self) -> SubKey:
+        return self._subkeys[TARGET]
+
+    @property
+    def coin(self) -> SubKey:
+        return self._subkeys[COIN]
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits identifying the key (one-way: says nothing about the secret)."""
+        return self._derive(b"fingerprint", 8).hex()
+
+    def __repr__(self) -> str:
+        return f"WatermarkKey(fingerprint={self.fingerprint})"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WatermarkKey) and hmac.compare_digest(self._secret, other._secret)
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint)
+
+    def __copy__(self) -> "WatermarkKey":
+        return self                                   # immutable
+
+    def __deepcopy__(self, memo: dict) -> "WatermarkKey":
+        return self
+
+    def __reduce__(self):
+        raise TypeError("WatermarkKey is a secret and is not pickled; pass the key file path")
