@@ -29,8 +29,14 @@ class RunResult:
     outputs: list[RequestOutput]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"texts": self.texts, "tokens": self.tokens, "stats": self.stats.as_dict(),
-                "finish_reasons": [o.finish_reason for o in self.outputs]}
+        out = {"texts": self.texts, "tokens": self.tokens, "stats": self.stats.as_dict(),
+               "finish_reasons": [o.finish_reason for o in self.outputs]}
+        if any(o.logprobs is not None for o in self.outputs):
+            out["logprobs"] = [o.logprobs for o in self.outputs]
+            out["top_logprobs"] = [None if o.top_logprobs is None else
+                                   [{str(k): v for k, v in t.items()} for t in o.top_logprobs]
+                                   for o in self.outputs]
+        return out
 
 
 def _files_identity(*dirs: str | None) -> tuple[tuple[str, int, int], ...]:
@@ -145,8 +151,14 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         seed: int = 0, block_size: int | None = None, spec: bool = True,
         stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
         dtype: torch.dtype | str = "auto",
-        on_tokens: Callable[[int, list[int]], None] | None = None) -> RunResult:
+        on_tokens: Callable[[int, list[int]], None] | None = None,
+        repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0, min_p: float = 0.0,
+        logit_bias: dict[int, float] | None = None, logprobs: int | None = None) -> RunResult:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
+
+    The penalties, ``min_p``, ``logit_bias`` and ``logprobs`` are ``SamplingParams``'s (their
+    definitions and order are documented there); every one keeps speculation lossless.
 
     ``backend``: a name, a Backend, or None for $DFLASH2RT_BACKEND / the best available one.
     ``block_size``: None (default) chooses each step's block size adaptively (1, a target-only
@@ -162,7 +174,11 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed,
                             stop_strings=(stop,) if isinstance(stop, str) else stop,
-                            stop_token_ids=stop_token_ids)
+                            stop_token_ids=stop_token_ids,
+                            repetition_penalty=repetition_penalty,
+                            frequency_penalty=frequency_penalty,
+                            presence_penalty=presence_penalty, min_p=min_p,
+                            logit_bias=logit_bias or {}, logprobs=logprobs)
     requests = [Request(p, params) for p in _encode(pair, prompts)]
     with Engine(pair, be) as engine:
         outputs, stats = engine.generate(requests, spec=spec, block_size=block_size,

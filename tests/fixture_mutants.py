@@ -57,6 +57,35 @@ def _target_probs_keeps_one_more(logits, temperature, top_k, top_p, **host_facts
 ops_sampling.target_probs = ops_verify.target_probs = _target_probs_keeps_one_more
 '''
 
+_PROCS_PRE_BLOCK = '''
+from dflash2rt.ops import procs as ops_procs
+
+
+def _pre_block_counts(counts, draft):
+    """Every verify row gets the committed counts (the in-block drafts are not counted)."""
+    t = 1 if draft is None else draft.shape[1] + 1
+    return counts.unsqueeze(1).expand(-1, t, -1)
+
+
+ops_procs.block_counts = _pre_block_counts
+'''
+
+_PROCS_ROW0 = '''
+from dflash2rt.ops import procs as ops_procs
+
+_process = ops_procs.ProcBatch.process
+
+
+def _row0_everywhere(self, logits, draft=None):
+    """Row 0's processing, as a change to the logits, applied to every row."""
+    row0 = logits[:, :1].float()
+    delta = torch.where(torch.isfinite(row0), _process(self, logits[:, :1], None) - row0, 0.0)
+    return logits.float() + delta
+
+
+ops_procs.ProcBatch.process = _row0_everywhere
+'''
+
 _SHAPES_OK = '''
         g = logits.shape[1] - 1
         if g < 1 or tuple(draft.shape) != (logits.shape[0], g):    # let the real checks raise
@@ -187,6 +216,11 @@ def _conv(x, base, delta, block_size):
                               out.tokens.gather(1, out.accept_len.view(-1, 1)).view(-1))
         return VerifyOut(acc, assemble_tokens(draft, acc, emitted), out.bad, out.bad_q)
 '''),
+    # Issue 18: a penalty applied to every verify row with the pre-block (committed) counts,
+    # not the counts after d_1..d_j.
+    "procs-pre-block-counts": (_PROCS_PRE_BLOCK, "    pass\n"),
+    # Issue 18: row 0's processing (its change to the logits) added to every verify row.
+    "procs-row0-everywhere": (_PROCS_ROW0, "    pass\n"),
     # The acceptance coin is read from the walk stream (it differs from the accept stream).
     "walk-as-accept": ("", '''
     def verify(self, logits, draft, candidates, q, sampling, noise, check=True):

@@ -6,6 +6,8 @@ subsets of what ``dflash2rt conformance`` runs; each failure must name its level
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fixture_mutants import install, source
@@ -28,6 +30,11 @@ KILLS = {  # mutant: (-k selection, failure heads that must appear)
         "[L1 conv_finish case=b16_r1_h520_g65_t2_multi_tile"]),
     "accept-in-float32": ("L1 and verify", ["[L1 verify case=accept_f32_vs_f64_q_not_pow2"]),
     "walk-as-accept": ("L2", ["[L2 law case=quarter-q1]", "[L2 law case=plain dtype=float32]"]),
+    "procs-pre-block-counts": ("procs", [
+        "[L1 procs case=frequency]", "[L1 procs case=repetition]",
+        "[L3 procs case=procs-frequency-"]),
+    "procs-row0-everywhere": ("procs", [
+        "[L1 procs case=presence]", "[L3 procs case=procs-frequency-"]),
     "schedule-peeks-accept": ("L3 and adaptive", [
         "[L3 adaptive case=adaptive-V4-b4-K3-L4-accept-driven dtype=float32]",
         "[L3 adaptive case=adaptive-V4-b4-K3-L4-cost-model dtype=float32]"]),
@@ -48,7 +55,10 @@ def run_mutant(pytester, monkeypatch, tmp_path):
         plugins.mkdir()
         name = f"mut-{mutant}"
         install(plugins, name, source(mutant, name, dtypes))
-        monkeypatch.setenv("PYTHONPATH", str(plugins))
+        # The caller's PYTHONPATH stays after the plugins (a worktree's checkout, not the
+        # installed one, is then the code under test).
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+            [str(plugins)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         return pytester.runpytest_subprocess("--pyargs", "dflash2rt_conformance", "-p",
                                              "no:cacheprovider", "--dflash2rt-backend", name,

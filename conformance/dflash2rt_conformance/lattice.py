@@ -113,22 +113,28 @@ def context_tables(salt: str, v: int, k: int):
     return p_fn, sel
 
 
-def target_logits(p_fn, ctx: tuple, draft: np.ndarray, v: int) -> np.ndarray:
-    """Verify logits [R, γ+1, V]: row j = log p(· | ctx + d_1..d_j), per lattice row."""
+def target_logits(p_fn, ctx: tuple, draft: np.ndarray, v: int, raw_fn=None) -> np.ndarray:
+    """Verify logits [R, γ+1, V]: row j = log p(· | ctx + d_1..d_j), per lattice row
+    (``raw_fn(ctx)``: the row's logits instead, e.g. ones a logit processor turns into log p)."""
     r, gamma = draft.shape
     out = np.zeros((r, gamma + 1, v))
     for j in range(gamma + 1):
         prefixes, inv = np.unique(draft[:, :j], axis=0, return_inverse=True)
-        rows = np.stack([log_or_neg(np.asarray(p_fn(ctx + tuple(int(x) for x in pre)), float))
-                         for pre in prefixes])
+        row_of = raw_fn or (lambda c: log_or_neg(np.asarray(p_fn(c), float)))
+        rows = np.stack([row_of(ctx + tuple(int(x) for x in pre)) for pre in prefixes])
         out[:, j] = rows[inv.reshape(-1)]
     return out
 
 
 def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int,
                       dtype: torch.dtype, temperature: float = 1.0, dedup: bool = False,
-                      key_first_accept: bool = False) -> dict:
+                      key_first_accept: bool = False, raw_fn=None, process=None,
+                      min_p: float = 0.0) -> dict:
     """The backend's exact law of one round's emitted tokens from ``ctx`` (select + verify).
+
+    Logit processors (``lattice_procs``): ``raw_fn(ctx)`` gives each verify row's raw logits,
+    ``process(ctx, logits, draft)`` the runtime's processing of them before verify, ``min_p``
+    the requests' min-p.
 
     ``key_first_accept``: the law of (index k of slot 0's acceptance coin (2k+1)/(2·M_ACCEPT),
     emitted tokens) instead, so that a schedule that (wrongly) reads the current step's first
@@ -168,12 +174,14 @@ def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int
     draft, cand, q = out.draft[sel_rows], out.candidates[sel_rows], out.q[sel_rows]
     u_acc = midpoints(m_acc)[coins[:, :gamma]]
     u_res = midpoints(m_res)[coins[:, gamma]]
-    vlog = t(target_logits(p_fn, ctx, draft.cpu().numpy(), v))
+    vlog = t(target_logits(p_fn, ctx, draft.cpu().numpy(), v, raw_fn))
+    if process is not None:
+        vlog = process(ctx, vlog, draft)
     res = t(np.repeat(u_res[:, None], gamma, 1), torch.float32)
     noise = BlockNoise(t(u_walk[rows], torch.float32), t(u_acc, torch.float32), res,
                        t(u_res, torch.float32))
     n = len(rows)
-    sampling = SamplingBatch.build([temperature] * n, [0] * n, [1.0] * n, dev)
+    sampling = SamplingBatch.build([temperature] * n, [0] * n, [1.0] * n, dev, [min_p] * n)
     ver = backend.verify(vlog, draft, cand, q, sampling, noise, check=True)
     tokens = ver.tokens.cpu().numpy()                      # tokens are −1 after the emitted one
     if key_first_accept:

@@ -30,7 +30,7 @@ def run_step(pair: ModelPair, backend, prompt: tuple[int, ...], seed: int, key: 
         h_e = steps.draft_block(pair, st, backend, pos, n)
         noise = backend.noise(st.seed, st.key, st.lens, block - 1)
         sel = steps.select_block(pair, st, backend, h_e, noise)
-        tgt, ver = steps.verify_block(pair, st, backend, sel, noise, pos, n)
+        tgt, ver, _ = steps.verify_block(pair, st, backend, sel, noise, pos, n)
         logits = pair.target.lm_head(h_e)
     return {"anchor": int(first.token[0]), "draft_hidden": h_e[0], "draft_logits": logits[0],
             "candidates": sel.candidates[0], "draft": sel.draft[0], "q": sel.q[0],

@@ -29,6 +29,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="over prompt + output tokens: a positive logit / r, else × r (1 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="minus f × the token's count in the output so far, in [-2, 2]")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="minus s if the token occurs in the output so far, in [-2, 2]")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="keep tokens with p >= min_p × max p (after top-k / top-p; 0 = off)")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS (in [-100, 100]) to token ID's logit (repeatable)")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="return each token's log-probability and its top-N alternatives "
+                        "(with --json)")
     p.add_argument("--block-size", type=int, default=None, help="a fixed speculation block "
                    "(reproducible across machines); default: adaptive, each step's block size "
                    "chosen from acceptance and measured step cost (1 = a target-only step)")
@@ -39,6 +52,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-spec", action="store_true", help="target-only decoding (the baseline)")
     p.add_argument("--json", action="store_true", help="print texts, tokens and stats as JSON")
     p.set_defaults(func=run)
+
+
+def _logit_bias(items: list[str]) -> dict[int, float]:
+    """["ID=BIAS", ...] → {id: bias}; a malformed item is a typed error saying the form."""
+    from ..errors import SamplingParamsError
+    out: dict[int, float] = {}
+    for item in items:
+        tok, sep, bias = item.partition("=")
+        try:
+            out[int(tok)] = float(bias)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise SamplingParamsError(f"--logit-bias takes ID=BIAS (e.g. 42=-5.5), got {item!r}")
+    return out
 
 
 def _model_arg(text: str):
@@ -119,7 +147,11 @@ def run(args: argparse.Namespace) -> int:
     res = api_run(pair, selection.backend, prompts=prompts, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                   seed=args.seed, block_size=args.block_size, spec=not args.no_spec,
-                  stop=args.stop, dtype=dtype, on_tokens=progress)
+                  stop=args.stop, dtype=dtype, on_tokens=progress,
+                  repetition_penalty=args.repetition_penalty,
+                  frequency_penalty=args.frequency_penalty,
+                  presence_penalty=args.presence_penalty, min_p=args.min_p,
+                  logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs)
     if args.json:
         print(file=sys.stderr)
         print(json.dumps({**res.as_dict(), "load": loaded}, indent=2))

@@ -10,6 +10,7 @@ import time
 from typing import Callable
 
 from ..backend import Fallbacks
+from ..ops.procs import unpack_logprobs
 from .graphed import GraphStats, Stepper, graph_delta
 from .output import Collector
 from .schedule import AdaptiveSchedule, bucket_of
@@ -63,6 +64,8 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
     res = stepper.step(st, fallbacks.report, stats.time)   # eager bodies time themselves
     st.lens.copy_(res.lens)
     st.anchor.copy_(res.anchor)
+    if st.procs is not None:             # the committed tokens' counts, on the device
+        st.procs.commit_(res.tokens, res.accept_len + 1)
     t1 = time.perf_counter()
     host = res.for_host().tolist()       # the step's one device→host sync: [R, 2 + B]
     stats.syncs += 1
@@ -73,8 +76,12 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
     stats.steps += 1
     accepted = [h[0] for h in host]
     stats.record_accepts(accepted, block)
+    b = res.tokens.shape[1]
     for i, h in enumerate(host):
-        out.add(st.rows[i], h[2:3 + h[0]])
+        lp = None
+        if st.procs is not None and st.procs.logprobs is not None:
+            lp = unpack_logprobs(h[2 + b:], b, st.procs.logprobs, st.procs.wants[i])[:h[0] + 1]
+        out.add(st.rows[i], h[2:3 + h[0]], lp)
         st.host_lens[i] += h[0] + 1
     st = drop_finished(st, out)
     end = time.perf_counter()

@@ -21,6 +21,7 @@ from ..errors import InvalidInputError
 from ..graphs.runner import bucket_for
 from ..models.kv_cache import KVCache
 from ..models.pair import ModelPair
+from ..ops.procs import unpack_logprobs
 from . import steps
 from .decode import Steppers, calibrate, decode_step, drop_finished
 from .graphed import BUCKETS, LEN_STEP, Stepper
@@ -112,7 +113,8 @@ class Engine:
 
     def _new_state(self, requests: Sequence[Request], target: KVCache,
                    draft: KVCache | None) -> BatchState:
-        return new_state(requests, target, draft, self.backend.device)
+        return new_state(requests, target, draft, self.backend.device,
+                         self.pair.target.cfg.vocab_size)
 
     def generate(self, requests: Sequence[Request], spec: bool = True,
                  block_size: int | None = None, on_tokens: OnTokens | None = None
@@ -143,10 +145,13 @@ class Engine:
             steppers, st = self._start(requests, spec, block)
             try:
                 first = steps.prefill(pair, st, self.backend, [q.prompt_ids for q in requests])
-                host = torch.stack([first.token, pack_flags(first.bad)], 1).tolist()  # prefill's
+                host = torch.cat([torch.stack([first.token, pack_flags(first.bad)], 1)]
+                                 + ([first.logprobs] if first.logprobs is not None else []),
+                                 1).tolist()                               # prefill's sync
                 raise_flags([h[1] for h in host], st.rows)
-                for i, (tok, _) in enumerate(host):
-                    out.add(st.rows[i], [tok])
+                for i, h in enumerate(host):
+                    out.add(st.rows[i], [h[0]], None if first.logprobs is None else
+                            unpack_logprobs(h[2:], 1, st.procs.logprobs, st.procs.wants[i]))
                     st.host_lens[i] = len(requests[i].prompt_ids)   # mirrors st.lens = n
                 stats.time["prefill"] = time.perf_counter() - start
                 st = drop_finished(st, out)

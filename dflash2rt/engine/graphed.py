@@ -29,13 +29,17 @@ _PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.
            "top_k": (torch.int64, 0), "top_p": (torch.float32, 1.0), "greedy": (torch.bool, True),
            "live": (torch.bool, False)}
 GraphStats = dict[str, dict[int, dict[str, Any]]]     # graph name → bucket → counters
+EAGER_PROCS = ("steps of batches with logit processors, min-p or logprobs run eagerly (graphs "
+               "do not take their state as inputs)")
 
 
 class Stepper:
     """One decode step of one mode (``bodies.block`` None: target-only) for a BatchState.
     Without a graph adapter it is a runner that just calls each body on the live rows (reading
     the cache rows the batch holds, timed per body); with one, runners are kept across
-    generate() calls and what runs eagerly is reported to the ``report`` of the current run."""
+    generate() calls and what runs eagerly is reported to the ``report`` of the current run.
+    A batch that is ``eager_only`` (logit processors, min-p, logprobs: state the graphs do not
+    take as inputs) runs its bodies eagerly over the same caches, and that is reported."""
 
     def __init__(self, bodies: StepBodies, adapter: GraphAdapter | None) -> None:
         self.bodies, self.adapter = bodies, adapter
@@ -57,10 +61,13 @@ class Stepper:
     def _run(self, kind: str, st: BatchState, inp: Tensors, report: Callable[[str], None],
              clock: dict[str, float]) -> Tensors:
         sampled = st.sampling.any_sampled
-        if self.adapter is not None:
+        if self.adapter is not None and not st.eager_only:
             return self._runner(kind, sampled).run(inp, report)
+        if self.adapter is not None:
+            report(EAGER_PROCS)
         start = time.perf_counter()
-        out = self._body(kind)(inp, sampled, max(st.host_lens))
+        out = self._body(kind)(inp, sampled, max(st.host_lens),
+                               host=st if st.eager_only else None)
         clock["draft" if kind == "draft" else "verify"] += time.perf_counter() - start
         return out
 

@@ -21,17 +21,28 @@ class Collector:
     def done(self, i: int) -> bool:
         return bool(self.outputs[i].finish_reason)
 
-    def add(self, i: int, tokens: list[int]) -> None:
-        """Append a step's committed tokens to request i, truncating at any stop condition."""
+    def add(self, i: int, tokens: list[int],
+            logprobs: list[tuple[float, dict[int, float]]] | None = None) -> None:
+        """Append a step's committed tokens to request i, truncating at any stop condition;
+        ``logprobs`` (one per token, for a request that asked for them) are kept alongside."""
         o, params = self.outputs[i], self.requests[i].params
         before = len(o.token_ids)
         o.token_ids.extend(tokens)
+        if params.logprobs is not None:
+            if logprobs is None or len(logprobs) != len(tokens):
+                raise RuntimeError(f"request {i} asked for logprobs but the step returned "
+                                   f"{None if logprobs is None else len(logprobs)} for "
+                                   f"{len(tokens)} tokens")
+            o.logprobs = (o.logprobs or []) + [lp for lp, _ in logprobs]
+            o.top_logprobs = (o.top_logprobs or []) + [top for _, top in logprobs]
         hit = stop_at(o.token_ids, params, self.eos)
         if hit is not None:
             del o.token_ids[hit[0]:]
             o.finish_reason = hit[1]
         if params.stop_strings:
             self._stop_strings(o, params.stop_strings, before)
+        if o.logprobs is not None:                         # cut where the tokens were cut
+            del o.logprobs[len(o.token_ids):], o.top_logprobs[len(o.token_ids):]
         if self.on_tokens is not None and len(o.token_ids) > before:
             self.on_tokens(i, o.token_ids[before:])
 

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..errors import InvalidInputError, SamplingParamsError
+from ..ops.procs import check_proc_params
 from ..ops.sampling import check_sampling_params
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request generation settings (vLLM-style). ``temperature == 0`` is greedy."""
+    """Per-request generation settings (vLLM-style). ``temperature == 0`` is greedy.
+
+    Logit processing, in this order: ``logit_bias`` (token id → bias in [-100, 100]) and the
+    penalties on the raw logits — ``repetition_penalty`` (1 = off; over prompt + output tokens:
+    a positive logit divided by it, a non-positive one multiplied), ``frequency_penalty`` and
+    ``presence_penalty`` (0 = off, in [-2, 2]; over output tokens: minus f · count, minus s if
+    present) — then temperature, top-k, top-p and ``min_p`` (0 = off: keep tokens with p ≥
+    min_p · max p). See ``ops.procs`` and ``ops.sampling``. ``logprobs``: None (off), or n ≥ 0:
+    each emitted token's log-probability under the final law (greedy requests: that law at
+    temperature 1), with the top-n alternatives (``RequestOutput.logprobs``).
+    """
 
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -22,6 +33,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    min_p: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict, hash=False)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not is_int(self.max_new_tokens) or not 1 <= self.max_new_tokens < 2**63:
@@ -49,6 +66,21 @@ class SamplingParams:
         for name in ("max_new_tokens", "top_k", "seed"):      # numpy integers → int
             object.__setattr__(self, name, int(getattr(self, name)))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        check_proc_params(self.repetition_penalty, self.frequency_penalty,
+                          self.presence_penalty, self.min_p, self.logit_bias, self.logprobs)
+        object.__setattr__(self, "logit_bias",
+                           {int(t): float(b) for t, b in self.logit_bias.items()})
+        for name in ("repetition_penalty", "frequency_penalty", "presence_penalty", "min_p"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        if self.logprobs is not None:
+            object.__setattr__(self, "logprobs", int(self.logprobs))
+
+    @property
+    def processed(self) -> bool:
+        """Whether the request uses a logit processor (bias, a penalty, min-p) or logprobs."""
+        return bool(self.logit_bias) or self.logprobs is not None or self.min_p > 0 \
+            or self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 \
+            or self.presence_penalty != 0.0
 
 
 def is_int(value: object) -> bool:
@@ -92,6 +124,13 @@ class Request:
         if bad:
             raise InvalidInputError(f"stop_token_ids {bad[:5]} are outside the vocabulary "
                                     f"[0, {vocab_size}): they could never stop the request")
+        bad = [t for t in self.params.logit_bias if t >= vocab_size]
+        if bad:
+            raise InvalidInputError(f"logit_bias token ids {bad[:5]} are outside the vocabulary "
+                                    f"[0, {vocab_size})")
+        if self.params.logprobs is not None and self.params.logprobs > vocab_size:
+            raise InvalidInputError(f"logprobs={self.params.logprobs} asks for more "
+                                    f"alternatives than the vocabulary has ({vocab_size})")
 
 
 @dataclass
@@ -102,6 +141,10 @@ class RequestOutput:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str = ""
+    # With SamplingParams.logprobs = n: per emitted token, its log-probability and the top-n
+    # alternatives {token id: log-probability} under the final processed law; else None.
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None
 
 
 def stop_at(tokens: Sequence[int], params: SamplingParams, eos: Sequence[int]

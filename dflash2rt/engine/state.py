@@ -9,6 +9,7 @@ import torch
 
 from ..models.kv_cache import KVCache
 from ..ops.batch import SamplingBatch
+from ..ops.procs import ProcBatch
 
 
 @dataclass
@@ -16,7 +17,9 @@ class BatchState:
     """R live requests in cache slots [0, R) of caches allocated for ``capacity`` slots (static
     storage, so graphs can capture it). Device: committed lengths ``lens`` (= anchor position),
     anchor tokens, RNG keys, sampling parameters. Host: ``host_lens`` (mirror of ``lens``,
-    updated from the one sync per step) and ``rows`` (each slot's index in the request list)."""
+    updated from the one sync per step) and ``rows`` (each slot's index in the request list).
+    ``procs``: the logit processors' device state (token counts, bias, penalties) and logprobs
+    requests, None when no request of the batch uses any (``ops.procs``)."""
 
     target_storage: KVCache        # every slot's cache; ``target_cache`` is slots [0, R)
     draft_storage: KVCache | None
@@ -27,6 +30,7 @@ class BatchState:
     sampling: SamplingBatch
     host_lens: list[int]
     rows: list[int]
+    procs: ProcBatch | None = None
 
     @property
     def size(self) -> int:
@@ -50,18 +54,35 @@ class BatchState:
             self.draft_storage.compact_(idx, upto)
         return BatchState(self.target_storage, self.draft_storage, self.lens[t], self.anchor[t],
                           self.seed[t], self.key[t], self.sampling.take(idx),
-                          [self.host_lens[i] for i in idx], [self.rows[i] for i in idx])
+                          [self.host_lens[i] for i in idx], [self.rows[i] for i in idx],
+                          None if self.procs is None else self.procs.take(idx))
+
+    @property
+    def eager_only(self) -> bool:
+        """Whether the batch needs what captured graphs do not take as inputs (logit
+        processors, min-p, logprobs): its steps then run eagerly, and that is reported."""
+        return self.procs is not None or self.sampling.min_p is not None
 
 
 def new_state(requests: Sequence, target: KVCache, draft: KVCache | None,
-              dev: torch.device) -> BatchState:
+              dev: torch.device, vocab: int | None = None) -> BatchState:
     """A batch of ``requests`` (engine Requests) in slots [0, R) of the given caches, before
-    prefill: lengths and anchors 0."""
+    prefill: lengths and anchors 0. ``vocab``: the target's vocabulary size, which the logit
+    processors' state needs (None: requests that use them are refused)."""
     r, ps = len(requests), [q.params for q in requests]
     i64 = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
     return BatchState(
         target, draft, i64([0] * r), i64([0] * r),
         i64([p.seed for p in ps]), i64([q.key for q in requests]),
         SamplingBatch.build([p.temperature for p in ps], [p.top_k for p in ps],
-                            [p.top_p for p in ps], dev),
-        [0] * r, list(range(r)))
+                            [p.top_p for p in ps], dev, [p.min_p for p in ps]),
+        [0] * r, list(range(r)), _procs(requests, vocab, dev))
+
+
+def _procs(requests: Sequence, vocab: int | None, dev: torch.device) -> ProcBatch | None:
+    if vocab is None:
+        if any(q.params.processed for q in requests):
+            raise ValueError("new_state needs the vocabulary size for logit processors")
+        return None
+    return ProcBatch.build([q.params for q in requests], [q.prompt_ids for q in requests],
+                           vocab, dev)

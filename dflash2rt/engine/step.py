@@ -5,7 +5,9 @@ commit KV). Target-only: ``target_only`` (forward → sample → commit KV). A b
 inputs (the live rows' device state, plus the draft's outputs for ``verify``) and returns
 tensors; the last body of a step returns the ``StepOut`` fields, flags packed (``pack_flags``)
 and the new lengths and anchor, which the engine copies into the batch state in one place.
-Rows whose ``live`` input is False (graph padding) commit nothing.
+Rows whose ``live`` input is False (graph padding) commit nothing. A batch with logit
+processors, min-p or logprobs (``BatchState.eager_only``) runs its bodies eagerly with the
+batch's own sampling and ``procs`` (``host``): graphs do not take them as inputs.
 """
 
 from __future__ import annotations
@@ -67,14 +69,17 @@ class StepOut:
     flags: torch.Tensor        # [R] int64 BAD_* bits
     lens: torch.Tensor         # [R] int64 committed lengths after the step
     anchor: torch.Tensor       # [R] int64 the next anchor (the last committed token)
+    logprobs: torch.Tensor | None = None   # [R, B·(1+2n)] packed (ops.procs.token_logprobs)
 
     @staticmethod
     def of(out: Mapping[str, torch.Tensor]) -> "StepOut":
-        return StepOut(**{f.name: out[f.name] for f in fields(StepOut)})
+        return StepOut(**{f.name: out[f.name] for f in fields(StepOut) if f.name in out})
 
     def for_host(self) -> torch.Tensor:
-        """[R, 2 + B] int64: accept_len, flags, tokens: the step's one device→host transfer."""
-        return torch.cat([self.accept_len.view(-1, 1), self.flags.view(-1, 1), self.tokens], 1)
+        """[R, 2 + B (+ B·(1+2n))] int64: accept_len, flags, tokens (then the packed
+        logprobs): the step's one device→host transfer."""
+        parts = [self.accept_len.view(-1, 1), self.flags.view(-1, 1), self.tokens]
+        return torch.cat(parts + ([self.logprobs] if self.logprobs is not None else []), 1)
 
 
 def live_inputs(st: BatchState) -> Tensors:
@@ -96,16 +101,21 @@ class StepBodies:
         self.pair, self.backend, self.storage = pair, backend, (target, draft)
         self.block = block                                   # None: target-only decoding
 
-    def _state(self, inp: Mapping[str, torch.Tensor], sampled: bool) -> BatchState:
+    def _state(self, inp: Mapping[str, torch.Tensor], sampled: bool,
+               host: BatchState | None = None) -> BatchState:
+        """The body's batch state from its inputs; ``host`` (eager runs of an ``eager_only``
+        batch): that batch's sampling parameters (min-p included) and logit processors."""
         r = inp["anchor"].shape[0]
         sampling = SamplingBatch(inp["temperature"], inp["top_k"], inp["top_p"], inp["greedy"],
-                                 any_sampled=sampled)
+                                 any_sampled=sampled) if host is None else host.sampling
         return BatchState(*self.storage, inp["lens"], inp["anchor"], inp["seed"], inp["key"],
-                          sampling, [0] * r, list(range(r)))
+                          sampling, [0] * r, list(range(r)),
+                          None if host is None else host.procs)
 
-    def draft(self, inp: Tensors, sampled: bool, ctx_len: int | None) -> Tensors:
+    def draft(self, inp: Tensors, sampled: bool, ctx_len: int | None,
+              host: BatchState | None = None) -> Tensors:
         """draft → select: the block's draft tokens, their laws, the step's noise."""
-        st, gamma = self._state(inp, sampled), self.block - 1
+        st, gamma = self._state(inp, sampled, host), self.block - 1
         pos = steps.block_positions(st, self.block)                      # [R, B]
         h_e = steps.draft_block(self.pair, st, self.backend, pos, ctx_len)  # [R, γ, H]
         noise = self.backend.noise(st.seed, st.key, st.lens, gamma) if sampled \
@@ -115,26 +125,31 @@ class StepBodies:
                 "draft_bad": sel.bad, "lattice_bad": sel.bad_lattice,
                 **{n: getattr(noise, n) for n in NOISE}}
 
-    def verify(self, inp: Tensors, sampled: bool, ctx_len: int | None) -> Tensors:
+    def verify(self, inp: Tensors, sampled: bool, ctx_len: int | None,
+               host: BatchState | None = None) -> Tensors:
         """verify → accept → commit KV of the accepted rows; the StepOut fields."""
-        st = self._state(inp, sampled)
+        st = self._state(inp, sampled, host)
         pos = steps.block_positions(st, self.block)                      # [R, B]
         sel = SelectorOut(inp["draft"], inp["cand"], inp["q"], inp["draft_bad"],
                           inp["lattice_bad"])
         noise = BlockNoise(*(inp[n] for n in NOISE))
-        tgt, ver = steps.verify_block(self.pair, st, self.backend, sel, noise, pos, ctx_len)
+        tgt, ver, lp = steps.verify_block(self.pair, st, self.backend, sel, noise, pos, ctx_len)
         acc = ver.accept_len                                             # [R]
         count = torch.where(inp["live"], acc + 1, 0)                     # padded rows: inert
         steps.commit_kv(self.pair, st, tgt, pos, count)                  # inputs stay unmodified
         return {"accept_len": acc, "tokens": ver.tokens,                 # [R], [R, B]
                 "flags": pack_flags(ver.bad, ver.bad_q, inp["draft_bad"], inp["lattice_bad"]),
-                "lens": st.lens + count, "anchor": ver.tokens.gather(1, acc.view(-1, 1))[:, 0]}
+                "lens": st.lens + count, "anchor": ver.tokens.gather(1, acc.view(-1, 1))[:, 0],
+                **({} if lp is None else {"logprobs": lp})}
 
-    def target_only(self, inp: Tensors, sampled: bool, ctx_len: int | None) -> Tensors:
+    def target_only(self, inp: Tensors, sampled: bool, ctx_len: int | None,
+                    host: BatchState | None = None) -> Tensors:
         """One target token per row: forward → sample → commit KV; the StepOut fields."""
-        st = self._state(inp, sampled)
-        token, bad, out, pos = steps.target_only_forward(self.pair, st, self.backend, ctx_len)   # [R], [R]
+        st = self._state(inp, sampled, host)
+        token, bad, out, pos, lp = steps.target_only_forward(self.pair, st, self.backend,
+                                                             ctx_len)           # [R], [R]
         count = torch.where(inp["live"], 1, 0)                           # padded rows: inert
         steps.commit_kv(self.pair, st, out, pos, count, defer_draft=True)  # draft: side buffer
         return {"accept_len": torch.zeros_like(token), "tokens": token.view(-1, 1),
-                "flags": pack_flags(bad), "lens": st.lens + count, "anchor": token}
+                "flags": pack_flags(bad), "lens": st.lens + count, "anchor": token,
+                **({} if lp is None else {"logprobs": lp})}

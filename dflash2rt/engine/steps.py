@@ -3,6 +3,12 @@
 prefill, then per step draft_block → select_block → verify_block → commit_kv (step.py puts
 them into step bodies). Nothing here reads a device value on the host: the engine does exactly
 one device→host transfer per step. ``ctx_len``: cache rows attention reads (None: all).
+
+Logit processors (``st.procs``: bias, penalties) process every target row the same way in each
+mode: prefill's first token and a target-only step with the committed counts, verify row j with
+the committed counts plus d_1..d_j (``ProcBatch.process``), before the backend's verify (so a
+kernel backend verifies processed logits too). With logprobs requested, each step also returns
+the emitted tokens' log-probabilities under the final law (``ops.procs.token_logprobs``).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from ..backend import Backend
 from ..models.pair import ModelPair
 from ..models.target import TargetOutput
 from ..ops.batch import BlockNoise
+from ..ops.procs import token_logprobs
 from ..ops.rng import Stream, uniforms
 from ..ops.selector import SelectorOut, SelectorParams
 from ..ops.verify import VerifyOut, sample_next
@@ -25,6 +32,22 @@ from .state import BatchState
 class Prefilled:
     token: torch.Tensor   # [R] first generated token (the first anchor)
     bad: torch.Tensor     # [R] bool
+    logprobs: torch.Tensor | None = None   # [R, 1 + 2n] packed (token_logprobs), if asked
+
+
+def processed(st: BatchState, logits: torch.Tensor, draft: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """Target logits [R, T, V] after the batch's logit processors (unchanged without any)."""
+    return logits if st.procs is None else st.procs.process(logits, draft)
+
+
+def logprobs_of(st: BatchState, logits: torch.Tensor, tokens: torch.Tensor
+                ) -> torch.Tensor | None:
+    """Packed log-probabilities of tokens [R, T] under processed logits [R, T, V], or None
+    when no request of the batch asked for logprobs."""
+    if st.procs is None or st.procs.logprobs is None:
+        return None
+    return token_logprobs(logits, st.sampling, tokens, st.procs.logprobs)
 
 
 def prefill(pair: ModelPair, st: BatchState, backend: Backend, prompts: list[tuple[int, ...]]
@@ -43,12 +66,14 @@ def prefill(pair: ModelPair, st: BatchState, backend: Backend, prompts: list[tup
                       attn=backend.attention)                           # writes the target K/V
     if st.draft_cache is not None:
         st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, n)
-    last = out.logits[:, 0]                                              # row n - 1 only
+    last = processed(st, out.logits[:, :1])                               # row n - 1 only
     u = uniforms(st.seed, st.key, n, Stream.BONUS)                        # decides position n
-    token, bad = sample_next(last, st.sampling, u)
+    token, bad = sample_next(last[:, 0], st.sampling, u)
     st.lens.copy_(n)
     st.anchor.copy_(token)
-    return Prefilled(token, bad)
+    if st.procs is not None:
+        st.procs.commit_(token.view(-1, 1), torch.ones_like(n))
+    return Prefilled(token, bad, logprobs_of(st, last, token.view(-1, 1)))
 
 
 def block_positions(st: BatchState, block: int) -> torch.Tensor:
@@ -91,13 +116,17 @@ def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.T
 
 def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: SelectorOut,
                  noise: BlockNoise, pos: torch.Tensor, ctx_len: int | None
-                 ) -> tuple[TargetOutput, VerifyOut]:
-    """Target forward over [anchor, d_1..d_γ] (causal), then lossless acceptance."""
+                 ) -> tuple[TargetOutput, VerifyOut, torch.Tensor | None]:
+    """Target forward over [anchor, d_1..d_γ] (causal), its rows processed (row j with the
+    state after d_1..d_j), then lossless acceptance → (target output, verdict, packed
+    logprobs of the block's tokens or None)."""
     ids = torch.cat([st.anchor.view(-1, 1), sel.draft], dim=1)           # [R, B]
     out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=ctx_len,
                       attn=backend.attention)                           # writes all B rows' K/V
-    return out, backend.verify(out.logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
-                               check=False)
+    logits = processed(st, out.logits, sel.draft)
+    ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
+                         check=False)
+    return out, ver, logprobs_of(st, logits, ver.tokens)
 
 
 def commit_kv(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor,
@@ -133,12 +162,13 @@ def catch_up_draft(pair: ModelPair, st: BatchState, pending: int) -> None:
 def target_only_forward(pair: ModelPair, st: BatchState, backend: Backend,
                         ctx_len: int | None):
     """One target row per request at position n (its K/V written) and the sampled token n+1
-    → (token [R], bad [R], target output, positions [R, 1])."""
+    → (token [R], bad [R], target output, positions [R, 1], packed logprobs or None)."""
     pos = st.lens.view(-1, 1)
     ids = st.anchor.view(-1, 1)
     out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=ctx_len,
                       attn=backend.attention)
     u = uniforms(st.seed, st.key, st.lens + 1, Stream.BONUS)              # decides position n+1
-    token, bad = sample_next(out.logits[:, 0], st.sampling, u)
-    return token, bad, out, pos
+    logits = processed(st, out.logits)
+    token, bad = sample_next(logits[:, 0], st.sampling, u)
+    return token, bad, out, pos, logprobs_of(st, logits, token.view(-1, 1))
 

@@ -128,7 +128,8 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
     k = candidates.shape[2]
     logits, draft, candidates = logits.contiguous(), draft.contiguous(), candidates.contiguous()
     p = (target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                      top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows).contiguous()
+                      top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows,
+                      min_p=sampling.min_p).contiguous()
          if sampling.any_sampled else logits)
     acc = torch.empty(r, dtype=torch.int64, device=logits.device)
     emit = torch.empty_like(acc)

@@ -29,14 +29,22 @@ class SamplingBatch:
     any_sampled: bool
     top_k_max: int | None = None
     top_p_rows: tuple[int, ...] | None = None
+    min_p: torch.Tensor | None = None   # [R] float32, 0 = off; None: no row has min-p (host)
 
     @staticmethod
     def build(temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
-              device: torch.device | str = "cpu") -> "SamplingBatch":
-        """Validate each request's parameters and stage them on ``device``."""
+              device: torch.device | str = "cpu",
+              min_p: Sequence[float] | None = None) -> "SamplingBatch":
+        """Validate each request's parameters and stage them on ``device`` (``min_p`` is
+        staged only when some row has min_p > 0)."""
         for t, k, p in zip(temperature, top_k, top_p, strict=True):
             check_sampling_params(t, k, p)
         temp = torch.tensor(list(temperature), dtype=torch.float32, device=device)
+        staged_min_p = None
+        if min_p is not None and any(m > 0 for m in min_p):
+            if len(min_p) != len(temp):
+                raise ValueError("min_p needs one value per request")
+            staged_min_p = torch.tensor(list(min_p), dtype=torch.float32, device=device)
         return SamplingBatch(
             temperature=temp,
             top_k=torch.tensor(list(top_k), dtype=torch.int64, device=device),
@@ -45,6 +53,7 @@ class SamplingBatch:
             any_sampled=any(t > 0 for t in temperature),
             top_k_max=max((int(k) for k in top_k), default=0),
             top_p_rows=tuple(i for i, p in enumerate(top_p) if staged_float32(p) < 1.0),
+            min_p=staged_min_p,
         )
 
     def take(self, idx: Sequence[int]) -> "SamplingBatch":
@@ -55,7 +64,8 @@ class SamplingBatch:
         rows = None if self.top_p_rows is None else \
             tuple(new for new, old in enumerate(idx) if old in nucleus)
         return SamplingBatch(self.temperature[t], self.top_k[t], self.top_p[t], self.greedy[t],
-                             self.any_sampled, self.top_k_max, rows)
+                             self.any_sampled, self.top_k_max, rows,
+                             None if self.min_p is None else self.min_p[t])
 
     @staticmethod
     def greedy_batch(r: int, device: torch.device | str = "cpu") -> "SamplingBatch":

@@ -1,8 +1,12 @@
-"""Logit processing shared by the selector walk and verification: temperature, top-k, top-p.
+"""Logit processing shared by the selector walk and verification: temperature, top-k, top-p,
+min-p.
 
-Order (as in Hugging Face and vLLM): divide by temperature, keep the top-k logits (ties with the
-k-th value kept), then keep the smallest prefix of the descending distribution whose mass reaches
-top-p (ties broken by lower token id). Probabilities are float32; rows of greedy requests
+Order (as in Hugging Face and vLLM's V0 sampler): divide by temperature, keep the top-k logits
+(ties with the k-th value kept), then keep the smallest prefix of the descending distribution
+whose mass reaches top-p (ties broken by lower token id), then min-p: keep the tokens whose
+probability is at least ``min_p`` times the largest one, renormalized. (vLLM's V1 sampler applies
+min-p before top-k / top-p; the two orders differ only when top-p is also set.) Logit bias and
+the penalties come before all of these, on the raw logits (``ops.procs``). Probabilities are float32; rows of greedy requests
 (temperature 0) are computed at temperature 1 and must be ignored by the caller.
 
 Temperature scaling cannot overflow: a row is shifted by its maximum before the division,
@@ -56,8 +60,10 @@ def check_sampling_params(temperature: float, top_k: int, top_p: float) -> None:
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor, top_k_max: int | None = None,
-                 top_p_rows: Sequence[int] | None = None) -> torch.Tensor:
-    """logits [R, T, V] → float32 probabilities [R, T, V] after temperature / top-k / top-p.
+                 top_p_rows: Sequence[int] | None = None,
+                 min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [R, T, V] → float32 probabilities [R, T, V] after temperature / top-k / top-p /
+    min-p (``min_p`` [R] float, 0 = off; None: no row has min-p, the step is skipped).
 
     temperature [R] float (0 → computed at 1, caller uses argmax), top_k [R] int (0 = off),
     top_p [R] float (1 = off). Entries with p = 0 are exactly 0.
@@ -74,12 +80,22 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     nucleus = list(range(r) if top_p_rows is None else top_p_rows)
     kmax = v if top_k_max is None else min(int(top_k_max), v)
     if len(nucleus) == r:
-        return _sorted_probs(x, top_k, top_p)
-    out = _top_k_probs(x, top_k, kmax)                                    # [R, T, V]
-    if nucleus:
-        rows = torch.tensor(nucleus, dtype=torch.int64, device=x.device)
-        out = out.index_copy(0, rows, _sorted_probs(x[rows], top_k[rows], top_p[rows]))
-    return out
+        out = _sorted_probs(x, top_k, top_p)
+    else:
+        out = _top_k_probs(x, top_k, kmax)                                # [R, T, V]
+        if nucleus:
+            rows = torch.tensor(nucleus, dtype=torch.int64, device=x.device)
+            out = out.index_copy(0, rows, _sorted_probs(x[rows], top_k[rows], top_p[rows]))
+    return out if min_p is None else apply_min_p(out, min_p)
+
+
+def apply_min_p(p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Probabilities [R, T, V] → those of tokens with p ≥ min_p · max p, renormalized; rows
+    with min_p = 0 are returned unchanged (bit for bit)."""
+    r = p.shape[0]
+    mp = min_p.float().view(r, 1, 1)
+    kept = torch.where(p >= mp * p.amax(dim=-1, keepdim=True), p, 0.0)
+    return torch.where(mp > 0, kept / kept.sum(dim=-1, keepdim=True), p)
 
 
 def _top_k_probs(x: torch.Tensor, top_k: torch.Tensor, kmax: int) -> torch.Tensor:

@@ -140,7 +140,8 @@ def _verify_sampled(logits: torch.Tensor, draft: torch.Tensor, candidates: torch
     gamma = rows - 1
     fp64 = q_d[1] is None
     p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                     top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows)  # [R, γ+1, V]
+                     top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows,
+                     min_p=sampling.min_p)                                         # [R, γ+1, V]
     p_d = p[:, :gamma].gather(-1, draft.unsqueeze(-1)).squeeze(-1)                 # [R, γ]
     ok = noise.accept.double() * q_d[0] < p_d.double() if fp64 else \
         exact32.accept(noise.accept, q_d[0], q_d[1], p_d)
@@ -181,7 +182,7 @@ def sample_next(logits: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor,
     if sampling.any_sampled:
         p = target_probs(logits.unsqueeze(1), sampling.temperature, sampling.top_k,
                          sampling.top_p, top_k_max=sampling.top_k_max,
-                         top_p_rows=sampling.top_p_rows)[:, 0]
+                         top_p_rows=sampling.top_p_rows, min_p=sampling.min_p)[:, 0]
         drawn = inverse_cdf(p.double(), u) if exact32.fp64_enabled(has_fp64) else \
             exact32.inverse_cdf32(p, u)                                   # -1: not a law
         token = torch.where(sampling.greedy, token, drawn)

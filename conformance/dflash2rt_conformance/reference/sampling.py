@@ -1,8 +1,11 @@
-"""Logit processing in float64: temperature → top-k (ties kept) → top-p, inverse-CDF sampling."""
+"""Logit processing in float64: temperature → top-k (ties kept) → top-p → min-p, inverse-CDF
+sampling (bias and penalties come first, on the raw logits: ``procs``)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from .procs import apply_min_p
 
 
 def bad_rows(logits: np.ndarray) -> np.ndarray:
@@ -17,7 +20,8 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def probs_row(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+def probs_row(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
+              min_p: float = 0.0) -> np.ndarray:
     """One row [V] → probabilities [V]. temperature 0 is computed at 1 (the caller uses argmax)."""
     v = logits.shape[-1]
     x = logits.astype(np.float64) / (temperature if temperature > 0 else 1.0)
@@ -34,14 +38,16 @@ def probs_row(logits: np.ndarray, temperature: float, top_k: int, top_p: float) 
         srt = np.where(keep_p, srt, -np.inf)
     out = np.full(v, -np.inf)
     out[order] = srt
-    return softmax(out)
+    return apply_min_p(softmax(out), min_p)
 
 
-def target_probs(logits: np.ndarray, temperature, top_k, top_p) -> np.ndarray:
-    """logits [R, T, V]; per-request temperature / top_k / top_p [R] → float64 [R, T, V]."""
+def target_probs(logits: np.ndarray, temperature, top_k, top_p, min_p=None) -> np.ndarray:
+    """logits [R, T, V]; per-request temperature / top_k / top_p (/ min_p) [R] → float64
+    [R, T, V]."""
     r, t, _ = logits.shape
+    mp = np.zeros(r) if min_p is None else min_p
     return np.stack([np.stack([probs_row(logits[i, j], float(temperature[i]), int(top_k[i]),
-                                         float(top_p[i])) for j in range(t)])
+                                         float(top_p[i]), float(mp[i])) for j in range(t)])
                      for i in range(r)])
 
 
