@@ -14,6 +14,7 @@ from .engine.engine import Engine
 from .engine.request import Request, RequestOutput, SamplingParams, is_int, unicode_problem
 from .engine.stats import RunStats
 from .errors import InvalidInputError
+from .metrics import check_metrics_path, write_metrics
 from .models.pair import ModelPair, load_pair, resolve_dtype
 from .registry import Registry
 
@@ -154,7 +155,8 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         on_tokens: Callable[[int, list[int]], None] | None = None,
         repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0, min_p: float = 0.0,
-        logit_bias: dict[int, float] | None = None, logprobs: int | None = None) -> RunResult:
+        logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+        metrics: str | Path | None = None) -> RunResult:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
 
     The penalties, ``min_p``, ``logit_bias`` and ``logprobs`` are ``SamplingParams``'s (their
@@ -168,7 +170,12 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     sampled output follows the block sizes chosen, which depend on the batch and on the cost
     table, measured once per model pair and device in this process, so repeated calls
     reproduce it (other processes or machines may differ: fix block_size for that).
+    ``metrics``: a file to write the run's speculation metrics to, in the Prometheus text
+    format under vLLM's names with a ``dflash2rt:`` prefix (``dflash2rt.metrics``; labelled
+    with the model's and the backend's names); checked before decoding. The same text, from
+    any RunStats: ``dflash2rt.metrics.prometheus_text(res.stats)``.
     """
+    metrics_path = None if metrics is None else check_metrics_path(metrics)
     be = backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
     pair = resolve_model(model, be.device, dtype)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
@@ -183,4 +190,7 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     with Engine(pair, be) as engine:
         outputs, stats = engine.generate(requests, spec=spec, block_size=block_size,
                                          on_tokens=on_tokens)
+    if metrics_path is not None:
+        labels = {"model_name": pair.name} if pair.name else {}
+        write_metrics(stats, metrics_path, {**labels, "backend": stats.backend})
     return RunResult([o.text for o in outputs], [o.token_ids for o in outputs], stats, outputs)

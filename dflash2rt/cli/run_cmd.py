@@ -51,6 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "bfloat16, on accelerators)")
     p.add_argument("--no-spec", action="store_true", help="target-only decoding (the baseline)")
     p.add_argument("--json", action="store_true", help="print texts, tokens and stats as JSON")
+    p.add_argument("--metrics", metavar="FILE", help="write the run's speculation metrics "
+                   "(drafts, drafted / accepted tokens, per position, mean acceptance length) "
+                   "to FILE in the Prometheus text format, vLLM's names with a dflash2rt: prefix")
     p.set_defaults(func=run)
 
 
@@ -124,6 +127,7 @@ def _safe_len(text: str, stops: list[str]) -> int:
 def run(args: argparse.Namespace) -> int:
     from ..api import resolve_model, run as api_run
     from ..errors import InvalidInputError
+    from ..metrics import check_metrics_path
     from ..registry import Registry
 
     prompts: list = list(args.prompt)
@@ -131,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         prompts += read_prompt_file(args.prompt_file)
     if not prompts:
         raise InvalidInputError("give at least one --prompt (or --prompt-file)")
+    if args.metrics is not None:
+        check_metrics_path(args.metrics)          # before loading: a bad path fails at once
     selection = Registry.discover().select(args.backend)
     print(selection.describe(), file=sys.stderr)
     dtype = "auto" if args.dtype == "auto" else DTYPES[args.dtype]
@@ -151,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
                   repetition_penalty=args.repetition_penalty,
                   frequency_penalty=args.frequency_penalty,
                   presence_penalty=args.presence_penalty, min_p=args.min_p,
-                  logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs)
+                  logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs,
+                  metrics=args.metrics)
     if args.json:
         print(file=sys.stderr)
         print(json.dumps({**res.as_dict(), "load": loaded}, indent=2))
@@ -168,9 +175,18 @@ def run(args: argparse.Namespace) -> int:
         f"{b}x{n}" for b, n in sorted(s.block_sizes.items()))
     print(f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "
           f"{s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f} ({blocks}), "
-          f"accept histogram {s.accept_hist}; {split}; fallbacks: {s.fallbacks or 'none'}"
+          f"accept histogram {s.accept_hist}; {_spec_summary(s)}; {split}; "
+          f"fallbacks: {s.fallbacks or 'none'}"
           + (f"; {s.model_pass}" if s.model_pass else ""), file=sys.stderr)
     return 0
+
+
+def _spec_summary(s) -> str:
+    """The run's speculation metrics in one phrase (what --metrics writes)."""
+    rates = " ".join(f"{r:.2f}" for r in s.acceptance_rate_per_pos)
+    return (f"{s.num_drafts} drafts, {s.num_accepted_tokens}/{s.num_draft_tokens} draft tokens "
+            f"accepted, mean acceptance length {s.mean_acceptance_length:.2f}, "
+            f"per position [{rates}]")
 
 
 def _shown(pair, prompt: str | list[int]) -> str:

@@ -47,10 +47,11 @@ class Collector:
             self.on_tokens(i, o.token_ids[before:])
 
     def _stop_strings(self, o: RequestOutput, stops: Sequence[str], before: int) -> None:
-        text = self.tokenizer.decode(o.token_ids)
-        if not any(s in text for s in stops):
-            return
-        for k in range(max(before, 1), len(o.token_ids) + 1):   # shortest prefix with a stop
+        """Cut at the shortest new prefix whose text holds a stop string. Every prefix is
+        decoded, as target-only decoding (one token a step) does: a prefix's text need not be
+        a prefix of the longer text (byte fallback: "\\ufffd" then "é"), so the whole block's
+        text alone could miss a stop that one token at a time would have hit."""
+        for k in range(before + 1, len(o.token_ids) + 1):
             if any(s in self.tokenizer.decode(o.token_ids[:k]) for s in stops):
                 del o.token_ids[k:]
                 o.finish_reason = "stop_string"

@@ -1,4 +1,5 @@
-"""Run statistics: τ, accept-length histogram, throughput, time split, and every fallback."""
+"""Run statistics: τ, accept-length histogram, speculation counters, throughput, time split,
+and every fallback."""
 
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ class RunStats:
     committed: int = 0             # tokens committed by decode steps (before truncation)
     generated: int = 0             # tokens returned to the caller
     accept_hist: list[int] = field(default_factory=list)   # index = accepted drafts per step
+    # Speculation counters (vLLM's spec-decode metrics; dflash2rt.metrics exports them), from
+    # each step's verification outcome, the host copy of the step's one sync, before any stop
+    # or length truncation. A draft: one request's speculative step of block b >= 2 (b - 1
+    # draft tokens); target-only steps, adaptive ones included, are not drafts. Position i:
+    # draft slot i + 1 (the token after the anchor is position 0). A slot is reached when the
+    # step's block has it and every slot before it was accepted.
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)   # drafts that accepted slot i
+    reached_per_pos: list[int] = field(default_factory=list)    # drafts that verified slot i
     # Seconds per phase. Eager steps, per step body: "draft" (draft + select) and "verify"
     # (verify + accept + commit; target-only: forward + sample + commit), then "host" (the one
     # sync and the host work). Graph-replaying steps: "graphs" (launching the step's graphs and
@@ -50,6 +62,27 @@ class RunStats:
         """Mean committed tokens per request per step (1 for target-only decoding)."""
         return self.committed / self.request_steps if self.request_steps else 0.0
 
+    def __post_init__(self) -> None:
+        if self.mode == "spec" and not self.accepted_per_pos:   # every position, even if unused
+            self.accepted_per_pos = [0] * max(self.block_size - 1, 0)
+            self.reached_per_pos = [0] * max(self.block_size - 1, 0)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Mean tokens committed per draft, the bonus token included (vLLM's mean acceptance
+        length: 1 + accepted / drafts); 0 when the run made no draft."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted over drafted tokens (0 when nothing was drafted)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def acceptance_rate_per_pos(self) -> list[float]:
+        """P(position i accepted | reached), per position (0 where it was never reached)."""
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_per_pos, self.reached_per_pos)]
+
     @property
     def tokens_per_s(self) -> float:
         return self.generated / self.wall_s if self.wall_s > 0 else 0.0
@@ -60,9 +93,11 @@ class RunStats:
         return (self.wall_s - self.time["prefill"] - self.capture_s - self.calibration_s) \
             / self.steps if self.steps else 0.0
 
-    def record_accepts(self, accepted: list[int], block: int | None = None) -> None:
-        if block is not None:
-            self.block_sizes[block] = self.block_sizes.get(block, 0) + 1
+    def record_accepts(self, accepted: list[int], block: int) -> None:
+        """One decode step of block ``block`` (1: target-only): drafts accepted per live row."""
+        self.block_sizes[block] = self.block_sizes.get(block, 0) + 1
+        if block >= 2:
+            self._record_drafts(accepted, block - 1)
         for a in accepted:
             while len(self.accept_hist) <= a:
                 self.accept_hist.append(0)
@@ -82,8 +117,24 @@ class RunStats:
         return {b: {k: s / n for k, (n, s) in sorted(per.items()) if n}
                 for b, per in sorted(self.step_time.items())}
 
+    def _record_drafts(self, accepted: list[int], gamma: int) -> None:
+        """Drafts of ``gamma`` tokens: counts, and per position reached / accepted."""
+        for counts in (self.accepted_per_pos, self.reached_per_pos):
+            counts.extend([0] * (gamma - len(counts)))
+        self.num_drafts += len(accepted)
+        self.num_draft_tokens += gamma * len(accepted)
+        for a in accepted:
+            self.num_accepted_tokens += a
+            for i in range(min(a + 1, gamma)):          # positions 0 .. a reached (a < gamma)
+                self.reached_per_pos[i] += 1
+                if i < a:
+                    self.accepted_per_pos[i] += 1
+
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d.update(tau=self.tau, tokens_per_s=self.tokens_per_s,
-                 observed_costs=self.observed_costs)
+                 observed_costs=self.observed_costs,
+                 mean_acceptance_length=self.mean_acceptance_length,
+                 acceptance_rate=self.acceptance_rate,
+                 acceptance_rate_per_pos=self.acceptance_rate_per_pos)
         return d
