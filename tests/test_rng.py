@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from dflash2rt.ops.batch import BlockNoise
-from dflash2rt.ops.rng import (Stream, bits_to_uniform, philox4x32, philox_np, random_bits,
-                               uniforms)
+from dflash2rt.ops.rng import (Stream, bits_to_uniform, philox4x32, philox_np, philox_words,
+                               random_bits, uniform_words, uniforms)
 
 
 def _t(*vals):
@@ -37,6 +37,27 @@ def test_numpy_and_tensor_paths_agree():
     limbs = philox4x32(ctr, key)
     for a, b in zip(fast, limbs):
         assert (a.astype("int64") == b.numpy()).all()
+
+
+def test_uniform_words_equal_the_limb_path_bit_for_bit(monkeypatch):
+    """The CPU NumPy pass of ``uniform_words`` gives the limb path's uniforms (what every other
+    device computes) for every stream, over seeds up to 2^63, request keys with high bits set
+    (the calibration key), and positions past 2^32."""
+    g = torch.Generator().manual_seed(3)
+    seed = torch.randint(0, 2**63 - 1, (40, 1), generator=g)
+    req = torch.randint(0, 2**62, (40, 1), generator=g) | (1 << 62)
+    pos = torch.randint(0, 2**40, (40, 9), generator=g)
+    got = uniform_words(seed, req, pos)
+    assert got.shape == (4, 40, 9) and got.dtype == torch.float32
+    limbs = torch.stack([bits_to_uniform(w) for w in philox4x32(
+        (pos & 0xFFFFFFFF, (pos >> 32) & 0xFFFFFFFF, (req & 0xFFFFFFFF).expand(40, 9),
+         torch.zeros_like(pos)), ((seed & 0xFFFFFFFF).expand(40, 9),
+                                  ((seed >> 32) & 0xFFFFFFFF).expand(40, 9)))])
+    assert torch.equal(got.view(torch.int32), limbs.view(torch.int32))
+    words = torch.stack([bits_to_uniform(w) for w in philox_words(seed, req, pos)])
+    assert torch.equal(got, words)
+    for stream in Stream:
+        assert torch.equal(uniforms(seed, req, pos, stream), got[stream])
 
 
 def test_same_key_same_uniform_regardless_of_batch_composition_and_order():

@@ -66,8 +66,7 @@ class Stepper:
         if self.adapter is not None:
             report(EAGER_PROCS)
         start = time.perf_counter()
-        out = self._body(kind)(inp, sampled, max(st.host_lens),
-                               host=st if st.eager_only else None)
+        out = self._body(kind)(inp, sampled, max(st.host_lens), host=st)   # host facts too
         clock["draft" if kind == "draft" else "verify"] += time.perf_counter() - start
         return out
 

@@ -103,8 +103,10 @@ class StepBodies:
 
     def _state(self, inp: Mapping[str, torch.Tensor], sampled: bool,
                host: BatchState | None = None) -> BatchState:
-        """The body's batch state from its inputs; ``host`` (eager runs of an ``eager_only``
-        batch): that batch's sampling parameters (min-p included) and logit processors."""
+        """The body's batch state from its inputs; ``host`` (every eager run): that batch's
+        sampling parameters with their host facts (which rows need top-k / top-p / min-p, so
+        the ops skip the work no row needs) and its logit processors. Graph bodies (``host``
+        None) know no host fact and do every row's work."""
         r = inp["anchor"].shape[0]
         sampling = SamplingBatch(inp["temperature"], inp["top_k"], inp["top_p"], inp["greedy"],
                                  any_sampled=sampled) if host is None else host.sampling

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from .rng import Stream, bits_to_uniform, philox_words
+from .rng import Stream, uniform_words
 from .sampling import check_sampling_params, staged_float32
 
 
@@ -95,8 +95,7 @@ class BlockNoise:
         the four streams.
         """
         pos = anchor_pos.view(-1, 1) + 1 + torch.arange(gamma + 1, device=anchor_pos.device)
-        words = philox_words(seed.view(-1, 1), request.view(-1, 1), pos)   # 4 × [R, γ+1]
-        u = [bits_to_uniform(w) for w in words]
+        u = uniform_words(seed.view(-1, 1), request.view(-1, 1), pos)      # [4, R, γ+1]
         return BlockNoise(walk=u[Stream.WALK][:, :gamma], accept=u[Stream.ACCEPT][:, :gamma],
                           residual=u[Stream.RESIDUAL][:, :gamma], bonus=u[Stream.BONUS][:, gamma])
 

@@ -113,4 +113,24 @@ def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
 def uniforms(seed: torch.Tensor, request: torch.Tensor, position: torch.Tensor,
              stream: int) -> torch.Tensor:
     """float32 uniforms in (0, 1) of ``stream`` for each broadcast key element."""
-    return bits_to_uniform(random_bits(seed, request, position, stream))
+    return uniform_words(seed, request, position)[int(stream)]
+
+
+def uniform_words(seed: torch.Tensor, request: torch.Tensor, position: torch.Tensor
+                  ) -> torch.Tensor:
+    """The four streams' float32 uniforms, [4, *broadcast shape]: ``bits_to_uniform`` of each
+    word of ``philox_words``, the same values bit for bit. CPU tensors take one NumPy pass
+    (a decode step's noise in a few torch calls rather than ~70 small ones)."""
+    seed, request, position = (torch.as_tensor(t) for t in (seed, request, position))
+    if position.device.type != "cpu" or seed.device.type != "cpu" \
+            or request.device.type != "cpu":
+        return torch.stack([bits_to_uniform(w) for w in philox_words(seed, request, position)])
+    s, r, p = (np.asarray(t.to(torch.int64).numpy()).astype(np.uint64)    # two's complement
+               for t in (seed, request, position))
+    s, r, p = np.broadcast_arrays(s, r, p)
+    m32, sh = np.uint64(_M32), np.uint64(32)
+    words = philox_np((p & m32, (p >> sh) & m32, r & m32, np.zeros(p.shape, np.uint64)),
+                      (s & m32, (s >> sh) & m32))
+    k = np.stack(words) >> np.uint64(9)                                   # 23-bit k
+    u = (k * np.uint64(2) + np.uint64(1)).astype(np.float32) * np.float32(2.0 ** -24)
+    return torch.from_numpy(u)
