@@ -27,10 +27,10 @@ from ..models.pair import ModelPair
 from ..models.target import TargetOutput
 from ..ops.batch import BlockNoise
 from ..ops.procs import token_logprobs
-from ..ops import selector, verify
 from ..ops.rng import Stream, uniforms
 from ..ops.selector import SelectorOut, SelectorParams
 from ..ops.verify import VerifyOut, sample_next
+from ..watermark import generate as wm_generate
 from .state import BatchState
 
 
@@ -124,8 +124,8 @@ def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.T
         args = (logits, sel.hidden_projection(h_e), st.anchor, sel.predecessor_codebook,
                 sel.successor_codebook)
     if st.wm is not None:                                                # keyed walk: torch ops
-        return selector.select(*args, selector_params(pair), st.sampling, noise.walk,
-                               backend.has_fp64, walk=st.wm.walk())
+        return wm_generate.select_marked(st.wm, *args, selector_params(pair), st.sampling,
+                                         noise.walk, backend.has_fp64)
     return backend.select(*args, selector_params(pair), st.sampling, noise.walk)
 
 
@@ -140,9 +140,8 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
                       attn=backend.attention)                           # writes all B rows' K/V
     logits = processed(st, out.logits, sel.draft)
     if st.wm is not None:                                  # keyed coins and draws: torch ops
-        marks = st.wm.marks(sel.draft)
-        ver = verify.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling,
-                            marks.noise(noise), False, backend.has_fp64, marks=marks)
+        ver = wm_generate.verify_marked(st.wm, logits, sel, st.sampling, noise,
+                                        backend.has_fp64)
     else:
         ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
                              check=False)

@@ -27,7 +27,8 @@ from typing import Sequence
 
 import torch
 
-from ..ops.batch import BlockNoise
+from ..ops import selector, verify
+from ..ops.batch import BlockNoise, SamplingBatch
 from .keys import WatermarkKey
 from .sampler import coin, draw_dense, draw_sparse
 from .values import context_hash
@@ -147,3 +148,22 @@ class WatermarkBatch:
         shift = count.view(-1, 1) + torch.arange(self.width, device=ctx.device)
         self.window = ext.gather(1, shift)
         self.used = self.used + count
+
+
+def select_marked(wm: WatermarkBatch, logits: torch.Tensor, proj: torch.Tensor,
+                  anchor: torch.Tensor, pred_codebook: torch.Tensor, succ_codebook: torch.Tensor,
+                  params: selector.SelectorParams, sampling: SamplingBatch, u_walk: torch.Tensor,
+                  has_fp64: bool | None = None) -> selector.SelectorOut:
+    """The selector (``ops.selector.select``, torch ops) with the keyed walk (subkey A)."""
+    return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params, sampling,
+                           u_walk, has_fp64, walk=wm.walk())
+
+
+def verify_marked(wm: WatermarkBatch, logits: torch.Tensor, sel: selector.SelectorOut,
+                  sampling: SamplingBatch, noise: BlockNoise, has_fp64: bool | None = None
+                  ) -> verify.VerifyOut:
+    """Verification (``ops.verify.verify``, torch ops, unchecked: flags in the result) with the
+    keyed coins (subkey C) and residual / bonus draws (subkey B) at the block's contexts."""
+    marks = wm.marks(sel.draft)
+    return verify.verify(logits, sel.draft, sel.candidates, sel.q, sampling, marks.noise(noise),
+                         False, has_fp64, marks=marks)
