@@ -17,6 +17,7 @@ from .errors import InvalidInputError
 from .metrics import check_metrics_path, write_metrics
 from .models.pair import ModelPair, load_pair, resolve_dtype
 from .registry import Registry
+from .watermark import WatermarkKey
 
 DEFAULT_MODEL = "stdlib-code"
 ModelSpec = Union[str, Path, tuple, ModelPair]
@@ -156,7 +157,8 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0, min_p: float = 0.0,
         logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-        metrics: str | Path | None = None) -> RunResult:
+        metrics: str | Path | None = None,
+        watermark: WatermarkKey | str | Path | None = None) -> RunResult:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
 
     The penalties, ``min_p``, ``logit_bias`` and ``logprobs`` are ``SamplingParams``'s (their
@@ -174,8 +176,13 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     format under vLLM's names with a ``dflash2rt:`` prefix (``dflash2rt.metrics``; labelled
     with the model's and the backend's names); checked before decoding. The same text, from
     any RunStats: ``dflash2rt.metrics.prometheus_text(res.stats)``.
+    ``watermark``: a WatermarkKey or the path of a key file (``dflash2rt watermark keygen``):
+    sampled tokens are watermarked (distortion-free; detect with ``dflash2rt.watermark.detect``
+    or ``dflash2rt watermark detect``); greedy requests are unchanged and unmarked. The key is
+    never written to stats, JSON or logs.
     """
     metrics_path = None if metrics is None else check_metrics_path(metrics)
+    key = _watermark_key(watermark)
     be = backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
     pair = resolve_model(model, be.device, dtype)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
@@ -189,8 +196,18 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     requests = [Request(p, params) for p in _encode(pair, prompts)]
     with Engine(pair, be) as engine:
         outputs, stats = engine.generate(requests, spec=spec, block_size=block_size,
-                                         on_tokens=on_tokens)
+                                         on_tokens=on_tokens, watermark=key)
     if metrics_path is not None:
         labels = {"model_name": pair.name} if pair.name else {}
         write_metrics(stats, metrics_path, {**labels, "backend": stats.backend})
     return RunResult([o.text for o in outputs], [o.token_ids for o in outputs], stats, outputs)
+
+
+def _watermark_key(watermark: object) -> WatermarkKey | None:
+    """A WatermarkKey, a key file's path, or None."""
+    if watermark is None or isinstance(watermark, WatermarkKey):
+        return watermark
+    if isinstance(watermark, (str, Path)):
+        return WatermarkKey.from_file(watermark)
+    raise InvalidInputError(f"watermark must be a WatermarkKey or the path of a key file, got "
+                            f"{type(watermark).__name__}")

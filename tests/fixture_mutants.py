@@ -1,4 +1,4 @@
-"""Out-of-tree mutant backends, one planted bug each, for the bug classes of issues 13 and 15.
+"""Out-of-tree mutant backends, one planted bug each, for the bug classes of issues 13, 15, 17 and 18.
 
 Each mutant is a TorchOpsBackend subclass (or a patched runtime op) installed as a real
 distribution with a ``dflash2rt.backends`` entry point; ``source(name, dtypes)`` writes it for a
@@ -119,6 +119,40 @@ def _chunked_inverse_cdf(w, u):
     return torch.minimum(count, last)
 '''
 
+_WM_ONE_KEY = '''
+from dflash2rt.watermark import generate as wm_generate
+
+
+def _emit_with_draft_key(self, law, slot, plain):
+    """Marks.emit keyed by subkey A (the draft's) instead of B: one key for both sides."""
+    s = slot.view(-1, 1)
+    drawn = wm_generate.draw_dense(self.key.draft, self.ctx.gather(1, s)[:, 0], law)
+    return torch.where(self.fresh.gather(1, s)[:, 0], drawn, plain)
+
+
+wm_generate.Marks.emit = _emit_with_draft_key
+'''
+
+_WM_COIN_FROM_DRAW = '''
+import dataclasses
+from dflash2rt.watermark import generate as wm_generate
+from dflash2rt.watermark.values import keyed_uniforms
+
+
+def _verify_coin_from_draw(wm, logits, sel, sampling, noise, has_fp64=None):
+    """verify_marked whose acceptance coin is the draft token's own keyed value (subkey A at
+    its context), the value its Gumbel-max draw won with, instead of subkey C's coin."""
+    marks = wm.marks(sel.draft)
+    g = sel.draft.shape[1]
+    u = keyed_uniforms(wm.key.draft, marks.ctx[:, :g], sel.draft)
+    noise = dataclasses.replace(noise, accept=torch.where(marks.fresh[:, :g], u, noise.accept))
+    return ops_verify.verify(logits, sel.draft, sel.candidates, sel.q, sampling, noise, False,
+                             has_fp64, marks=marks)
+
+
+wm_generate.verify_marked = _verify_coin_from_draw
+'''
+
 MUTANTS = {
     # ops.sampling.target_probs keeps the token whose mass ahead equals top_p (`<=`): every
     # path through it (target_probs, sample_next, verify) keeps one token too many.
@@ -221,6 +255,10 @@ def _conv(x, base, delta, block_size):
     "procs-pre-block-counts": (_PROCS_PRE_BLOCK, "    pass\n"),
     # Issue 18: row 0's processing (its change to the logits) added to every verify row.
     "procs-row0-everywhere": (_PROCS_ROW0, "    pass\n"),
+    # Issue 17: the watermark's residual / bonus draws keyed by the draft's subkey A.
+    "wm-one-key": (_WM_ONE_KEY, "    pass\n"),
+    # Issue 17: the acceptance coin reuses the draft draw's keyed value.
+    "wm-coin-reuses-draw": (_WM_COIN_FROM_DRAW, "    pass\n"),
     # The acceptance coin is read from the walk stream (it differs from the accept stream).
     "walk-as-accept": ("", '''
     def verify(self, logits, draft, candidates, q, sampling, noise, check=True):

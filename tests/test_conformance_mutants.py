@@ -35,6 +35,10 @@ KILLS = {  # mutant: (-k selection, failure heads that must appear)
         "[L3 procs case=procs-frequency-"]),
     "procs-row0-everywhere": ("procs", [
         "[L1 procs case=presence]", "[L3 procs case=procs-frequency-"]),
+    "wm-one-key": ("watermark", ["[L4 watermark case=T1 slot=",
+                                 "[L4 watermark-exact case=T1]"]),
+    "wm-coin-reuses-draw": ("watermark", ["[L4 watermark case=T1 slot=",
+                                          "[L4 watermark-exact case=T1]"]),
     "schedule-peeks-accept": ("L3 and adaptive", [
         "[L3 adaptive case=adaptive-V4-b4-K3-L4-accept-driven dtype=float32]",
         "[L3 adaptive case=adaptive-V4-b4-K3-L4-cost-model dtype=float32]"]),

@@ -51,6 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "bfloat16, on accelerators)")
     p.add_argument("--no-spec", action="store_true", help="target-only decoding (the baseline)")
     p.add_argument("--json", action="store_true", help="print texts, tokens and stats as JSON")
+    p.add_argument("--watermark-key-file", metavar="FILE", help="watermark sampled tokens with "
+                   "the key in FILE (`dflash2rt watermark keygen`); greedy output is unmarked")
     p.add_argument("--metrics", metavar="FILE", help="write the run's speculation metrics "
                    "(drafts, drafted / accepted tokens, per position, mean acceptance length) "
                    "to FILE in the Prometheus text format, vLLM's names with a dflash2rt: prefix")
@@ -137,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("give at least one --prompt (or --prompt-file)")
     if args.metrics is not None:
         check_metrics_path(args.metrics)          # before loading: a bad path fails at once
+    key = None
+    if args.watermark_key_file is not None:      # before loading: a bad key file fails at once
+        from ..watermark import WatermarkKey
+
+        key = WatermarkKey.from_file(args.watermark_key_file)
     selection = Registry.discover().select(args.backend)
     print(selection.describe(), file=sys.stderr)
     dtype = "auto" if args.dtype == "auto" else DTYPES[args.dtype]
@@ -158,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
                   frequency_penalty=args.frequency_penalty,
                   presence_penalty=args.presence_penalty, min_p=args.min_p,
                   logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs,
-                  metrics=args.metrics)
+                  metrics=args.metrics, watermark=key)
     if args.json:
         print(file=sys.stderr)
         print(json.dumps({**res.as_dict(), "load": loaded}, indent=2))

@@ -66,6 +66,8 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
     st.anchor.copy_(res.anchor)
     if st.procs is not None:             # the committed tokens' counts, on the device
         st.procs.commit_(res.tokens, res.accept_len + 1)
+    if st.wm is not None:                # the committed positions' watermark contexts
+        st.wm.commit_(res.tokens, res.accept_len + 1)
     t1 = time.perf_counter()
     host = res.for_host().tolist()       # the step's one device→host sync: [R, 2 + B]
     stats.syncs += 1

@@ -32,6 +32,9 @@ from .schedule import AdaptiveSchedule, shared_schedule
 from .state import BatchState, new_state
 from .step import StepBodies, pack_flags, raise_flags
 from .stats import RunStats
+from ..watermark import DEFAULT_CONTEXT_WIDTH, WatermarkKey
+from ..watermark.generate import WatermarkBatch
+from ..watermark.sampler import require_fp64
 
 OnTokens = Callable[[int, list[int]], None]
 
@@ -112,17 +115,30 @@ class Engine:
         self.close()
 
     def _new_state(self, requests: Sequence[Request], target: KVCache,
-                   draft: KVCache | None) -> BatchState:
+                   draft: KVCache | None, watermark: WatermarkKey | None = None,
+                   block: int = 1) -> BatchState:
+        wm = None if watermark is None else WatermarkBatch.build(
+            watermark, [q.prompt_ids for q in requests],
+            max(q.params.max_new_tokens for q in requests) + block + 1,
+            DEFAULT_CONTEXT_WIDTH, self.backend.device)
         return new_state(requests, target, draft, self.backend.device,
-                         self.pair.target.cfg.vocab_size)
+                         self.pair.target.cfg.vocab_size, wm)
 
     def generate(self, requests: Sequence[Request], spec: bool = True,
-                 block_size: int | None = None, on_tokens: OnTokens | None = None
+                 block_size: int | None = None, on_tokens: OnTokens | None = None,
+                 watermark: WatermarkKey | None = None
                  ) -> tuple[list[RequestOutput], RunStats]:
         """Decode every request to completion; ``on_tokens(i, ids)`` streams new tokens.
         ``spec`` with ``block_size=None``: adaptive speculation (each step's block size from
-        ``self.schedule``); an int >= 2: that fixed block."""
+        ``self.schedule``); an int >= 2: that fixed block. ``watermark``: a WatermarkKey that
+        marks every sampled request's tokens (``dflash2rt.watermark.generate``; greedy requests
+        are unchanged and unmarked); the key stays out of stats and outputs."""
         pair = self.pair
+        if watermark is not None:
+            if not isinstance(watermark, WatermarkKey):
+                raise InvalidInputError(f"watermark must be a WatermarkKey (load one with "
+                                        f"WatermarkKey.from_file), got {type(watermark).__name__}")
+            require_fp64(self.backend.has_fp64)
         if not requests:
             raise InvalidInputError("no requests: give at least one prompt")
         if spec and pair.draft is None:
@@ -137,12 +153,13 @@ class Engine:
             q.validate(pair.target.cfg.vocab_size)
         stats = RunStats("spec" if spec else "target-only", self.backend.name,
                          str(self.backend.device), block if spec else 1, requests=len(requests),
-                         adaptive=sched is not None, model_pass=self.model_pass)
+                         adaptive=sched is not None, model_pass=self.model_pass,
+                         watermarked=watermark is not None)
         fallbacks = Fallbacks(self._standing_fallbacks.reported)    # this run's recorder
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens)
         start = time.perf_counter()
         with torch.inference_mode(), self.backend.run_context():
-            steppers, st = self._start(requests, spec, block)
+            steppers, st = self._start(requests, spec, block, watermark)
             try:
                 first = steps.prefill(pair, st, self.backend, [q.prompt_ids for q in requests])
                 host = torch.cat([torch.stack([first.token, pack_flags(first.bad)], 1)]
@@ -192,8 +209,8 @@ class Engine:
             self.schedule = shared_schedule(self.pair, self.backend.device)
         return self.schedule
 
-    def _start(self, requests: Sequence[Request], spec: bool, block: int
-               ) -> tuple[Steppers, BatchState]:
+    def _start(self, requests: Sequence[Request], spec: bool, block: int,
+               watermark: WatermarkKey | None = None) -> tuple[Steppers, BatchState]:
         """The run's steppers (per block size: 1 is a target-only step) and batch state: over
         the kept static caches when the backend captures graphs, else eager over caches made for
         this run. Caches have room for ``block`` (adaptive: the largest candidate)."""
@@ -202,9 +219,9 @@ class Engine:
             self._ensure_static(bucket_for(n, BUCKETS) or n, max_len)
             key = (lambda b: ("spec", b)) if spec else (lambda b: ("target-only",))
             return (Steppers(lambda b: self._graphed_stepper(key(b))),
-                    self._new_state(requests, *self._static))
+                    self._new_state(requests, *self._static, watermark, block))
         st = self._new_state(requests, *make_caches(self.pair, self.backend.device, n, max_len,
-                                                    spec))
+                                                    spec), watermark, block)
         return Steppers(lambda b: Stepper(StepBodies(
             self.pair, self.backend, st.target_storage, st.draft_storage,
             b if spec and b > 1 else None), None)), st

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..backend import TORCH_OPS
 from ..graphs.adapter import GraphAdapter
 from ..graphs.runner import GraphRunner
 from . import steps
@@ -31,6 +32,10 @@ _PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.
 GraphStats = dict[str, dict[int, dict[str, Any]]]     # graph name → bucket → counters
 EAGER_PROCS = ("steps of batches with logit processors, min-p or logprobs run eagerly (graphs "
                "do not take their state as inputs)")
+EAGER_WATERMARK = ("watermarked steps run eagerly (graphs do not take the watermark's state as "
+                   "inputs)")
+WATERMARK_OPS = ("watermarked steps select and verify with torch ops (the keyed draws have no "
+                 "kernel)")
 
 
 class Stepper:
@@ -63,8 +68,15 @@ class Stepper:
         sampled = st.sampling.any_sampled
         if self.adapter is not None and not st.eager_only:
             return self._runner(kind, sampled).run(inp, report)
+        if st.wm is not None and kind != "target-only":
+            impl = self.bodies.backend.implementation
+            if any(impl.get(op) != TORCH_OPS for op in ("select", "verify")):
+                report(WATERMARK_OPS)
         if self.adapter is not None:
-            report(EAGER_PROCS)
+            if st.procs is not None or st.sampling.min_p is not None:
+                report(EAGER_PROCS)
+            if st.wm is not None:
+                report(EAGER_WATERMARK)
         start = time.perf_counter()
         out = self._body(kind)(inp, sampled, max(st.host_lens), host=st)   # host facts too
         clock["draft" if kind == "draft" else "verify"] += time.perf_counter() - start

@@ -10,6 +10,7 @@ import torch
 from ..models.kv_cache import KVCache
 from ..ops.batch import SamplingBatch
 from ..ops.procs import ProcBatch
+from ..watermark.generate import WatermarkBatch
 
 
 @dataclass
@@ -19,7 +20,8 @@ class BatchState:
     anchor tokens, RNG keys, sampling parameters. Host: ``host_lens`` (mirror of ``lens``,
     updated from the one sync per step) and ``rows`` (each slot's index in the request list).
     ``procs``: the logit processors' device state (token counts, bias, penalties) and logprobs
-    requests, None when no request of the batch uses any (``ops.procs``)."""
+    requests, None when no request of the batch uses any (``ops.procs``). ``wm``: the
+    watermark's device state (``watermark.generate``), None for an unwatermarked run."""
 
     target_storage: KVCache        # every slot's cache; ``target_cache`` is slots [0, R)
     draft_storage: KVCache | None
@@ -31,6 +33,7 @@ class BatchState:
     host_lens: list[int]
     rows: list[int]
     procs: ProcBatch | None = None
+    wm: WatermarkBatch | None = None
 
     @property
     def size(self) -> int:
@@ -55,20 +58,24 @@ class BatchState:
         return BatchState(self.target_storage, self.draft_storage, self.lens[t], self.anchor[t],
                           self.seed[t], self.key[t], self.sampling.take(idx),
                           [self.host_lens[i] for i in idx], [self.rows[i] for i in idx],
-                          None if self.procs is None else self.procs.take(idx))
+                          None if self.procs is None else self.procs.take(idx),
+                          None if self.wm is None else self.wm.take(idx))
 
     @property
     def eager_only(self) -> bool:
         """Whether the batch needs what captured graphs do not take as inputs (logit
-        processors, min-p, logprobs): its steps then run eagerly, and that is reported."""
-        return self.procs is not None or self.sampling.min_p is not None
+        processors, min-p, logprobs, a watermark): its steps then run eagerly, and that is
+        reported."""
+        return self.procs is not None or self.sampling.min_p is not None or self.wm is not None
 
 
 def new_state(requests: Sequence, target: KVCache, draft: KVCache | None,
-              dev: torch.device, vocab: int | None = None) -> BatchState:
+              dev: torch.device, vocab: int | None = None,
+              wm: WatermarkBatch | None = None) -> BatchState:
     """A batch of ``requests`` (engine Requests) in slots [0, R) of the given caches, before
     prefill: lengths and anchors 0. ``vocab``: the target's vocabulary size, which the logit
-    processors' state needs (None: requests that use them are refused)."""
+    processors' state needs (None: requests that use them are refused); ``wm``: the batch's
+    watermark state (``WatermarkBatch.build``), None: unwatermarked."""
     r, ps = len(requests), [q.params for q in requests]
     i64 = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
     return BatchState(
@@ -76,7 +83,7 @@ def new_state(requests: Sequence, target: KVCache, draft: KVCache | None,
         i64([p.seed for p in ps]), i64([q.key for q in requests]),
         SamplingBatch.build([p.temperature for p in ps], [p.top_k for p in ps],
                             [p.top_p for p in ps], dev, [p.min_p for p in ps]),
-        [0] * r, list(range(r)), _procs(requests, vocab, dev))
+        [0] * r, list(range(r)), _procs(requests, vocab, dev), wm)
 
 
 def _procs(requests: Sequence, vocab: int | None, dev: torch.device) -> ProcBatch | None:

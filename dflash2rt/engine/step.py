@@ -112,7 +112,8 @@ class StepBodies:
                                  any_sampled=sampled) if host is None else host.sampling
         return BatchState(*self.storage, inp["lens"], inp["anchor"], inp["seed"], inp["key"],
                           sampling, [0] * r, list(range(r)),
-                          None if host is None else host.procs)
+                          None if host is None else host.procs,
+                          None if host is None else host.wm)
 
     def draft(self, inp: Tensors, sampled: bool, ctx_len: int | None,
               host: BatchState | None = None) -> Tensors:

@@ -9,6 +9,11 @@ mode: prefill's first token and a target-only step with the committed counts, ve
 the committed counts plus d_1..d_j (``ProcBatch.process``), before the backend's verify (so a
 kernel backend verifies processed logits too). With logprobs requested, each step also returns
 the emitted tokens' log-probabilities under the final law (``ops.procs.token_logprobs``).
+
+A watermarked batch (``st.wm``, ``watermark.generate``) draws its sampled rows with keyed
+Gumbel-max: the walk (subkey A), the acceptance coins (C), the residual / bonus, target-only and
+first tokens (B). Those draws are torch ops: a watermarked batch calls ``ops.selector`` and
+``ops.verify`` directly, whatever the backend's kernels (the Stepper reports it).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from ..ops.procs import token_logprobs
 from ..ops.rng import Stream, uniforms
 from ..ops.selector import SelectorOut, SelectorParams
 from ..ops.verify import VerifyOut, sample_next
+from ..watermark import generate as wm_generate
 from .state import BatchState
 
 
@@ -68,12 +74,19 @@ def prefill(pair: ModelPair, st: BatchState, backend: Backend, prompts: list[tup
         st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, n)
     last = processed(st, out.logits[:, :1])                               # row n - 1 only
     u = uniforms(st.seed, st.key, n, Stream.BONUS)                        # decides position n
-    token, bad = sample_next(last[:, 0], st.sampling, u)
+    token, bad = sample_next(last[:, 0], st.sampling, u, marks=_next_marks(st))
     st.lens.copy_(n)
     st.anchor.copy_(token)
     if st.procs is not None:
         st.procs.commit_(token.view(-1, 1), torch.ones_like(n))
+    if st.wm is not None:
+        st.wm.commit_(token.view(-1, 1), torch.ones_like(n))
     return Prefilled(token, bad, logprobs_of(st, last, token.view(-1, 1)))
+
+
+def _next_marks(st: BatchState):
+    """The keyed draw of each row's next token (watermarked batches), else None."""
+    return None if st.wm is None else st.wm.marks(st.lens.new_zeros(st.size, 0))
 
 
 def block_positions(st: BatchState, block: int) -> torch.Tensor:
@@ -106,12 +119,14 @@ def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.T
     sel = pair.draft.candidate_selector
     if sel is None:                                                      # DFlash v1: no lattice
         zero = logits.new_zeros(logits.shape[-1], 0)
-        proj = logits.new_zeros(*logits.shape[:2], 0)
-        return backend.select(logits, proj, st.anchor, zero, zero, selector_params(pair),
-                              st.sampling, noise.walk)
-    return backend.select(logits, sel.hidden_projection(h_e), st.anchor,
-                          sel.predecessor_codebook, sel.successor_codebook,
-                          selector_params(pair), st.sampling, noise.walk)
+        args = (logits, logits.new_zeros(*logits.shape[:2], 0), st.anchor, zero, zero)
+    else:
+        args = (logits, sel.hidden_projection(h_e), st.anchor, sel.predecessor_codebook,
+                sel.successor_codebook)
+    if st.wm is not None:                                                # keyed walk: torch ops
+        return wm_generate.select_marked(st.wm, *args, selector_params(pair), st.sampling,
+                                         noise.walk, backend.has_fp64)
+    return backend.select(*args, selector_params(pair), st.sampling, noise.walk)
 
 
 def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: SelectorOut,
@@ -124,8 +139,12 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
     out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=ctx_len,
                       attn=backend.attention)                           # writes all B rows' K/V
     logits = processed(st, out.logits, sel.draft)
-    ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
-                         check=False)
+    if st.wm is not None:                                  # keyed coins and draws: torch ops
+        ver = wm_generate.verify_marked(st.wm, logits, sel, st.sampling, noise,
+                                        backend.has_fp64)
+    else:
+        ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
+                             check=False)
     return out, ver, logprobs_of(st, logits, ver.tokens)
 
 
@@ -169,6 +188,6 @@ def target_only_forward(pair: ModelPair, st: BatchState, backend: Backend,
                       attn=backend.attention)
     u = uniforms(st.seed, st.key, st.lens + 1, Stream.BONUS)              # decides position n+1
     logits = processed(st, out.logits)
-    token, bad = sample_next(logits[:, 0], st.sampling, u)
+    token, bad = sample_next(logits[:, 0], st.sampling, u, marks=_next_marks(st))
     return token, bad, out, pos, logprobs_of(st, logits, token.view(-1, 1))
 

@@ -11,11 +11,16 @@ inverse CDF with the slot's walk uniform — over float64 cumulative sums, or wi
 False over double-float float32 sums (``exact32.inverse_cdf32``: the same index except within
 (2^-40 + K·2^-53)·total of a CDF breakpoint; no float64 tensor). A lattice row the walk reads that holds NaN /
 +inf or no finite entry flags the request (``bad_lattice``): its draft is not drawn from a law.
+
+``walk`` (optional, a ``WalkDraw``): a drawer that replaces the sampled rows' draw at each slot
+once the walk knows the lattice row it reads — the watermark (``dflash2rt.watermark.generate``)
+draws there by Gumbel-max keyed by the path so far. q stays the law the draw is from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -32,6 +37,15 @@ class SelectorParams:
     top_k: int
     output_multiplier: float = 1.0
     softcap: float | None = None
+
+
+class WalkDraw(Protocol):
+    """Draws the walk's candidate at slot e from the law row it reads (sampled rows)."""
+
+    def pick(self, slot: int, law: torch.Tensor, cand: torch.Tensor, plain: torch.Tensor,
+             greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """law [R, K] float32, cand [R, K], plain [R] (the unkeyed walk's position), greedy [R]
+        → (position in K [R], bool [R]: a sampled row whose law row is not a law)."""
 
 
 @dataclass(frozen=True)
@@ -91,10 +105,11 @@ def check_select_args(logits: torch.Tensor, proj: torch.Tensor, pred_codebook: t
 
 def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
            pred_codebook: torch.Tensor, succ_codebook: torch.Tensor, params: SelectorParams,
-           sampling: SamplingBatch, u_walk: torch.Tensor, has_fp64: bool | None = None
-           ) -> SelectorOut:
+           sampling: SamplingBatch, u_walk: torch.Tensor, has_fp64: bool | None = None,
+           walk: WalkDraw | None = None) -> SelectorOut:
     """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], u_walk [R, γ] → SelectorOut.
-    ``has_fp64`` False: the walk draw in float32 (None: ``exact32.fp64_enabled()``)."""
+    ``has_fp64`` False: the walk draw in float32 (None: ``exact32.fp64_enabled()``); ``walk``:
+    a keyed drawer for the sampled rows (module docstring)."""
     r, gamma, v = logits.shape
     k = params.top_k
     check_select_args(logits, proj, pred_codebook, succ_codebook, params, u_walk)
@@ -118,13 +133,19 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
     # of the candidate taken at slot e-1.
     prev = torch.zeros(r, dtype=torch.int64, device=logits.device)
     picks, rows_taken = [], []
+    walk_bad = torch.zeros(r, dtype=torch.bool, device=logits.device)
     for e in range(gamma):
         rows_taken.append(prev)
-        prev = choice[:, e].gather(1, prev.view(r, 1)).view(r)
+        nxt = choice[:, e].gather(1, prev.view(r, 1)).view(r)
+        if walk is not None and law is not None:
+            law_row = law[:, e].gather(1, prev.view(r, 1, 1).expand(r, 1, k)).squeeze(1)
+            nxt, bad_e = walk.pick(e, law_row, cand[:, e], nxt, sampling.greedy)
+            walk_bad = walk_bad | bad_e
+        prev = nxt
         picks.append(prev)
     pick = torch.stack(picks, 1)                                          # [R, γ]
     taken = torch.stack(rows_taken, 1)                                    # [R, γ] lattice rows read
-    bad_lattice = row_bad.gather(2, taken.unsqueeze(-1)).squeeze(-1).any(dim=1)
+    bad_lattice = row_bad.gather(2, taken.unsqueeze(-1)).squeeze(-1).any(dim=1) | walk_bad
     q = torch.nn.functional.one_hot(pick, k).float()
     if law is not None:
         row = taken.view(r, gamma, 1, 1).expand(r, gamma, 1, k)

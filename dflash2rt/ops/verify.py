@@ -14,18 +14,38 @@ float64 except within (2^-40 + V·2^-53)·total of a CDF breakpoint (``exact32``
 with p = 0 are never emitted. Acceptance, residual and bonus uniforms are separate inputs (separate RNG streams).
 A sampled row whose q is not finite and non-negative, or gives its own draft token no mass (NaN
 included), is flagged ``bad_q``; any other row with nothing to draw from is flagged ``bad``.
+
+``marks`` (optional, an ``EmitDraw``): replaces the sampled rows' residual / bonus draw by its
+own draw from the same law (the watermark's Gumbel-max keyed by the emitted position's context,
+``dflash2rt.watermark.generate``); ``sample_next`` takes one too. Float64 formulation only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from ..errors import InvalidInputError, NonFiniteLogitsError
+from ..errors import BackendError, InvalidInputError, NonFiniteLogitsError
 from . import exact32
 from .batch import BlockNoise, SamplingBatch
 from .sampling import bad_rows, inverse_cdf, target_probs
+
+
+class EmitDraw(Protocol):
+    """Draws the emitted token of sampled rows from the law it is emitted from."""
+
+    def emit(self, law: torch.Tensor, slot: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
+        """law [R, V] float64 weights, slot [R] (the emitting row: the first rejected slot, or
+        γ for the bonus), plain [R] (the uniform's inverse-CDF draw) → token [R], -1 where the
+        row is not a law."""
+
+
+def _require_fp64(marks: EmitDraw | None, fp64: bool) -> None:
+    if marks is not None and not fp64:
+        raise BackendError("a keyed (watermarked) draw needs the float64 formulation; this "
+                           "device has no float64")
 
 
 @dataclass(frozen=True)
@@ -102,12 +122,13 @@ def check_verify_args(logits: torch.Tensor, draft: torch.Tensor, candidates: tor
 
 def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor,
            sampling: SamplingBatch, noise: BlockNoise, check: bool = True,
-           has_fp64: bool | None = None) -> VerifyOut:
+           has_fp64: bool | None = None, marks: EmitDraw | None = None) -> VerifyOut:
     """logits [R, γ+1, V] of the verify pass over [anchor, d_1..d_γ]; draft [R, γ];
     candidates, q [R, γ, K]. With ``check`` a NaN row raises at once; the engine passes False
     and checks ``bad`` at its one device→host synchronisation per step. ``has_fp64`` False
     takes the float32 formulation (None: ``exact32.fp64_enabled()``)."""
     fp64 = exact32.fp64_enabled(has_fp64)
+    _require_fp64(marks, fp64)
     r, rows, v = check_verify_args(logits, draft, candidates, q)
     gamma = rows - 1
     bad = bad_rows(logits).any(dim=1)
@@ -119,7 +140,7 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
         q_d, q_lo = (draft_mass(draft, candidates, q), None) if fp64 else \
             exact32.draft_mass32(draft, candidates, q)                              # [R, γ]
         acc_s, emitted_s = _verify_sampled(logits, draft, candidates, q, (q_d, q_lo), sampling,
-                                           noise)
+                                           noise, marks)
         acc = torch.where(sampling.greedy, acc, acc_s)
         emitted = torch.where(sampling.greedy, emitted, emitted_s)
         bad_q = ~sampling.greedy & law_broken(q, q_d)
@@ -132,7 +153,7 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
 
 def _verify_sampled(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
                     q: torch.Tensor, q_d: tuple[torch.Tensor, torch.Tensor | None],
-                    sampling: SamplingBatch, noise: BlockNoise
+                    sampling: SamplingBatch, noise: BlockNoise, marks: EmitDraw | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chain speculative sampling → (accept_len [R], emitted token [R]). ``q_d``: (float64 q(d),
     None), or the float32 formulation's double-float (hi, lo)."""
@@ -166,17 +187,21 @@ def _verify_sampled(logits: torch.Tensor, draft: torch.Tensor, candidates: torch
     q_dense.scatter_add_(1, cand_s, q_s.double())
     resid = (p_row - q_dense).clamp(min=0.0)
     empty = resid.sum(dim=1, keepdim=True) <= 0
-    return acc, inverse_cdf(torch.where(empty, p_row, resid), u)
+    law = torch.where(empty, p_row, resid)
+    drawn = inverse_cdf(law, u)
+    return acc, drawn if marks is None else marks.emit(law, acc, drawn)
 
 
 def sample_next(logits: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor,
-                has_fp64: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                has_fp64: bool | None = None, marks: EmitDraw | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per request from target logits [R, V] (greedy rows: argmax) with uniforms u [R].
 
     Used after prefill and by target-only decoding (the engine calls it directly: inside
     ``Backend.run_context()`` of a backend without float64 it takes the float32 formulation).
-    Returns (token [R], bad [R]).
+    ``marks``: a keyed draw for the sampled rows (slot 0). Returns (token [R], bad [R]).
     """
+    _require_fp64(marks, exact32.fp64_enabled(has_fp64))
     bad = bad_rows(logits)
     token = torch.argmax(logits, dim=-1)
     if sampling.any_sampled:
@@ -185,6 +210,8 @@ def sample_next(logits: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor,
                          top_p_rows=sampling.top_p_rows, min_p=sampling.min_p)[:, 0]
         drawn = inverse_cdf(p.double(), u) if exact32.fp64_enabled(has_fp64) else \
             exact32.inverse_cdf32(p, u)                                   # -1: not a law
+        if marks is not None:
+            drawn = marks.emit(p.double(), torch.zeros_like(drawn), drawn)
         token = torch.where(sampling.greedy, token, drawn)
         bad = bad | (~sampling.greedy & (drawn < 0))
     return token, bad

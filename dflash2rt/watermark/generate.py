@@ -1,0 +1,169 @@
+"""Watermarked generation: a batch's watermark state on the device and the keyed draws the decode
+ops take as hooks (``ops.selector.WalkDraw``, ``ops.verify.EmitDraw``).
+
+The token at a position with context c (the hash of the ``width`` tokens before it, prompt
+included) is drawn from its law p by Gumbel-max over keyed values (``sampler``):
+
+* the draft walk's candidate at slot j: ``draw_sparse`` under subkey A, c = committed tokens +
+  d_1..d_{j-1} (the walk's q stays the law the draw is from: Gumbel-max over q has law q);
+* the acceptance coin of slot j: ``coin`` under subkey C (in place of the accept uniform);
+* the residual and bonus draws, target-only steps and the first token after prefill:
+  ``draw_dense`` under subkey B.
+
+Over keys every value is a fresh uniform independent of everything drawn before, so each step
+is a chain speculative sampling step with independent noise: the output law is the target's
+(distortion-free). That holds only while a context's values are not reused: a position whose
+context was already used by this request (a committed position, or an earlier slot of the same
+block, which a later slot is only reached after accepting) draws with the ordinary uniforms of
+``ops.batch.BlockNoise`` instead (the literature's deduplication; the detector skips repeats).
+The record of used contexts lives on the device (``record`` / ``used``): no host sync. Greedy
+rows never read a draw: greedy output is unchanged and unmarked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import torch
+
+from ..ops import selector, verify
+from ..ops.batch import BlockNoise, SamplingBatch
+from .keys import WatermarkKey
+from .sampler import coin, draw_dense, draw_sparse
+from .values import context_hash
+
+
+@dataclass(frozen=True)
+class Marks:
+    """The keyed draws of one step's positions: ``ctx`` [R, S] context hashes, ``fresh`` [R, S]
+    (context not used before: the keyed values apply). Slot s decides the step's s-th token."""
+
+    key: WatermarkKey
+    ctx: torch.Tensor
+    fresh: torch.Tensor
+
+    def emit(self, law: torch.Tensor, slot: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
+        """``ops.verify.EmitDraw``: Gumbel-max under subkey B at the emitting slot's context
+        where it is fresh, else ``plain`` (the ordinary uniform's draw)."""
+        s = slot.view(-1, 1)
+        drawn = draw_dense(self.key.target, self.ctx.gather(1, s)[:, 0], law)
+        return torch.where(self.fresh.gather(1, s)[:, 0], drawn, plain)
+
+    def noise(self, noise: BlockNoise) -> BlockNoise:
+        """The block's noise with the acceptance coins of fresh slots keyed (subkey C)."""
+        g = noise.accept.shape[1]
+        keyed = coin(self.key.coin, self.ctx[:, :g])
+        return replace(noise, accept=torch.where(self.fresh[:, :g], keyed, noise.accept))
+
+
+class Walk:
+    """``ops.selector.WalkDraw`` for one block: the walk's contexts follow the path it takes."""
+
+    def __init__(self, wm: "WatermarkBatch") -> None:
+        self.wm, self.window, self.ctxs = wm, wm.window, []
+
+    def pick(self, slot: int, law: torch.Tensor, cand: torch.Tensor, plain: torch.Tensor,
+             greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx = context_hash(self.window)                                   # [R]
+        fresh = ~self.wm.in_record(ctx.view(-1, 1))[:, 0]
+        for earlier in self.ctxs:
+            fresh = fresh & (ctx != earlier)
+        self.ctxs.append(ctx)
+        drawn = draw_sparse(self.wm.key.draft, ctx, cand, law)           # -1: not a law
+        use = fresh & ~greedy
+        pos = torch.where(use, drawn.clamp(min=0), plain)
+        token = cand.gather(1, pos.view(-1, 1))
+        self.window = torch.cat([self.window[:, 1:], token], 1)
+        return pos, use & (drawn < 0)
+
+
+@dataclass
+class WatermarkBatch:
+    """One batch's watermark state (device): ``window`` [R, h] the last h committed tokens (-1
+    before the start), ``record`` [R, M] the contexts of the committed generated positions in
+    order, ``used`` [R] how many of them there are. The key is never printed (its repr is a
+    fingerprint) and is not part of any stats."""
+
+    key: WatermarkKey
+    width: int
+    window: torch.Tensor
+    record: torch.Tensor
+    used: torch.Tensor
+
+    @staticmethod
+    def build(key: WatermarkKey, prompts: Sequence[Sequence[int]], capacity: int,
+              width: int, device: torch.device | str) -> "WatermarkBatch":
+        """``capacity``: positions a request may commit (max_new_tokens + one block + 1)."""
+        win = torch.full((len(prompts), width), -1, dtype=torch.int64)
+        for i, p in enumerate(prompts):
+            tail = list(p)[-width:]
+            if tail:
+                win[i, width - len(tail):] = torch.tensor(tail, dtype=torch.int64)
+        r = len(prompts)
+        return WatermarkBatch(key, width, win.to(device),
+                              torch.zeros(r, capacity, dtype=torch.int64, device=device),
+                              torch.zeros(r, dtype=torch.int64, device=device))
+
+    def take(self, idx: Sequence[int]) -> "WatermarkBatch":
+        t = torch.tensor(list(idx), dtype=torch.int64, device=self.used.device)
+        return WatermarkBatch(self.key, self.width, self.window[t], self.record[t], self.used[t])
+
+    def contexts(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [R, T] following the window → [R, T + 1]: column s is the context of the
+        position after the window and tokens[:, :s]."""
+        ext = torch.cat([self.window, tokens.to(torch.int64)], 1)          # [R, h + T]
+        return context_hash(ext.unfold(1, self.width, 1))
+
+    def in_record(self, ctx: torch.Tensor) -> torch.Tensor:
+        """ctx [R, S] → bool [R, S]: the context is one of the request's committed positions'."""
+        m = self.record.shape[1]
+        valid = torch.arange(m, device=ctx.device).view(1, 1, m) < self.used.view(-1, 1, 1)
+        return ((ctx.unsqueeze(-1) == self.record.unsqueeze(1)) & valid).any(-1)
+
+    def marks(self, tokens: torch.Tensor) -> Marks:
+        """Marks of the positions after the window and each prefix of tokens [R, T] (a block's
+        drafts: slots 0..γ; T = 0: the next token). A slot is fresh when its context is neither
+        recorded nor an earlier slot's."""
+        ctx = self.contexts(tokens)                                        # [R, S]
+        s = ctx.shape[1]
+        earlier = torch.ones(s, s, dtype=torch.bool, device=ctx.device).tril(-1)  # [j, i]: i < j
+        repeat = ((ctx.unsqueeze(-1) == ctx.unsqueeze(1)) & earlier).any(-1)
+        return Marks(self.key, ctx, ~(self.in_record(ctx) | repeat))
+
+    def walk(self) -> Walk:
+        return Walk(self)
+
+    def commit_(self, tokens: torch.Tensor, count: torch.Tensor) -> None:
+        """Record the contexts of the first ``count`` [R] of tokens [R, T] (committed in order
+        after the window) and advance the window over them. Entries past ``count`` are left as
+        they are (no two writes share an index while ``used`` stays below the capacity)."""
+        t = tokens.shape[1]
+        ctx = self.contexts(tokens)[:, :t]                                 # [R, T]
+        m = self.record.shape[1]
+        idx = (self.used.view(-1, 1) + torch.arange(t, device=ctx.device)).clamp(max=m - 1)
+        keep = torch.arange(t, device=ctx.device).view(1, -1) < count.view(-1, 1)
+        self.record.scatter_(1, idx, torch.where(keep, ctx, self.record.gather(1, idx)))
+        ext = torch.cat([self.window, tokens.to(torch.int64)], 1)
+        shift = count.view(-1, 1) + torch.arange(self.width, device=ctx.device)
+        self.window = ext.gather(1, shift)
+        self.used = self.used + count
+
+
+def select_marked(wm: WatermarkBatch, logits: torch.Tensor, proj: torch.Tensor,
+                  anchor: torch.Tensor, pred_codebook: torch.Tensor, succ_codebook: torch.Tensor,
+                  params: selector.SelectorParams, sampling: SamplingBatch, u_walk: torch.Tensor,
+                  has_fp64: bool | None = None) -> selector.SelectorOut:
+    """The selector (``ops.selector.select``, torch ops) with the keyed walk (subkey A)."""
+    return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params, sampling,
+                           u_walk, has_fp64, walk=wm.walk())
+
+
+def verify_marked(wm: WatermarkBatch, logits: torch.Tensor, sel: selector.SelectorOut,
+                  sampling: SamplingBatch, noise: BlockNoise, has_fp64: bool | None = None
+                  ) -> verify.VerifyOut:
+    """Verification (``ops.verify.verify``, torch ops, unchecked: flags in the result) with the
+    keyed coins (subkey C) and residual / bonus draws (subkey B) at the block's contexts."""
+    marks = wm.marks(sel.draft)
+    return verify.verify(logits, sel.draft, sel.candidates, sel.q, sampling, marks.noise(noise),
+                         False, has_fp64, marks=marks)
