@@ -29,8 +29,8 @@ _PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.
            "top_k": (torch.int64, 0), "top_p": (torch.float32, 1.0), "greedy": (torch.bool, True),
            "live": (torch.bool, False)}
 GraphStats = dict[str, dict[int, dict[str, Any]]]     # graph name → bucket → counters
-EAGER_PROCS = ("steps of batches with logit processors, min-p or logprobs run eagerly (graphs "
-               "do not take their state as inputs)")
+EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs or constraints run "
+               "eagerly (graphs do not take their state as inputs)")
 
 
 class Stepper:
