@@ -35,6 +35,8 @@ KILLS = {  # mutant: (-k selection, failure heads that must appear)
         "[L3 procs case=procs-frequency-"]),
     "procs-row0-everywhere": ("procs", [
         "[L1 procs case=presence]", "[L3 procs case=procs-frequency-"]),
+    "constraint-row0-everywhere": ("constraint", [
+        "[L1 constraint case=every_row_moves]", "[L3 constraint case=constraint-V4-"]),
     "schedule-peeks-accept": ("L3 and adaptive", [
         "[L3 adaptive case=adaptive-V4-b4-K3-L4-accept-driven dtype=float32]",
         "[L3 adaptive case=adaptive-V4-b4-K3-L4-cost-model dtype=float32]"]),
