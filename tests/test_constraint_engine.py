@@ -15,10 +15,11 @@ from dflash2rt import get_backend
 from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.bundled import bundled_path
 from dflash2rt.constraints import TokenAutomaton
+from dflash2rt.constraints.regex import CharDFA
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.graphed import EAGER_PROCS
 from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.errors import ConstraintError
+from dflash2rt.errors import ConstraintError, InvalidInputError
 from dflash2rt.models.pair import load_pair
 
 from test_engine_graphs import ReplayAdapter
@@ -161,3 +162,22 @@ def test_graph_mode_runs_constrained_batches_eagerly_and_reports_it():
     assert [o.token_ids for o in got] == [o.token_ids for o in ref]
     assert EAGER_PROCS in stats.fallbacks
     assert all(t % 3 == 0 for o in got for t in o.token_ids)
+
+
+def test_api_and_cli_take_a_regex(bundled):
+    import dflash2rt
+    from test_api import _cli
+    eng, _ = bundled
+    res = dflash2rt.run(eng.pair, "cpu", prompts=["x = [1, 2, "], regex=DIGITS,
+                        max_new_tokens=12)
+    assert CharDFA(DIGITS).matches(res.texts[0]) or (
+        res.outputs[0].finish_reason == "length" and res.texts[0].isdigit()), res.texts
+    with pytest.raises(InvalidInputError, match="not both"):
+        dflash2rt.run(eng.pair, "cpu", prompts=["x"], regex=DIGITS,
+                      constraint=_digits(eng))
+    with pytest.raises(ConstraintError, match="unclosed"):
+        dflash2rt.run(eng.pair, "cpu", prompts=["x"], regex="[0-9")
+    out = _cli("run", "--backend", "cpu", "--prompt", "x = [1, 2, ", "--regex", DIGITS,
+               "--max-new-tokens", "12", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["tokens"] == res.tokens
