@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence, Union
 import torch
 
 from .backend import Backend
+from .constraints import TokenAutomaton
 from .engine.engine import Engine
 from .engine.request import Request, RequestOutput, SamplingParams, is_int, unicode_problem
 from .engine.stats import RunStats
@@ -157,12 +158,16 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0, min_p: float = 0.0,
         logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+        regex: str | None = None, constraint: Any = None,
         metrics: str | Path | None = None,
         watermark: WatermarkKey | str | Path | None = None) -> RunResult:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
 
     The penalties, ``min_p``, ``logit_bias`` and ``logprobs`` are ``SamplingParams``'s (their
     definitions and order are documented there); every one keeps speculation lossless.
+    ``regex``: every output must match the pattern (``dflash2rt.constraints.regex`` syntax),
+    EOS allowed where it fully matches: a ``TokenAutomaton`` over the model's tokenizer.
+    ``constraint``: a hook of your own (``SamplingParams.constraint``); not both.
 
     ``backend``: a name, a Backend, or None for $DFLASH2RT_BACKEND / the best available one.
     ``block_size``: None (default) chooses each step's block size adaptively (1, a target-only
@@ -185,6 +190,13 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     key = _watermark_key(watermark)
     be = backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
     pair = resolve_model(model, be.device, dtype)
+    if regex is not None:
+        if constraint is not None:
+            raise InvalidInputError("give regex or constraint, not both")
+        if pair.tokenizer is None:
+            raise InvalidInputError("regex needs a tokenizer; this model pair has none")
+        constraint = TokenAutomaton.from_regex(regex, pair.tokenizer,
+                                               pair.target.cfg.vocab_size, pair.eos_token_ids)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed,
                             stop_strings=(stop,) if isinstance(stop, str) else stop,
@@ -192,7 +204,8 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
                             repetition_penalty=repetition_penalty,
                             frequency_penalty=frequency_penalty,
                             presence_penalty=presence_penalty, min_p=min_p,
-                            logit_bias=logit_bias or {}, logprobs=logprobs)
+                            logit_bias=logit_bias or {}, logprobs=logprobs,
+                            constraint=constraint)
     requests = [Request(p, params) for p in _encode(pair, prompts)]
     with Engine(pair, be) as engine:
         outputs, stats = engine.generate(requests, spec=spec, block_size=block_size,

@@ -31,6 +31,11 @@ class SamplingParamsError(InvalidInputError):
     """Temperature, top-k, top-p, seed or max_new_tokens out of range."""
 
 
+class ConstraintError(InvalidInputError):
+    """A constraint hook that breaks its contract (a mask of the wrong size or type, a start
+    state with no allowed token, a table out of range) or a pattern that does not parse."""
+
+
 class NonFiniteLogitsError(InvalidInputError):
     """Logits or probabilities that contain NaN (or no finite entry at all)."""
 

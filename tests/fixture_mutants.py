@@ -86,6 +86,19 @@ def _row0_everywhere(self, logits, draft=None):
 ops_procs.ProcBatch.process = _row0_everywhere
 '''
 
+_CONSTRAINT_ROW0 = '''
+from dflash2rt.constraints import device as constraint_device
+
+
+def _row0_state(table, state, draft):
+    """Every verify row gets the committed state (row 0's mask on every row)."""
+    t = 1 if draft is None else draft.shape[1] + 1
+    return state.view(-1, 1).expand(-1, t)
+
+
+constraint_device.block_states = _row0_state
+'''
+
 _SHAPES_OK = '''
         g = logits.shape[1] - 1
         if g < 1 or tuple(draft.shape) != (logits.shape[0], g):    # let the real checks raise
@@ -259,6 +272,8 @@ def _conv(x, base, delta, block_size):
     "wm-one-key": (_WM_ONE_KEY, "    pass\n"),
     # Issue 17: the acceptance coin reuses the draft draw's keyed value.
     "wm-coin-reuses-draw": (_WM_COIN_FROM_DRAW, "    pass\n"),
+    # Issue 18: every verify row masked with row 0's constraint state (the committed one).
+    "constraint-row0-everywhere": (_CONSTRAINT_ROW0, "    pass\n"),
     # The acceptance coin is read from the walk stream (it differs from the accept stream).
     "walk-as-accept": ("", '''
     def verify(self, logits, draft, candidates, q, sampling, noise, check=True):

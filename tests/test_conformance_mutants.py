@@ -39,6 +39,8 @@ KILLS = {  # mutant: (-k selection, failure heads that must appear)
                                  "[L4 watermark-exact case=T1]"]),
     "wm-coin-reuses-draw": ("watermark", ["[L4 watermark case=T1 slot=",
                                           "[L4 watermark-exact case=T1]"]),
+    "constraint-row0-everywhere": ("constraint", [
+        "[L1 constraint case=every_row_moves]", "[L3 constraint case=constraint-V4-"]),
     "schedule-peeks-accept": ("L3 and adaptive", [
         "[L3 adaptive case=adaptive-V4-b4-K3-L4-accept-driven dtype=float32]",
         "[L3 adaptive case=adaptive-V4-b4-K3-L4-cost-model dtype=float32]"]),

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "dflash2rt"
 # Lowest first. A unit (a subpackage, or a top-level module) imports only from lower layers.
 LAYERS = (
     {"errors"},
-    {"ops", "bundled"},
+    {"ops", "bundled", "constraints"},
     {"backend", "watermark"},
     {"hookspecs", "kernels", "graphs"},
     {"plugin_kit", "registry", "models"},

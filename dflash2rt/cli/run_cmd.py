@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="return each token's log-probability and its top-N alternatives "
                         "(with --json)")
+    p.add_argument("--regex", metavar="PATTERN", default=None,
+                   help="constrain the output to match PATTERN (classes, *, +, ?, |, groups; "
+                        "EOS allowed where it fully matches); lossless under speculation")
     p.add_argument("--block-size", type=int, default=None, help="a fixed speculation block "
                    "(reproducible across machines); default: adaptive, each step's block size "
                    "chosen from acceptance and measured step cost (1 = a target-only step)")
@@ -165,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
                   frequency_penalty=args.frequency_penalty,
                   presence_penalty=args.presence_penalty, min_p=args.min_p,
                   logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs,
-                  metrics=args.metrics, watermark=key)
+                  regex=args.regex, metrics=args.metrics, watermark=key)
     if args.json:
         print(file=sys.stderr)
         print(json.dumps({**res.as_dict(), "load": loaded}, indent=2))

@@ -68,6 +68,8 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
         st.procs.commit_(res.tokens, res.accept_len + 1)
     if st.wm is not None:                # the committed positions' watermark contexts
         st.wm.commit_(res.tokens, res.accept_len + 1)
+    if st.constraint is not None:        # the constraint states, on the device
+        st.constraint.commit_(res.tokens, res.accept_len + 1)
     t1 = time.perf_counter()
     host = res.for_host().tolist()       # the step's one device→host sync: [R, 2 + B]
     stats.syncs += 1
@@ -86,6 +88,7 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
         out.add(st.rows[i], h[2:3 + h[0]], lp)
         st.host_lens[i] += h[0] + 1
     st = drop_finished(st, out)
+    host_masks(st, out, stats)
     end = time.perf_counter()
     stats.time["host"] += end - t1
     seconds = end - t0 - (stepper.capture_s - cap0)
@@ -115,3 +118,12 @@ def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats
 def drop_finished(st: BatchState, out: Collector) -> BatchState:
     alive = [i for i, row in enumerate(st.rows) if not out.done(row)]
     return st if len(alive) == st.size else st.keep(alive)
+
+
+def host_masks(st: BatchState, out: Collector, stats: RunStats) -> None:
+    """Generic constraint hooks (target-only decoding): their masks for the next token, built
+    on the host from the tokens it already has, copied to the device — one host round trip per
+    step, counted in ``stats.constraint_host_masks``. Token automata need none of this."""
+    if st.size and st.constraint is not None and st.constraint.host_mask is not None:
+        st.constraint.set_host_masks_([out.next_mask(row) for row in st.rows])
+        stats.constraint_host_masks += 1

@@ -17,13 +17,14 @@ from typing import Callable, Sequence
 import torch
 
 from ..backend import Backend, Fallbacks
-from ..errors import InvalidInputError
+from ..constraints import TokenAutomaton
+from ..errors import ConstraintError, InvalidInputError
 from ..graphs.runner import bucket_for
 from ..models.kv_cache import KVCache
 from ..models.pair import ModelPair
 from ..ops.procs import unpack_logprobs
 from . import steps
-from .decode import Steppers, calibrate, decode_step, drop_finished
+from .decode import Steppers, calibrate, decode_step, drop_finished, host_masks
 from .graphed import BUCKETS, LEN_STEP, Stepper
 from .memory import make_caches
 from .output import Collector
@@ -151,16 +152,24 @@ class Engine:
                 f"block_size must be >= 2 for speculative decoding (None: adaptive), got {block}")
         for q in requests:
             q.validate(pair.target.cfg.vocab_size)
+        if spec and any(q.params.constraint is not None
+                        and not isinstance(q.params.constraint, TokenAutomaton) for q in requests):
+            raise ConstraintError(
+                "a generic constraint hook (not a dflash2rt.constraints.TokenAutomaton) builds "
+                "its masks on the host, which speculative steps cannot wait for: run it with "
+                "spec=False, or express it as a TokenAutomaton (from_regex, token_set)")
         stats = RunStats("spec" if spec else "target-only", self.backend.name,
                          str(self.backend.device), block if spec else 1, requests=len(requests),
                          adaptive=sched is not None, model_pass=self.model_pass,
                          watermarked=watermark is not None)
         fallbacks = Fallbacks(self._standing_fallbacks.reported)    # this run's recorder
-        out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens)
+        out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens,
+                        pair.target.cfg.vocab_size)
         start = time.perf_counter()
         with torch.inference_mode(), self.backend.run_context():
             steppers, st = self._start(requests, spec, block, watermark)
             try:
+                host_masks(st, out, stats)                 # generic hooks: the first token's
                 first = steps.prefill(pair, st, self.backend, [q.prompt_ids for q in requests])
                 host = torch.cat([torch.stack([first.token, pack_flags(first.bad)], 1)]
                                  + ([first.logprobs] if first.logprobs is not None else []),
@@ -172,6 +181,7 @@ class Engine:
                     st.host_lens[i] = len(requests[i].prompt_ids)   # mirrors st.lens = n
                 stats.time["prefill"] = time.perf_counter() - start
                 st = drop_finished(st, out)
+                host_masks(st, out, stats)
                 if sched is not None:
                     sched.begin()
                 pending = 0          # target-only steps since the last spec step (adaptive)

@@ -30,8 +30,8 @@ _PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.
            "top_k": (torch.int64, 0), "top_p": (torch.float32, 1.0), "greedy": (torch.bool, True),
            "live": (torch.bool, False)}
 GraphStats = dict[str, dict[int, dict[str, Any]]]     # graph name → bucket → counters
-EAGER_PROCS = ("steps of batches with logit processors, min-p or logprobs run eagerly (graphs "
-               "do not take their state as inputs)")
+EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs or constraints run "
+               "eagerly (graphs do not take their state as inputs)")
 EAGER_WATERMARK = ("watermarked steps run eagerly (graphs do not take the watermark's state as "
                    "inputs)")
 WATERMARK_OPS = ("watermarked steps select and verify with torch ops (the keyed draws have no "
@@ -73,7 +73,8 @@ class Stepper:
             if any(impl.get(op) != TORCH_OPS for op in ("select", "verify")):
                 report(WATERMARK_OPS)
         if self.adapter is not None:
-            if st.procs is not None or st.sampling.min_p is not None:
+            if st.procs is not None or st.sampling.min_p is not None \
+                    or st.constraint is not None:
                 report(EAGER_PROCS)
             if st.wm is not None:
                 report(EAGER_WATERMARK)

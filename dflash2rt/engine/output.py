@@ -4,16 +4,25 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
+
+from ..constraints.host import ConstraintTracker
 from ..models.tokenizer import TextTokenizer
 from .request import Request, RequestOutput, stop_at
 
 
 class Collector:
+    """``vocab``: the target's vocabulary, for the requests' constraint trackers (one per
+    constrained request: where it reaches a dead end, and a generic hook's next mask)."""
+
     def __init__(self, requests: Sequence[Request], tokenizer: TextTokenizer | None,
-                 eos: Sequence[int], on_tokens: Callable[[int, list[int]], None] | None) -> None:
+                 eos: Sequence[int], on_tokens: Callable[[int, list[int]], None] | None,
+                 vocab: int | None = None) -> None:
         self.requests, self.tokenizer, self.eos = requests, tokenizer, tuple(eos)
         self.on_tokens = on_tokens
         self.outputs = [RequestOutput(q.prompt_ids) for q in requests]
+        self.trackers = {i: ConstraintTracker(q.params.constraint, vocab)
+                         for i, q in enumerate(requests) if q.params.constraint is not None}
         if tokenizer is None and any(q.params.stop_strings for q in requests):
             from ..errors import InvalidInputError
             raise InvalidInputError("stop_strings need a tokenizer; this model pair has none")
@@ -39,12 +48,23 @@ class Collector:
         if hit is not None:
             del o.token_ids[hit[0]:]
             o.finish_reason = hit[1]
+        if i in self.trackers:                             # dead end: the last token
+            k = self.trackers[i].feed(o.token_ids[before:])
+            if k is not None:
+                del o.token_ids[before + k:]
+                o.finish_reason = "constraint"
         if params.stop_strings:
             self._stop_strings(o, params.stop_strings, before)
         if o.logprobs is not None:                         # cut where the tokens were cut
             del o.logprobs[len(o.token_ids):], o.top_logprobs[len(o.token_ids):]
         if self.on_tokens is not None and len(o.token_ids) > before:
             self.on_tokens(i, o.token_ids[before:])
+
+    def next_mask(self, i: int) -> np.ndarray | None:
+        """Request i's generic constraint hook's mask for its next token (None: it has no
+        generic hook; token automata mask on the device)."""
+        t = self.trackers.get(i)
+        return None if t is None or t.table else t.mask
 
     def _stop_strings(self, o: RequestOutput, stops: Sequence[str], before: int) -> None:
         """Cut at the shortest new prefix whose text holds a stop string. Every prefix is

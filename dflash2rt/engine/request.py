@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from ..errors import InvalidInputError, SamplingParamsError
+from ..constraints import Constraint, TokenAutomaton
+from ..errors import ConstraintError, InvalidInputError, SamplingParamsError
 from ..ops.procs import check_proc_params
 from ..ops.sampling import check_sampling_params
 
@@ -23,6 +24,13 @@ class SamplingParams:
     min_p · max p). See ``ops.procs`` and ``ops.sampling``. ``logprobs``: None (off), or n ≥ 0:
     each emitted token's log-probability under the final law (greedy requests: that law at
     temperature 1), with the top-n alternatives (``RequestOutput.logprobs``).
+
+    ``constraint`` (structured output, as vLLM's ``structured_outputs`` / SGLang's ``regex``):
+    None, or a hook with ``initial()``, ``allowed(state) -> bool[V]`` and ``advance(state,
+    token)`` (``dflash2rt.constraints``); forbidden tokens get logit −inf after the processors
+    above, before temperature. A ``TokenAutomaton`` (``from_regex``, ``token_set``) runs in
+    every mode; any other hook in target-only decoding (``spec=False``) only. A request whose
+    state allows no token finishes with finish_reason "constraint".
     """
 
     max_new_tokens: int = 64
@@ -39,6 +47,7 @@ class SamplingParams:
     min_p: float = 0.0
     logit_bias: Mapping[int, float] = field(default_factory=dict, hash=False)
     logprobs: int | None = None
+    constraint: Any = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if not is_int(self.max_new_tokens) or not 1 <= self.max_new_tokens < 2**63:
@@ -74,11 +83,17 @@ class SamplingParams:
             object.__setattr__(self, name, float(getattr(self, name)))
         if self.logprobs is not None:
             object.__setattr__(self, "logprobs", int(self.logprobs))
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise SamplingParamsError(
+                f"constraint must be None or a hook with initial(), allowed(state) and "
+                f"advance(state, token) (e.g. dflash2rt.constraints.TokenAutomaton), got "
+                f"{type(self.constraint).__name__}")
 
     @property
     def processed(self) -> bool:
-        """Whether the request uses a logit processor (bias, a penalty, min-p) or logprobs."""
-        return bool(self.logit_bias) or self.logprobs is not None or self.min_p > 0 \
+        """Whether the request uses a logit processor (bias, a penalty, min-p), logprobs or a
+        constraint."""
+        return self.constraint is not None or bool(self.logit_bias) or self.logprobs is not None or self.min_p > 0 \
             or self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 \
             or self.presence_penalty != 0.0
 
@@ -128,6 +143,11 @@ class Request:
         if bad:
             raise InvalidInputError(f"logit_bias token ids {bad[:5]} are outside the vocabulary "
                                     f"[0, {vocab_size})")
+        c = self.params.constraint
+        if isinstance(c, TokenAutomaton) and c.vocab_size != vocab_size:
+            raise ConstraintError(f"the constraint's token automaton has {c.vocab_size} "
+                                  f"columns but the target's vocabulary has {vocab_size} "
+                                  "tokens: build it with vocab_size=" + str(vocab_size))
         if self.params.logprobs is not None and self.params.logprobs > vocab_size:
             raise InvalidInputError(f"logprobs={self.params.logprobs} asks for more "
                                     f"alternatives than the vocabulary has ({vocab_size})")
@@ -135,7 +155,8 @@ class Request:
 
 @dataclass
 class RequestOutput:
-    """What one request produced; ``finish_reason`` is "length", "stop_token" or "stop_string"."""
+    """What one request produced; ``finish_reason`` is "length", "stop_token", "stop_string" or
+    "constraint" (the constraint reached a state that allows no token)."""
 
     prompt_ids: tuple[int, ...]
     token_ids: list[int] = field(default_factory=list)

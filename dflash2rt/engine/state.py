@@ -7,6 +7,7 @@ from typing import Sequence
 
 import torch
 
+from ..constraints.device import ConstraintBatch
 from ..models.kv_cache import KVCache
 from ..ops.batch import SamplingBatch
 from ..ops.procs import ProcBatch
@@ -21,7 +22,9 @@ class BatchState:
     updated from the one sync per step) and ``rows`` (each slot's index in the request list).
     ``procs``: the logit processors' device state (token counts, bias, penalties) and logprobs
     requests, None when no request of the batch uses any (``ops.procs``). ``wm``: the
-    watermark's device state (``watermark.generate``), None for an unwatermarked run."""
+    watermark's device state (``watermark.generate``), None for an unwatermarked run.
+    ``constraint``: the requests' constraint tables and states (``constraints.device``), None
+    when none has one."""
 
     target_storage: KVCache        # every slot's cache; ``target_cache`` is slots [0, R)
     draft_storage: KVCache | None
@@ -34,6 +37,7 @@ class BatchState:
     rows: list[int]
     procs: ProcBatch | None = None
     wm: WatermarkBatch | None = None
+    constraint: ConstraintBatch | None = None
 
     @property
     def size(self) -> int:
@@ -59,14 +63,16 @@ class BatchState:
                           self.seed[t], self.key[t], self.sampling.take(idx),
                           [self.host_lens[i] for i in idx], [self.rows[i] for i in idx],
                           None if self.procs is None else self.procs.take(idx),
-                          None if self.wm is None else self.wm.take(idx))
+                          None if self.wm is None else self.wm.take(idx),
+                          None if self.constraint is None else self.constraint.take(idx))
 
     @property
     def eager_only(self) -> bool:
         """Whether the batch needs what captured graphs do not take as inputs (logit
-        processors, min-p, logprobs, a watermark): its steps then run eagerly, and that is
-        reported."""
-        return self.procs is not None or self.sampling.min_p is not None or self.wm is not None
+        processors, min-p, logprobs, a watermark, constraints): its steps then run eagerly, and
+        that is reported."""
+        return self.procs is not None or self.sampling.min_p is not None or self.wm is not None \
+            or self.constraint is not None
 
 
 def new_state(requests: Sequence, target: KVCache, draft: KVCache | None,
@@ -83,7 +89,9 @@ def new_state(requests: Sequence, target: KVCache, draft: KVCache | None,
         i64([p.seed for p in ps]), i64([q.key for q in requests]),
         SamplingBatch.build([p.temperature for p in ps], [p.top_k for p in ps],
                             [p.top_p for p in ps], dev, [p.min_p for p in ps]),
-        [0] * r, list(range(r)), _procs(requests, vocab, dev), wm)
+        [0] * r, list(range(r)), _procs(requests, vocab, dev), wm,
+        None if vocab is None else
+        ConstraintBatch.build([q.params.constraint for q in requests], vocab, dev))
 
 
 def _procs(requests: Sequence, vocab: int | None, dev: torch.device) -> ProcBatch | None:

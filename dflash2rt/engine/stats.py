@@ -51,6 +51,8 @@ class RunStats:
     wall_s: float = 0.0
     capture_s: float = 0.0         # graph warm-up + capture inside decode steps (part of wall_s)
     syncs: int = 0                 # device→host synchronisations in decode steps
+    constraint_host_masks: int = 0  # generic constraint hooks (target-only): host→device mask
+                                    # uploads, one per step (token automata need none)
     fallbacks: list[str] = field(default_factory=list)   # the run's Fallbacks.reported
     model_pass: str | None = None  # what the backend's model pass did (CPU: oneDNN-packed linears)
     watermarked: bool = False      # sampled tokens carry a watermark (never the key itself)

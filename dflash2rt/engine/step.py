@@ -6,8 +6,9 @@ inputs (the live rows' device state, plus the draft's outputs for ``verify``) an
 tensors; the last body of a step returns the ``StepOut`` fields, flags packed (``pack_flags``)
 and the new lengths and anchor, which the engine copies into the batch state in one place.
 Rows whose ``live`` input is False (graph padding) commit nothing. A batch with logit
-processors, min-p or logprobs (``BatchState.eager_only``) runs its bodies eagerly with the
-batch's own sampling and ``procs`` (``host``): graphs do not take them as inputs.
+processors, min-p, logprobs or constraints (``BatchState.eager_only``) runs its bodies eagerly
+with the batch's own sampling, ``procs`` and ``constraint`` (``host``): graphs do not take them
+as inputs.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ class StepBodies:
         return BatchState(*self.storage, inp["lens"], inp["anchor"], inp["seed"], inp["key"],
                           sampling, [0] * r, list(range(r)),
                           None if host is None else host.procs,
-                          None if host is None else host.wm)
+                          None if host is None else host.wm,
+                          None if host is None else host.constraint)
 
     def draft(self, inp: Tensors, sampled: bool, ctx_len: int | None,
               host: BatchState | None = None) -> Tensors:

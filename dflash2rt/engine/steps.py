@@ -7,7 +7,9 @@ one device→host transfer per step. ``ctx_len``: cache rows attention reads (No
 Logit processors (``st.procs``: bias, penalties) process every target row the same way in each
 mode: prefill's first token and a target-only step with the committed counts, verify row j with
 the committed counts plus d_1..d_j (``ProcBatch.process``), before the backend's verify (so a
-kernel backend verifies processed logits too). With logprobs requested, each step also returns
+kernel backend verifies processed logits too). Constraint masks (``st.constraint``) follow the
+processors the same way: forbidden tokens at −inf, row j with the automaton state after
+d_1..d_j, gathered on the device along the drafts. With logprobs requested, each step also returns
 the emitted tokens' log-probabilities under the final law (``ops.procs.token_logprobs``).
 
 A watermarked batch (``st.wm``, ``watermark.generate``) draws its sampled rows with keyed
@@ -43,8 +45,10 @@ class Prefilled:
 
 def processed(st: BatchState, logits: torch.Tensor, draft: torch.Tensor | None = None
               ) -> torch.Tensor:
-    """Target logits [R, T, V] after the batch's logit processors (unchanged without any)."""
-    return logits if st.procs is None else st.procs.process(logits, draft)
+    """Target logits [R, T, V] after the batch's logit processors, then its constraint masks
+    (row j with the state after d_1..d_j; unchanged without any)."""
+    x = logits if st.procs is None else st.procs.process(logits, draft)
+    return x if st.constraint is None else st.constraint.mask(x, draft)
 
 
 def logprobs_of(st: BatchState, logits: torch.Tensor, tokens: torch.Tensor
@@ -81,6 +85,8 @@ def prefill(pair: ModelPair, st: BatchState, backend: Backend, prompts: list[tup
         st.procs.commit_(token.view(-1, 1), torch.ones_like(n))
     if st.wm is not None:
         st.wm.commit_(token.view(-1, 1), torch.ones_like(n))
+    if st.constraint is not None:
+        st.constraint.commit_(token.view(-1, 1), torch.ones_like(n))
     return Prefilled(token, bad, logprobs_of(st, last, token.view(-1, 1)))
 
 

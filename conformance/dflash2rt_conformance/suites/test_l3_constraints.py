@@ -1,0 +1,90 @@
+"""L3 with a constraint: the joint law of the first L tokens of the backend's select + verify,
+each verify row masked by the runtime (``dflash2rt.constraints``: row j with the automaton
+state after d_1..d_j, gathered on the device), equals the target-only law under the same
+constraint (TV ≤ 1e-12; greedy: the same chain).
+
+The automaton's state is (last token, position), and it allows exactly the support of the
+context's quarter table; the raw rows put the forbidden tokens *above* every allowed one, so
+only the right mask turns a raw row into its lattice-exact quarter table — a runtime that masks
+row j with another row's state (row 0's, the committed one) moves the law far from the target.
+The draft side is unmasked: its q puts mass on forbidden tokens, which verification rejects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dflash2rt.constraints import TokenAutomaton
+from dflash2rt.constraints.device import ConstraintBatch
+from dflash2rt_conformance import lattice
+from dflash2rt_conformance.reference import constraints as ref
+from dflash2rt_conformance.reference import laws
+from dflash2rt_conformance.reference.sampling import softmax
+
+pytestmark = pytest.mark.dflash2rt_level("L3")
+
+V, K = 4, 3
+PROMPT = (0,)
+FORBIDDEN = 3.0                    # raw logit of forbidden tokens: above every log p ≤ 0
+
+
+def _automaton(p_fn, horizon: int) -> TokenAutomaton:
+    """States (position − len(PROMPT)) · V + last token; token v allowed iff the quarter
+    table of (last, position) gives it mass; the last position's states are dead ends."""
+    p0 = len(PROMPT)
+    t = np.full(((horizon + 1) * V, V), -1)
+    for k in range(horizon):
+        for last in range(V):
+            p = np.asarray(p_fn((0,) * (p0 + k - 1) + (last,)), float)
+            t[k * V + last, p > 0] = (k + 1) * V + np.flatnonzero(p > 0)
+    return TokenAutomaton(t, PROMPT[-1])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["sampled", "greedy"])
+def test_joint_law_with_constraint(temperature, backend, results, sizes):
+    dev = backend.device
+    p_fn, sel = lattice.context_tables("constraint", V, K)
+    a = _automaton(p_fn, sizes.l3_length + sizes.l3_gamma + 2)
+    tilt = 0.0 if temperature > 0 else -0.01 * np.arange(V)   # greedy: no exact ties
+
+    def raw_fn(ctx):
+        p = np.asarray(p_fn(ctx), float)
+        return np.where(p > 0, lattice.log_or_neg(p) + tilt, FORBIDDEN)
+
+    def ref_p(ctx):                # the target-only law: the reference mask of the raw row
+        return softmax(ref.mask_row(raw_fn(ctx), a.next, ref.walk(a.next, a.start,
+                                                                   ctx[len(PROMPT):])))
+
+    def process(ctx, vlog, draft):
+        r, out = draft.shape[0], list(ctx[len(PROMPT):])
+        cb = ConstraintBatch.build([a] * r, V, dev)
+        if out:
+            cb.commit_(torch.tensor([out] * r, device=dev),
+                       torch.full((r,), len(out), device=dev))
+        return cb.mask(vlog, draft)
+
+    memo: dict = {}
+
+    def round_law(ctx):
+        if ctx not in memo:
+            memo[ctx] = lattice.round_law_backend(
+                backend, ctx, p_fn, sel, sizes.l3_gamma, torch.float32, temperature,
+                dedup=sizes.l3_dedup, raw_fn=raw_fn, process=process)
+        return memo[ctx]
+
+    law = laws.joint_law(round_law, PROMPT, sizes.l3_length)
+    name = f"constraint-V{V}-g{sizes.l3_gamma}-L{sizes.l3_length}"
+    if temperature == 0:
+        chain, ctx = (), PROMPT
+        for _ in range(sizes.l3_length):
+            p = ref_p(ctx + chain)
+            chain += (int(np.flatnonzero(p == p.max())[0]),)
+        assert law == {chain: 1.0}, f"[L3 constraint greedy case={name}] law {law} ≠ {chain}"
+        return
+    target = laws.target_law(ref_p, PROMPT, sizes.l3_length)
+    tv = float(laws.tv(law, target))
+    results.metric("L3", f"TV constraint {name}", tv)
+    assert tv <= 1e-12, f"[L3 constraint case={name}] TV = {tv:.4g} > 1e-12 against " \
+                        f"target-only decoding under the same constraint; worst: " \
+                        f"{lattice.worst(law, target)}"

@@ -1,0 +1,174 @@
+"""The constraint hook's contract and its built-in implementation, a token automaton.
+
+A constraint (``SamplingParams.constraint``, as vLLM's ``structured_outputs`` / SGLang's
+``regex`` are request sampling parameters) is any object with the shape grammar engines such
+as xgrammar and outlines expose:
+
+- ``initial() -> state``: the state before the first generated token;
+- ``allowed(state) -> bool[V]``: the tokens that may come next (V: the target's vocabulary);
+- ``advance(state, token) -> state``: the state after one more token.
+
+A state with no allowed token is a dead end: the request finishes there with finish_reason
+"constraint" (the token that reached it is the last one returned).
+
+``TokenAutomaton`` is that contract held as a table: ``next`` int32 [S, V], -1 where a token is
+forbidden, so ``allowed(s) = next[s] >= 0`` and ``advance(s, t) = next[s, t]``. Its tables go to
+the device, where verify row j's state is gathered along the drafts with no host round trip
+(``constraints.device``); speculative decoding therefore takes token automata only. A generic
+hook (any other object) runs in target-only decoding, its masks built on the host each step.
+Build one from a regex (``from_regex``: the pattern's character DFA lifted to tokens by walking
+each token's text from every state) or from a token set (``token_set``).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import ConstraintError
+from .regex import CharDFA
+
+
+@runtime_checkable
+class Constraint(Protocol):
+    """The per-request constraint hook (see the module docstring)."""
+
+    def initial(self) -> Any: ...
+
+    def allowed(self, state: Any) -> Any: ...
+
+    def advance(self, state: Any, token: int) -> Any: ...
+
+
+class TokenAutomaton:
+    """A token-level DFA: ``next`` int32 [S, V] (-1: forbidden), start state ``start``.
+    Immutable once built (the table is copied and made read-only)."""
+
+    def __init__(self, next_table: np.ndarray, start: int = 0) -> None:
+        t = np.asarray(next_table)
+        if t.ndim != 2 or t.shape[0] < 1 or t.shape[1] < 1:
+            raise ConstraintError(f"a token automaton's table must be [states, vocab], got "
+                                  f"shape {t.shape}")
+        if not np.issubdtype(t.dtype, np.integer):
+            raise ConstraintError(f"a token automaton's table must hold integers, got {t.dtype}")
+        s = t.shape[0]
+        if t.size and (t.min() < -1 or t.max() >= s):
+            raise ConstraintError(f"a token automaton's next states must be in [-1, {s}) "
+                                  f"(-1: forbidden), got [{t.min()}, {t.max()}]")
+        if not isinstance(start, numbers.Integral) or not 0 <= start < s:
+            raise ConstraintError(f"start state must be an integer in [0, {s}), got {start!r}")
+        self.next = t.astype(np.int32, copy=True)
+        self.next.flags.writeable = False
+        self.start = int(start)
+        self.dead = ~(self.next >= 0).any(axis=1)                  # [S] no allowed token
+        self.dead.flags.writeable = False
+        if self.dead[self.start]:
+            raise ConstraintError("the start state allows no token: the constraint could never "
+                                  "produce any output")
+
+    @property
+    def num_states(self) -> int:
+        return self.next.shape[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.next.shape[1]
+
+    def initial(self) -> int:
+        return self.start
+
+    def allowed(self, state: int) -> np.ndarray:
+        return self.next[state] >= 0
+
+    def advance(self, state: int, token: int) -> int:
+        return int(self.next[state, token])
+
+    def __repr__(self) -> str:
+        return f"TokenAutomaton(states={self.num_states}, vocab={self.vocab_size})"
+
+    @staticmethod
+    def token_set(ids: Sequence[int], vocab_size: int, eos: Sequence[int] = ()
+                  ) -> "TokenAutomaton":
+        """Any sequence of tokens from ``ids``; with ``eos``, those ids too, which end it
+        (state 1: a dead end, so a request that ignores EOS finishes there)."""
+        ids, eos = _token_ids(ids, vocab_size, "ids"), _token_ids(eos, vocab_size, "eos")
+        if not ids:
+            raise ConstraintError("token_set needs at least one allowed token id")
+        t = np.full((2, vocab_size), -1, dtype=np.int32)
+        t[0, ids] = 0
+        t[0, eos] = 1
+        return TokenAutomaton(t, 0)
+
+    @staticmethod
+    def from_regex(pattern: str, tokenizer, vocab_size: int | None = None,
+                   eos: Sequence[int] = ()) -> "TokenAutomaton":
+        """The tokens whose concatenated text fully matches ``pattern`` (``regex.CharDFA``),
+        and at every accepting state the ``eos`` ids (which lead to a dead end). Each token's
+        text is ``tokenizer.decode([id])``; ids past the tokenizer's vocabulary, and tokens with
+        empty text, are never allowed. Only states reachable at token boundaries are kept."""
+        vocab = tokenizer.vocab_size if vocab_size is None else vocab_size
+        if not isinstance(vocab, numbers.Integral) or vocab < 1:
+            raise ConstraintError(f"vocab_size must be a positive integer, got {vocab!r}")
+        eos = _token_ids(eos, vocab, "eos")
+        dfa = CharDFA(pattern)
+        trie = _Trie([(i, tokenizer.decode([i])) for i in range(min(vocab,
+                                                                    tokenizer.vocab_size))])
+        index, order, rows = {0: 0}, [0], []
+        while len(rows) < len(order):                          # breadth-first over states
+            s = order[len(rows)]
+            row = np.full(vocab, -1, dtype=np.int64)
+            for tok, end in trie.walk(dfa, s):
+                if end not in index:
+                    index[end] = len(order)
+                    order.append(end)
+                row[tok] = index[end]
+            rows.append(row)
+        table = np.stack(rows)
+        if eos:
+            final = np.full((1, vocab), -1, dtype=np.int64)
+            table = np.concatenate([table, final])
+            for k, s in enumerate(order):
+                if dfa.accepting(s):
+                    table[k, eos] = len(order)
+        return TokenAutomaton(table, 0)
+
+
+class _Trie:
+    """Token texts in a character trie, so a walk from a DFA state prunes every token that
+    shares a dead prefix at once."""
+
+    def __init__(self, texts: Sequence[tuple[int, str]]) -> None:
+        self.root: dict = {}
+        for tok, text in texts:
+            if not text:
+                continue
+            node = self.root
+            for ch in text:
+                node = node.setdefault(ch, {})
+            node.setdefault(None, []).append(tok)
+
+    def walk(self, dfa: CharDFA, state: int):
+        """(token, end state) for every token whose whole text stays alive from ``state``."""
+        stack = [(self.root, state)]
+        while stack:
+            node, s = stack.pop()
+            for key, child in node.items():
+                if key is None:                            # tokens whose text ends here
+                    yield from ((tok, s) for tok in child)
+                    continue
+                nxt = dfa.step(s, key)
+                if nxt != CharDFA.DEAD:
+                    stack.append((child, nxt))
+
+
+def _token_ids(ids: Sequence[int], vocab: int, what: str) -> list[int]:
+    try:
+        out = [int(t) for t in ids if isinstance(t, numbers.Integral) and not isinstance(t, bool)]
+    except TypeError as exc:
+        raise ConstraintError(f"{what} must be a sequence of token ids, got {ids!r}") from exc
+    if len(out) != len(list(ids)) or any(not 0 <= t < vocab for t in out):
+        raise ConstraintError(f"{what} must be token ids in [0, {vocab}), got {list(ids)[:8]!r}")
+    return out

@@ -1,0 +1,125 @@
+"""A batch's constraints on the device: every request's token automaton in one table, each
+request's state, and the masking of target rows (verify row j with the state after d_1..d_j).
+
+The batch table stacks the automata of the batch's requests (state 0 is the free state: every
+token leads back to it, so unconstrained rows of a mixed batch are left unchanged); ``allow``
+[S, V] bool is ``next >= 0``, and every token at the free state and at dead ends. A dead-end
+row is left unmasked on purpose: the host finishes the request at the token that reached it
+(finish_reason "constraint"), so what such a row emits is never returned, and verification
+never sees a row with no finite logit. A draft token that the mask forbids has p = 0 and is
+rejected; its row and the rows after it get state -1 (read as the free state): what they emit
+lies past the rejection. The draft side is not masked: q stays the law the drafts were drawn
+from, so verification stays lossless and only acceptance can drop.
+
+Generic (host) hooks: in target-only decoding only, ``host_mask`` [R, V] holds each row's mask
+for the next token, written by the engine from the host after each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .automaton import TokenAutomaton
+
+
+def step_states(table: torch.Tensor, state: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """One token per row: state [R] int64, token [R] → next state [R] (-1 when the state is
+    -1, the token is -1 or forbidden)."""
+    v = table.shape[1]
+    nxt = table.view(-1)[state.clamp(min=0) * v + token.clamp(min=0)].long()
+    return torch.where((state >= 0) & (token >= 0), nxt, -1)
+
+
+def block_states(table: torch.Tensor, state: torch.Tensor, draft: torch.Tensor | None
+                 ) -> torch.Tensor:
+    """The state of each verify row: [R] committed states and drafts [R, γ] → [R, γ+1], row j
+    the state after d_1..d_j (row 0: the committed state); ``draft`` None: [R, 1]."""
+    cols = [state]
+    for j in range(0 if draft is None else draft.shape[1]):
+        cols.append(step_states(table, cols[-1], draft[:, j]))
+    return torch.stack(cols, 1)
+
+
+def mask_rows(logits: torch.Tensor, allow: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """Logits [R, T, V] with the tokens row (r, j)'s state forbids at −inf (state −1: none)."""
+    ok = allow[states.clamp(min=0)]                                       # [R, T, V] bool
+    return logits.masked_fill(~ok, -torch.inf)
+
+
+@dataclass(frozen=True)
+class ConstraintBatch:
+    """R requests' constraint state: ``table`` int32 [S, V] and ``allow`` bool [S, V] (module
+    docstring), ``state`` int64 [R] after the committed tokens (``commit_`` advances it on the
+    device), ``host_mask`` bool [R, V] for generic hooks (None when there is none), and on
+    the host ``generic``: which rows' hooks are host hooks."""
+
+    table: torch.Tensor
+    allow: torch.Tensor
+    state: torch.Tensor
+    host_mask: torch.Tensor | None
+    generic: tuple[bool, ...]
+
+    @staticmethod
+    def build(constraints: Sequence, vocab: int, device: torch.device | str
+              ) -> "ConstraintBatch | None":
+        """From requests' ``SamplingParams.constraint`` (None: unconstrained); None when no
+        request has one. Token automata must have ``vocab`` columns (checked before)."""
+        if all(c is None for c in constraints):
+            return None
+        tables = [np.zeros((1, vocab), np.int64)]                        # the free state
+        dead = [np.zeros(1, bool)]
+        offset: dict[int, int] = {}
+        start = []
+        for c in constraints:
+            if isinstance(c, TokenAutomaton):
+                if id(c) not in offset:
+                    offset[id(c)] = sum(len(t) for t in tables)
+                    tables.append(np.where(c.next >= 0, c.next + offset[id(c)], -1))
+                    dead.append(c.dead)
+                start.append(offset[id(c)] + c.start)
+            else:
+                start.append(0)
+        table = np.concatenate(tables).astype(np.int32)
+        allow = (table >= 0) | np.concatenate(dead)[:, None]
+        generic = tuple(c is not None and not isinstance(c, TokenAutomaton) for c in constraints)
+        return ConstraintBatch(
+            torch.from_numpy(table).to(device), torch.from_numpy(allow).to(device),
+            torch.tensor(start, dtype=torch.int64, device=device),
+            torch.ones(len(constraints), vocab, dtype=torch.bool, device=device)
+            if any(generic) else None, generic)
+
+    def take(self, idx: Sequence[int]) -> "ConstraintBatch":
+        """Rows ``idx`` (host-known)."""
+        t = torch.tensor(list(idx), dtype=torch.int64, device=self.state.device)
+        return replace(self, state=self.state[t],
+                       host_mask=None if self.host_mask is None else self.host_mask[t],
+                       generic=tuple(self.generic[i] for i in idx))
+
+    def mask(self, logits: torch.Tensor, draft: torch.Tensor | None = None) -> torch.Tensor:
+        """Target logits [R, T, V] (T = γ+1 verify rows over [anchor, d_1..d_γ], or 1) with
+        row j masked by the state after d_1..d_j (``block_states``)."""
+        x = mask_rows(logits, self.allow, block_states(self.table, self.state, draft))
+        if self.host_mask is not None:
+            if x.shape[1] != 1:
+                raise AssertionError("generic constraint hooks run in target-only steps only")
+            x = x.masked_fill(~self.host_mask.unsqueeze(1), -torch.inf)
+        return x
+
+    def commit_(self, tokens: torch.Tensor, n: torch.Tensor) -> None:
+        """Advance each row's state by its first ``n[r]`` tokens of tokens [R, T] (in place)."""
+        s = self.state
+        for j in range(tokens.shape[1]):
+            s = torch.where(j < n, step_states(self.table, s, tokens[:, j]), s)
+        self.state.copy_(s)
+
+    def set_host_masks_(self, masks: Sequence[np.ndarray | None]) -> None:
+        """Generic hooks' masks for the next token, one per row (None: a table row)."""
+        host = torch.ones(tuple(self.host_mask.shape), dtype=torch.bool)
+        for i, m in enumerate(masks):
+            if m is not None:
+                host[i] = torch.from_numpy(m)
+        self.host_mask.copy_(host)

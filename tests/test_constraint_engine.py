@@ -1,0 +1,183 @@
+"""Constrained requests through the engine (issue 18): on the bundled pair, the automaton that
+allows only digits and a closing bracket, spec on and off — identical tokens at T = 0, every
+emitted token allowed at T = 0 and T = 1, logprobs equal; dead ends finish with "constraint";
+generic hooks in target-only decoding; graph mode runs constrained batches eagerly and says so."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dflash2rt import get_backend
+from dflash2rt.backend import TorchOpsBackend
+from dflash2rt.bundled import bundled_path
+from dflash2rt.constraints import TokenAutomaton
+from dflash2rt.constraints.regex import CharDFA
+from dflash2rt.engine.engine import Engine
+from dflash2rt.engine.graphed import EAGER_PROCS
+from dflash2rt.engine.request import Request, SamplingParams
+from dflash2rt.errors import ConstraintError, InvalidInputError
+from dflash2rt.models.pair import load_pair
+
+from test_engine_graphs import ReplayAdapter
+from tiny_models import tiny_pair
+
+DIGITS = r"[0-9]+\]"
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    root = bundled_path("stdlib-code")
+    pair = load_pair(root / "target", root / "draft")
+    prompts = json.loads((root / "heldout_prompts.json").read_text(encoding="utf-8"))
+    ids = [tuple(pair.tokenizer.encode(p["prompt"])[-48:]) for p in prompts[:3]]
+    return Engine(pair, get_backend("cpu")), ids
+
+
+def _walk(a: TokenAutomaton, tokens) -> int:
+    """The state after ``tokens``; fails on a forbidden one."""
+    s = a.initial()
+    for t in tokens:
+        assert a.allowed(s)[t], f"token {t} is not allowed at state {s}"
+        s = a.advance(s, t)
+    return s
+
+
+def _digits(engine: Engine, eos: bool = True) -> TokenAutomaton:
+    pair = engine.pair
+    return TokenAutomaton.from_regex(DIGITS, pair.tokenizer, pair.target.cfg.vocab_size,
+                                     eos=pair.eos_token_ids if eos else ())
+
+
+@pytest.mark.parametrize("eos", [True, False], ids=["with-eos", "dead-end"])
+def test_greedy_spec_equals_target_only_and_every_token_is_allowed(bundled, eos):
+    eng, ids = bundled
+    a = _digits(eng, eos)
+    reqs = [Request(p, SamplingParams(max_new_tokens=40, constraint=a, logprobs=3))
+            for p in ids]
+    ref, _ = eng.generate(reqs, spec=False)
+    for block in (8, None):
+        got, stats = eng.generate(reqs, spec=True, block_size=block)
+        assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+        assert stats.syncs == stats.steps and stats.constraint_host_masks == 0
+        for g, r in zip(got, ref):
+            assert g.finish_reason == r.finish_reason
+            assert g.logprobs == pytest.approx(r.logprobs, abs=1e-4)
+            assert all(np.isfinite(g.logprobs))              # each token allowed: p > 0
+    for o in ref:
+        s = _walk(a, o.token_ids)
+        if o.finish_reason == "constraint":                  # ends on "…]" with nothing after
+            assert not eos and a.dead[s] and o.text.endswith("]")
+        if eos:
+            assert o.finish_reason in ("stop_token", "length")
+    assert any(o.text.endswith("]") for o in ref), [o.text for o in ref]
+
+
+def test_sampled_tokens_are_all_allowed_spec_and_target_only(bundled):
+    eng, ids = bundled
+    a = _digits(eng)
+    reqs = [Request(p, SamplingParams(max_new_tokens=30, temperature=1.0, seed=s,
+                                      ignore_eos=True, constraint=a))
+            for s, p in enumerate(ids * 2)]
+    for spec in (True, False):
+        outs, _ = eng.generate(reqs, spec=spec, block_size=8 if spec else None)
+        for o in outs:
+            s = _walk(a, o.token_ids)
+            assert o.finish_reason in ("constraint", "length")
+            if o.finish_reason == "constraint":          # ignore_eos: EOS leads to the end
+                assert a.dead[s]
+
+
+def test_state_that_changes_every_token_is_followed_inside_blocks(bundled):
+    """Even ids, then odd ids, alternating: every verify row's mask differs from the row
+    before it, so a block masked with row 0's state would emit a forbidden token (the host
+    walk raises) or differ from target-only decoding."""
+    eng, ids = bundled
+    v = eng.pair.target.cfg.vocab_size
+    t = np.full((2, v), -1)
+    t[0, 0::2], t[1, 1::2] = 1, 0
+    a = TokenAutomaton(t)
+    reqs = [Request(p, SamplingParams(max_new_tokens=40, constraint=a)) for p in ids]
+    ref, _ = eng.generate(reqs, spec=False)
+    got, stats = eng.generate(reqs, spec=True, block_size=8)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert stats.num_accepted_tokens > 0
+    for o in got:
+        assert all(tok % 2 == i % 2 for i, tok in enumerate(o.token_ids))
+
+
+def test_unconstrained_rows_of_a_mixed_batch_are_unchanged(bundled):
+    eng, ids = bundled
+    plain = Request(ids[1], SamplingParams(max_new_tokens=20))
+    both, _ = eng.generate([Request(ids[0], SamplingParams(max_new_tokens=20,
+                                                           constraint=_digits(eng))), plain],
+                           spec=True, block_size=8)
+    alone, _ = eng.generate([plain], spec=True, block_size=8)
+    assert both[1].token_ids == alone[0].token_ids
+
+
+class DigitsHook:
+    """A generic (host) hook: the same law as a token automaton, through the Python contract."""
+
+    def __init__(self, a: TokenAutomaton):
+        self.a = a
+
+    def initial(self):
+        return ("state", self.a.initial())
+
+    def allowed(self, state):
+        return torch.from_numpy(np.array(self.a.allowed(state[1])))
+
+    def advance(self, state, token):
+        return ("state", self.a.advance(state[1], token))
+
+
+def test_generic_hook_runs_target_only_with_counted_host_masks(bundled):
+    eng, ids = bundled
+    a = _digits(eng)
+    want, _ = eng.generate([Request(p, SamplingParams(max_new_tokens=25, constraint=a))
+                            for p in ids], spec=False)
+    hooks = [Request(p, SamplingParams(max_new_tokens=25, constraint=DigitsHook(a)))
+             for p in ids]
+    got, stats = eng.generate(hooks, spec=False)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert stats.syncs == stats.steps and 0 < stats.constraint_host_masks <= stats.steps + 2
+    with pytest.raises(ConstraintError, match="spec=False"):
+        eng.generate(hooks, spec=True)
+
+
+def test_graph_mode_runs_constrained_batches_eagerly_and_reports_it():
+    pair = tiny_pair("dflash2", block=4)
+    v = pair.target.cfg.vocab_size
+    a = TokenAutomaton.token_set(range(3, v, 3), v)
+    reqs = [Request((1, 2, 3), SamplingParams(max_new_tokens=12, temperature=t, seed=1,
+                                              constraint=a)) for t in (0.0, 1.0)]
+    be = TorchOpsBackend("cpu-graphs", "cpu", (torch.float32, torch.float64))
+    be.graph_adapter = ReplayAdapter()
+    got, stats = Engine(pair, be).generate(reqs, block_size=4)
+    ref, _ = Engine(pair, get_backend("cpu")).generate(reqs, block_size=4)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert EAGER_PROCS in stats.fallbacks
+    assert all(t % 3 == 0 for o in got for t in o.token_ids)
+
+
+def test_api_and_cli_take_a_regex(bundled):
+    import dflash2rt
+    from test_api import _cli
+    eng, _ = bundled
+    res = dflash2rt.run(eng.pair, "cpu", prompts=["x = [1, 2, "], regex=DIGITS,
+                        max_new_tokens=12)
+    assert CharDFA(DIGITS).matches(res.texts[0]) or (
+        res.outputs[0].finish_reason == "length" and res.texts[0].isdigit()), res.texts
+    with pytest.raises(InvalidInputError, match="not both"):
+        dflash2rt.run(eng.pair, "cpu", prompts=["x"], regex=DIGITS,
+                      constraint=_digits(eng))
+    with pytest.raises(ConstraintError, match="unclosed"):
+        dflash2rt.run(eng.pair, "cpu", prompts=["x"], regex="[0-9")
+    out = _cli("run", "--backend", "cpu", "--prompt", "x = [1, 2, ", "--regex", DIGITS,
+               "--max-new-tokens", "12", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["tokens"] == res.tokens
