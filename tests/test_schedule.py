@@ -93,9 +93,42 @@ def test_measured_table_is_calibrated_then_frozen():
     assert s.calibrate(1) == [1, 4]
     for b, sec in ((1, 3.0), (4, 5.0), (1, 2.0), (4, 4.0), (1, 0.001)):
         s.measure(b, 1, sec)
-    assert s.calibrate(1) == [] and s.costs == {(1, 1): 2.0, (4, 1): 4.0}
+    assert s.calibrate(1) == [] and s.costs == {(1, 1): 2.5, (4, 1): 4.5}     # medians
     s.observe(["a"], 4, [3], 1e-9)                           # decode steps never move the table
-    assert s.costs == {(1, 1): 2.0, (4, 1): 4.0} and s.calibrate(2) == [1, 4]
+    assert s.costs == {(1, 1): 2.5, (4, 1): 4.5} and s.calibrate(2) == [1, 4]
+    s.begin("sampled")                     # a sampled batch's steps are timed on their own
+    assert s.calibrate(1) == [1, 4] and s.costs == {}
+    for b, sec in ((1, 6.0), (1, 7.0), (4, 9.0), (4, 8.0)):
+        s.measure(b, 1, sec)
+    assert s.costs == {(1, 1): 6.5, (4, 1): 8.5}
+    s.begin("greedy")
+    assert s.costs == {(1, 1): 2.5, (4, 1): 4.5}
+    with pytest.raises(InvalidInputError, match="mode"):
+        s.begin("fast")
+
+
+def test_finish_time_rule_waits_for_the_slowest_row():
+    """With remaining budgets, the batch's projected time to finish decides: a spec block that
+    the rate rule takes (two rows accept everything, one nothing) loses when the batch must
+    wait for the row that accepts nothing; at batch 1 the rule is the rate rule, except that
+    a last token is a target-only step."""
+    costs = {1: 1.0, 2: 1.2, 4: 1.3, 8: 1.5}
+    s = AdaptiveSchedule(CANDS, costs, prior=0.5)
+    for _ in range(30):
+        s.observe(["fast1", "fast2", "slow"], 8, [7, 7, 0])
+    rows = ["fast1", "fast2", "slow"]
+    assert max(s.scores(rows), key=s.scores(rows).get) == 8          # rate: 15+ tokens / 1.5
+    fin = s.finish_scores(rows, [64, 64, 64])
+    assert max(fin, key=fin.get) == 1                                 # the slow row rules
+    assert s.choose(rows, [64, 64, 64]) == 1
+    fast = s.finish_scores(["fast1", "fast2"], [64, 64])
+    assert max(fast, key=fast.get) == 8
+    one = AdaptiveSchedule(CANDS, costs, prior=0.9)
+    r1, r64 = one.finish_scores(["a"], [1]), one.finish_scores(["a"], [64])
+    assert max(r1, key=r1.get) == 1 and max(r64, key=r64.get) == max(
+        one.scores(["a"]), key=one.scores(["a"]).get)
+    with pytest.raises(InvalidInputError, match="budgets"):
+        s.finish_scores(rows, [1])
 
 
 def _reqs(prompts, n_new=16, **kw):
@@ -112,7 +145,7 @@ def test_choice_is_made_before_the_step_noise_is_drawn(monkeypatch):
     noise, choose = backend.noise, engine.schedule.choose
     monkeypatch.setattr(backend, "noise", lambda *a: events.append("noise") or noise(*a))
     monkeypatch.setattr(engine.schedule, "choose",
-                        lambda rows: events.append("choose") or choose(rows))
+                        lambda rows, rem=None: events.append("choose") or choose(rows, rem))
     _, stats = engine.generate(_reqs([(1, 2)], 20, temperature=1.0))
     assert stats.calibration_steps == 0 and events.count("choose") == stats.steps
     spec_steps = stats.steps - stats.block_sizes.get(1, 0)
@@ -149,7 +182,7 @@ def test_sampled_adaptive_run_reports_its_block_sizes():
     assert len(outs[0].token_ids) == 32 and outs[0].token_ids == again[0].token_ids
     assert stats.adaptive and set(stats.block_sizes) <= {1, 2, 4, 8}
     assert sum(stats.block_sizes.values()) == stats.steps == stats.syncs
-    assert set(stats.costs) == {1, 2, 4, 8} and stats.calibration_steps in (0, 8)  # shared
+    assert set(stats.costs) == {1, 2, 4, 8} and stats.calibration_steps in (0, 12)  # shared
     assert stats.committed == sum(a + 1 for a in range(len(stats.accept_hist))
                                   for _ in range(stats.accept_hist[a]))
 

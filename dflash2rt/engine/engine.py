@@ -183,7 +183,7 @@ class Engine:
                 st = drop_finished(st, out)
                 host_masks(st, out, stats)
                 if sched is not None:
-                    sched.begin()
+                    sched.begin("sampled" if st.sampling.any_sampled else "greedy")
                 pending = 0          # target-only steps since the last spec step (adaptive)
                 while st.size:
                     if sched is None:
@@ -191,7 +191,8 @@ class Engine:
                                          fallbacks)[0]
                         continue
                     calibrate(steppers, st, sched, stats, fallbacks)   # new buckets only
-                    rows, b = st.rows, sched.choose(st.rows)           # before the step's noise
+                    rows, b = st.rows, sched.choose(st.rows, out.remaining(st.rows))
+                    # (chosen before the step's noise, from the past only)
                     if b > 1 and pending:
                         t0 = time.perf_counter()
                         steps.catch_up_draft(pair, st, pending)        # deferred draft context

@@ -30,6 +30,12 @@ class Collector:
     def done(self, i: int) -> bool:
         return bool(self.outputs[i].finish_reason)
 
+    def remaining(self, rows: Sequence[int]) -> list[int]:
+        """Tokens each request may still emit (``max_new_tokens`` minus those it has): the
+        adaptive schedule's horizon (a stop may end a request earlier)."""
+        return [max(self.requests[i].params.max_new_tokens - len(self.outputs[i].token_ids), 1)
+                for i in rows]
+
     def add(self, i: int, tokens: list[int],
             logprobs: list[tuple[float, dict[int, float]]] | None = None) -> None:
         """Append a step's committed tokens to request i, truncating at any stop condition;

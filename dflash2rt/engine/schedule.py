@@ -5,6 +5,15 @@ takes the block size b among ``candidates`` (1: a target-only step) that maximis
 
     Σ_rows E_r[b] / cost(b, bucket),   E_r[b] = 1 + Σ_{j=1}^{b-1} Π_{i≤j} α_{r,i}
 
+or, when the engine passes each row's remaining token budget (``remaining``), that minimises
+the batch's projected time to finish if every later step kept block b (a receding horizon):
+row r needs n_r = ⌈rem_r / E_r[b]⌉ more steps, and the batch pays cost(b, bucket of the rows
+still live) per step, Σ_i (n_(i) − n_(i−1))·cost(b, bucket(R − i + 1)) over the sorted n_r.
+At batch 1 this is the rate rule (with the last steps' rounding: one token left is a
+target-only step); in a batch it sees what the rate rule misses: the batch runs until its
+slowest row is done, so tokens that rows ahead of it commit only pay back through cheaper
+steps of a smaller batch, while target-only steps keep every row in lockstep.
+
 α_{r,i}: request r's running estimate of P(draft slot i accepted | slot i reached), from a prior
 (``prior`` with ``prior_weight`` pseudo-observations) and exponential forgetting (``decay`` per
 observation of the slot) so it tracks changes. cost(b, bucket): seconds of one decode step of
@@ -17,10 +26,12 @@ steps in a row the batch re-tries its best speculative block (a probe); the gap 
 Losslessness: ``choose`` sees only past outcomes (accepted counts of finished steps) and the
 cost table, never the current step's uniforms, so every step verifies losslessly.
 
-Costs and reproducibility. Measured (the engine's default): before a batch of a new bucket
-decodes, the engine calibrates: every candidate runs ``reps`` steps on the live batch (results
-discarded, the batch unchanged; RNG keys apart), timed wall to the step's one sync with graph
-capture excluded; the minimum is kept and the entry is then frozen. The table is one per
+Costs and reproducibility. Measured (the engine's default), per sampling mode ("greedy" or
+"sampled": a sampled step does more work, so its cost is timed on its own; ``begin(mode)``
+sets the mode of a batch): before a batch of a new bucket decodes, the engine calibrates:
+every candidate runs ``reps`` steps in a row on the live batch (results discarded, the batch
+unchanged; RNG keys apart), timed wall to the step's one sync with graph capture excluded; the
+median is kept and the entry is then frozen. The table is one per
 process, model pair and device (``shared_schedule``: every Engine there shares it, whatever its
 backend or graph mode), so within a process choices are a deterministic function of the batch's
 committed outcomes: seeded sampled output repeats across calls and engines (eager == graphs,
@@ -34,19 +45,26 @@ API (small and pure-ish; a conformance test can drive it by hand, no clock neede
 
     s = AdaptiveSchedule((1, 2, 4, 8), costs={1: 1.0, 2: 1.3, 4: 1.5, 8: 2.0})  # fixed table
     s = AdaptiveSchedule((1, 2, 4, 8))          # measured: calibrate(bucket) lists what to time
-    s.begin()                                   # a new batch of requests: forget their estimates
+    s.begin("sampled")                          # a new batch: forget its estimates; its mode
     b = s.choose(rows)                          # rows: the live requests' keys (hashable)
+    b = s.choose(rows, remaining=[40, 12])      # or: projected time to finish the batch
     s.observe(rows, b, accepted, seconds)       # accepted[i]: drafts accepted for rows[i]
 
-``costs`` keys are a block (every bucket) or (block, bucket); seconds or any common unit.
+``costs`` keys are a block (every bucket) or (block, bucket); seconds or any common unit (a
+fixed table serves both modes).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import weakref
 from typing import Hashable, Mapping, Sequence
 
 from ..errors import InvalidInputError
+
+
+MODES = ("greedy", "sampled")
 
 
 def default_candidates(block: int) -> tuple[int, ...]:
@@ -79,7 +97,7 @@ class AdaptiveSchedule:
 
     def __init__(self, candidates: Sequence[int], costs: Mapping | None = None, *,
                  prior: float = 0.8, prior_weight: float = 1.0, decay: float = 0.9,
-                 probe: int = 4, max_probe: int = 64, reps: int = 2,
+                 probe: int = 4, max_probe: int = 64, reps: int = 3,
                  samples: dict | None = None) -> None:
         cands = sorted(set(int(b) for b in candidates))
         if not cands or cands[0] < 1:
@@ -90,14 +108,19 @@ class AdaptiveSchedule:
         self.probe, self.max_probe, self.reps = probe, max_probe, reps
         self.fixed = costs is not None
         self._fixed = dict(costs or {})
-        # measured seconds per (block, bucket); ``samples``: a table shared with other schedules
-        self._samples: dict[tuple[int, int], list[float]] = {} if samples is None else samples
+        # measured seconds per (block, bucket, mode); ``samples``: a table shared with others
+        self._samples: dict[tuple[int, int, str], list[float]] = {} if samples is None \
+            else samples
         self.begin()
 
     # ---- per batch of requests -------------------------------------------------------------
-    def begin(self) -> None:
+    def begin(self, mode: str = "greedy") -> None:
         """A new batch of requests: drop per-request estimates and the probe state (the cost
-        table is kept)."""
+        table is kept); ``mode``: "sampled" if any request samples, else "greedy" (the part of
+        a measured table that its costs come from)."""
+        if mode not in MODES:
+            raise InvalidInputError(f"schedule mode must be one of {MODES}, got {mode!r}")
+        self.mode = mode
         self._rows: dict[Hashable, tuple[list[float], list[float]]] = {}   # accepted, reached
         self._only, self._gap = 0, self.probe          # target-only steps in a row, probe gap
 
@@ -124,28 +147,31 @@ class AdaptiveSchedule:
                 raise InvalidInputError(f"the fixed cost table has no entry for block {block} "
                                         f"(bucket {bucket})")
             return float(c)
-        s = self._samples.get((block, bucket), [])
-        return min(s) if s else None
+        s = self._samples.get((block, bucket, self.mode), [])
+        return statistics.median(s) if s else None
 
     def calibrate(self, bucket: int) -> list[int]:
         """The candidates still to time at ``bucket`` (one step each, then ask again)."""
         if self.fixed:
             return []
-        return [b for b in self.candidates if len(self._samples.get((b, bucket), ())) < self.reps]
+        return [b for b in self.candidates
+                if len(self._samples.get((b, bucket, self.mode), ())) < self.reps]
 
     def measure(self, block: int, bucket: int, seconds: float) -> None:
         """One calibration step's seconds (ignored once the entry holds ``reps`` samples)."""
-        s = self._samples.setdefault((block, bucket), [])
+        s = self._samples.setdefault((block, bucket, self.mode), [])
         if not self.fixed and len(s) < self.reps:
             s.append(float(seconds))
 
     @property
     def costs(self) -> dict[tuple[int, int], float]:
-        """The cost table: (block, bucket) → seconds; bucket 0: a fixed entry for every bucket."""
+        """The cost table of the current mode: (block, bucket) → seconds (the median of the
+        calibration samples); bucket 0: a fixed entry for every bucket."""
         if self.fixed:
             return {k if isinstance(k, tuple) else (int(k), 0): float(v)
                     for k, v in sorted(self._fixed.items(), key=str)}
-        return {k: min(v) for k, v in sorted(self._samples.items()) if v}
+        return {(b, k): statistics.median(v) for (b, k, m), v in sorted(self._samples.items())
+                if v and m == self.mode}
 
     # ---- decisions ---------------------------------------------------------------------------
     def scores(self, rows: Sequence[Hashable]) -> dict[int, float]:
@@ -159,10 +185,48 @@ class AdaptiveSchedule:
             out[b] = sum(self.expected(r, b) for r in rows) / max(c, 1e-12)
         return out
 
-    def choose(self, rows: Sequence[Hashable]) -> int:
+    def finish_scores(self, rows: Sequence[Hashable], remaining: Sequence[int]
+                      ) -> dict[int, float]:
+        """Per candidate: the batch's remaining tokens over its projected time to finish them
+        if every step kept that block (module docstring). A bucket below the live one whose
+        cost is not measured yet takes the nearest measured larger bucket's cost."""
+        if len(remaining) != len(rows):
+            raise InvalidInputError(f"remaining: {len(remaining)} budgets for {len(rows)} rows")
+        total = float(sum(max(int(n), 1) for n in remaining))
+        out = {}
+        for b in self.candidates:
+            need = sorted(math.ceil(max(int(n), 1) / self.expected(r, b))
+                          for r, n in zip(rows, remaining))
+            seconds, done = 0.0, 0
+            for i, n in enumerate(need):
+                if n > done:
+                    seconds += (n - done) * self._tail_cost(b, len(need) - i)
+                    done = n
+            out[b] = total / max(seconds, 1e-12)
+        return out
+
+    def _tail_cost(self, block: int, live: int) -> float:
+        """cost(block, bucket of ``live`` rows), else that of the nearest larger bucket known."""
+        k = bucket_of(live)
+        while True:
+            c = self.cost(block, k)
+            if c is not None:
+                return c
+            if k > 1 << 20:
+                raise InvalidInputError(f"no cost for block {block} at bucket "
+                                        f"{bucket_of(live)} or above: calibrate first")
+            k *= 2
+
+    def choose(self, rows: Sequence[Hashable], remaining: Sequence[int] | None = None) -> int:
         """The next step's block size: the best score (ties: the smaller block), or a probe of
-        the best speculative block after ``probe`` target-only steps in a row."""
-        scores = self.scores(rows)
+        the best speculative block after ``probe`` target-only steps in a row. ``remaining``
+        (each row's token budget left, host-known): the projected time to finish the batch
+        decides (``finish_scores``) instead of the per-step rate (``scores``)."""
+        if remaining is not None:
+            self.scores(rows)                   # the live bucket must be calibrated
+            scores = self.finish_scores(rows, remaining)
+        else:
+            scores = self.scores(rows)
         best = max(self.candidates, key=lambda b: (scores[b], -b))
         spec = [b for b in self.candidates if b > 1]
         if best == 1 and spec and self._only >= self._gap:
