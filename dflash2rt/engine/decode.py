@@ -104,8 +104,8 @@ def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats
     k = bucket_of(st.size)
     probe = dataclasses.replace(st, key=st.key ^ CALIBRATION_KEY)
     scratch: dict[str, float] = collections.defaultdict(float)
-    for b in sched.calibrate(k):
-        while b in sched.calibrate(k):     # one candidate's steps in a row, as decoding runs them
+    while todo := sched.calibrate(k):      # rounds over the candidates: drift hits all alike
+        for b in todo:
             s = steppers[b]
             t0, cap0 = time.perf_counter(), s.capture_s
             s.step(probe, fallbacks.report, scratch).for_host().tolist()

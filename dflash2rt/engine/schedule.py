@@ -29,9 +29,10 @@ cost table, never the current step's uniforms, so every step verifies losslessly
 Costs and reproducibility. Measured (the engine's default), per sampling mode ("greedy" or
 "sampled": a sampled step does more work, so its cost is timed on its own; ``begin(mode)``
 sets the mode of a batch): before a batch of a new bucket decodes, the engine calibrates:
-every candidate runs ``reps`` steps in a row on the live batch (results discarded, the batch
-unchanged; RNG keys apart), timed wall to the step's one sync with graph capture excluded; the
-median is kept and the entry is then frozen. The table is one per
+``reps`` rounds over the candidates, one step each on the live batch (results discarded, the
+batch unchanged; RNG keys apart; rounds, so that a machine's drift hits every candidate alike),
+timed wall to the step's one sync with graph capture excluded; the median is kept and the
+entry is then frozen. The table is one per
 process, model pair and device (``shared_schedule``: every Engine there shares it, whatever its
 backend or graph mode), so within a process choices are a deterministic function of the batch's
 committed outcomes: seeded sampled output repeats across calls and engines (eager == graphs,

@@ -101,3 +101,56 @@ def test_min_p_law(min_p, backend, results):
     results.metric("L1", f"min_p={min_p} max |err|", err)
     assert err <= 1e-5, f"[L1 min_p case=min_p_{min_p}] law differs from the reference by {err:.3g}"
     assert ((got > 0) == (want > 0)).all(), f"[L1 min_p case=min_p_{min_p}] support differs"
+
+
+LOGPROB_CASES = {                 # name: (SamplingParams fields, temperature, top_k, top_p)
+    "plain_t1": (dict(), 1.0, 0, 1.0),
+    "frequency_t07_top_p": (dict(frequency_penalty=1.0), 0.7, 0, 0.9),
+    "bias_repetition_min_p": (dict(repetition_penalty=1.8, logit_bias={30: 1.5}, min_p=0.05),
+                              1.3, 12, 1.0),
+    "greedy_presence": (dict(presence_penalty=0.8), 0.0, 0, 1.0),
+}
+N_TOP = 3
+
+
+@pytest.mark.parametrize("case", list(LOGPROB_CASES))
+def test_logprobs_at_block_boundaries(case, backend, results):
+    """``logprobs``: each verify row's token log-probability and top-n alternatives under the
+    final law (processors with the counts after d_1..d_j, then temperature / top-k / top-p /
+    min-p; greedy rows at temperature 1) vs the float64 reference, through the int64 packing
+    the step's one transfer carries (``token_logprobs`` / ``unpack_logprobs``)."""
+    kw, temp, top_k, top_p = LOGPROB_CASES[case]
+    dev = backend.device
+    raw = np.random.default_rng(13).normal(0.0, 2.0, (GAMMA + 1, V))
+    tokens = list(DRAFT) + [30]                                 # row j's emitted candidate
+    want_rows = _reference(raw, kw)
+    t_ref = temp if temp > 0 else 1.0
+    want_p = ref_sampling.target_probs(want_rows[None], np.array([t_ref]), np.array([top_k]),
+                                       np.array([top_p]), np.array([kw.get("min_p", 0.0)]))[0]
+    with np.errstate(divide="ignore"):
+        want_lp = np.log(want_p)                                # −inf where p = 0
+    params = SamplingParams(**kw, temperature=temp, top_k=top_k, top_p=top_p, logprobs=N_TOP)
+    pb = _batch(params, dev)
+    draft = torch.tensor([DRAFT], device=dev)
+    processed = pb.process(torch.tensor(raw[None], dtype=torch.float32, device=dev), draft)
+    sampling = SamplingBatch.build([temp], [top_k], [top_p], dev, [kw.get("min_p", 0.0)])
+    packed = ops_procs.token_logprobs(processed, sampling,
+                                      torch.tensor([tokens], device=dev), N_TOP)
+    got = ops_procs.unpack_logprobs(packed[0].tolist(), GAMMA + 1, N_TOP, N_TOP)
+    err = 0.0
+    for j, (own, top) in enumerate(got):
+        want_own = want_lp[j, tokens[j]]
+        head = f"[L1 logprobs case={case}] row {j}"
+        if np.isneginf(want_own):
+            assert np.isneginf(own), f"{head}: token {tokens[j]} has p = 0, got log-prob {own}"
+        else:
+            err = max(err, abs(own - want_own))
+        order = [int(i) for i in np.argsort(-want_lp[j], kind="stable")[:N_TOP]
+                 if np.isfinite(want_lp[j, i])]               # p = 0 alternatives: any id
+        finite = sorted(i for i, v in top.items() if np.isfinite(v))
+        assert finite == sorted(order) and len(top) == N_TOP, \
+            f"{head}: top-{N_TOP} ids {sorted(top)}, the reference {sorted(order)}"
+        err = max(err, max(abs(top[i] - want_lp[j, i]) for i in order))
+    results.metric("L1", f"logprobs {case} max |err|", err)
+    assert err <= 1e-4, f"[L1 logprobs case={case}] log-probabilities differ from the " \
+                        f"reference by {err:.3g}"
