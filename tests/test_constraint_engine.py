@@ -1,7 +1,7 @@
 """Constrained requests through the engine (issue 18): on the bundled pair, the automaton that
 allows only digits and a closing bracket, spec on and off — identical tokens at T = 0, every
 emitted token allowed at T = 0 and T = 1, logprobs equal; dead ends finish with "constraint";
-generic hooks in target-only decoding; graph mode runs constrained batches eagerly and says so."""
+generic hooks (host masks, also under speculation); graph mode runs constrained batches eagerly and says so."""
 
 from __future__ import annotations
 
@@ -145,8 +145,32 @@ def test_generic_hook_runs_target_only_with_counted_host_masks(bundled):
     got, stats = eng.generate(hooks, spec=False)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert stats.syncs == stats.steps and 0 < stats.constraint_host_masks <= stats.steps + 2
-    with pytest.raises(ConstraintError, match="spec=False"):
-        eng.generate(hooks, spec=True)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("block", [8, None])
+def test_generic_hook_under_speculation_matches_the_automaton(bundled, temperature, block):
+    """A generic hook in speculative decoding: its verify rows are masked from the host (row j
+    with the hook's state after d_1..d_j), so it gives the automaton's tokens exactly — the
+    same masks, the same noise — greedy and sampled, fixed and adaptive blocks; the extra
+    round trip per speculative step is counted in syncs and constraint_host_masks."""
+    eng, ids = bundled
+    a = _digits(eng)
+    kw = dict(max_new_tokens=25, temperature=temperature, seed=4)
+    want, wstats = eng.generate([Request(p, SamplingParams(**kw, constraint=a))
+                                 for p in ids], spec=True, block_size=8)
+    hooks = [Request(p, SamplingParams(**kw, constraint=DigitsHook(a))) for p in ids]
+    got, stats = eng.generate(hooks, spec=True, block_size=block)
+    if block == 8:
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        assert [o.finish_reason for o in got] == [o.finish_reason for o in want]
+    if temperature == 0:
+        tonly, _ = eng.generate(hooks, spec=False)
+        assert [o.token_ids for o in got] == [o.token_ids for o in tonly]
+    assert all(a.allowed(a.initial())[o.token_ids[0]] for o in got if o.token_ids)
+    spec_steps = stats.steps - stats.block_sizes.get(1, 0)
+    assert spec_steps > 0 and stats.syncs == stats.steps + spec_steps    # (not calibration)
+    assert stats.constraint_host_masks >= spec_steps
 
 
 def test_graph_mode_runs_constrained_batches_eagerly_and_reports_it():

@@ -14,8 +14,9 @@ A state with no allowed token is a dead end: the request finishes there with fin
 ``TokenAutomaton`` is that contract held as a table: ``next`` int32 [S, V], -1 where a token is
 forbidden, so ``allowed(s) = next[s] >= 0`` and ``advance(s, t) = next[s, t]``. Its tables go to
 the device, where verify row j's state is gathered along the drafts with no host round trip
-(``constraints.device``); speculative decoding therefore takes token automata only. A generic
-hook (any other object) runs in target-only decoding, its masks built on the host each step.
+(``constraints.device``). A generic hook (any other object) has its masks built on the host:
+each step's next-token mask, and in a speculative step every verify row's mask from the
+step's drafts, copied to the host for it (one more round trip per step, counted).
 Build one from a regex (``from_regex``: the pattern's character DFA lifted to tokens by walking
 each token's text from every state) or from a token set (``token_set``).
 """

@@ -11,13 +11,15 @@ rejected; its row and the rows after it get state -1 (read as the free state): w
 lies past the rejection. The draft side is not masked: q stays the law the drafts were drawn
 from, so verification stays lossless and only acceptance can drop.
 
-Generic (host) hooks: in target-only decoding only, ``host_mask`` [R, V] holds each row's mask
-for the next token, written by the engine from the host after each step.
+Generic (host) hooks: ``host_mask`` [R, V] holds each row's mask for the next token, written
+by the engine from the host after each step; a speculative step's verify rows take
+``host_block`` [R, γ+1, V] instead, built on the host from the step's drafts (one more
+device→host round trip per step, counted: ``RunStats.constraint_host_masks`` and ``syncs``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -62,6 +64,7 @@ class ConstraintBatch:
     state: torch.Tensor
     host_mask: torch.Tensor | None
     generic: tuple[bool, ...]
+    host_block: dict = field(default_factory=dict)   # "rows": the verify rows' host masks
 
     @staticmethod
     def build(constraints: Sequence, vocab: int, device: torch.device | str
@@ -97,17 +100,27 @@ class ConstraintBatch:
         t = torch.tensor(list(idx), dtype=torch.int64, device=self.state.device)
         return replace(self, state=self.state[t],
                        host_mask=None if self.host_mask is None else self.host_mask[t],
-                       generic=tuple(self.generic[i] for i in idx))
+                       generic=tuple(self.generic[i] for i in idx), host_block={})
 
     def mask(self, logits: torch.Tensor, draft: torch.Tensor | None = None) -> torch.Tensor:
         """Target logits [R, T, V] (T = γ+1 verify rows over [anchor, d_1..d_γ], or 1) with
         row j masked by the state after d_1..d_j (``block_states``)."""
         x = mask_rows(logits, self.allow, block_states(self.table, self.state, draft))
         if self.host_mask is not None:
-            if x.shape[1] != 1:
-                raise AssertionError("generic constraint hooks run in target-only steps only")
-            x = x.masked_fill(~self.host_mask.unsqueeze(1), -torch.inf)
+            if x.shape[1] == 1:
+                return x.masked_fill(~self.host_mask.unsqueeze(1), -torch.inf)
+            rows = self.host_block.pop("rows", None)       # this step's, used once
+            if rows is None or tuple(rows.shape) != tuple(x.shape):
+                raise AssertionError("verify rows of generic constraint hooks need their host "
+                                     "masks (set_host_block_) before the verify (engine bug)")
+            x = x.masked_fill(~rows, -torch.inf)
         return x
+
+    def set_host_block_(self, masks: np.ndarray) -> None:
+        """The verify rows' masks of a speculative step, bool [R, γ+1, V] (all True for table
+        rows: the device tables mask those), used by the next ``mask`` of that shape."""
+        self.host_block["rows"] = torch.from_numpy(np.ascontiguousarray(masks)).to(
+            self.state.device)
 
     def commit_(self, tokens: torch.Tensor, n: torch.Tensor) -> None:
         """Advance each row's state by its first ``n[r]`` tokens of tokens [R, T] (in place)."""

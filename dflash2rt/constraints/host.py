@@ -55,3 +55,23 @@ class ConstraintTracker:
             if not self.mask.any():
                 return k + 1
         return None
+
+
+def block_masks(tracker: ConstraintTracker, drafts: Sequence[int]) -> np.ndarray:
+    """A generic hook's masks for the verify rows of a speculative step, bool [γ+1, V]: row j
+    with the state after the committed tokens and d_1..d_j (``advance`` must return a new
+    state, not change its argument). Rows from a forbidden draft on (it is rejected there:
+    what they emit is never kept) and dead-end rows (the host finishes the request at the
+    token that reached them) are left all True, as the device tables leave them."""
+    v = tracker.vocab
+    out = np.ones((len(drafts) + 1, v), bool)
+    state, mask = tracker.state, tracker.mask
+    for j in range(len(drafts) + 1):
+        if not mask.any():
+            break
+        out[j] = mask
+        if j == len(drafts) or not mask[drafts[j]]:
+            break
+        state = tracker.c.advance(state, int(drafts[j]))
+        mask = tracker._allowed(state)
+    return out

@@ -9,7 +9,10 @@ import dataclasses
 import time
 from typing import Callable
 
+import numpy as np
+
 from ..backend import Fallbacks
+from ..constraints.host import block_masks
 from ..ops.procs import unpack_logprobs
 from .graphed import GraphStats, Stepper, graph_delta
 from .output import Collector
@@ -61,7 +64,8 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
     host work: raise on bad flags, emit accepted tokens, mirror lengths, drop finished.
     → (the batch left, drafts accepted per row of ``st``, the step's seconds without capture)."""
     t0, cap0, bucket = time.perf_counter(), stepper.capture_s, bucket_of(st.size)
-    res = stepper.step(st, fallbacks.report, stats.time)   # eager bodies time themselves
+    res = stepper.step(st, fallbacks.report, stats.time,   # eager bodies time themselves
+                       between=verify_masks(st, out, stats, block))
     st.lens.copy_(res.lens)
     st.anchor.copy_(res.anchor)
     if st.procs is not None:             # the committed tokens' counts, on the device
@@ -97,7 +101,7 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
 
 
 def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats: RunStats,
-              fallbacks: Fallbacks) -> None:
+              fallbacks: Fallbacks, out: Collector | None = None) -> None:
     """Time the candidates the schedule lacks at this batch's bucket: steps of the live batch
     whose results are discarded (the batch state stays as it is; cache rows past the committed
     lengths are scratch), under other RNG keys, each timed to its sync, capture excluded."""
@@ -108,7 +112,8 @@ def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats
         for b in todo:
             s = steppers[b]
             t0, cap0 = time.perf_counter(), s.capture_s
-            s.step(probe, fallbacks.report, scratch).for_host().tolist()
+            between = None if out is None else verify_masks(probe, out, stats, b, False)
+            s.step(probe, fallbacks.report, scratch, between).for_host().tolist()
             seconds = time.perf_counter() - t0 - (s.capture_s - cap0)
             sched.measure(b, k, seconds)
             stats.calibration_steps += 1
@@ -120,8 +125,34 @@ def drop_finished(st: BatchState, out: Collector) -> BatchState:
     return st if len(alive) == st.size else st.keep(alive)
 
 
+def verify_masks(st: BatchState, out: Collector, stats: RunStats, block: int,
+                 count: bool = True) -> Callable[[dict], None] | None:
+    """Generic constraint hooks in a speculative step: a ``Stepper.step`` callback that copies
+    the step's drafts to the host (one more device→host round trip, counted in ``syncs`` and
+    ``constraint_host_masks``) and sets every verify row's mask, row j with the hook's state
+    after d_1..d_j (``constraints.host.block_masks``); None when the batch has no such hook.
+    ``count`` False: a calibration step's (its syncs are not the run's decode syncs)."""
+    c = st.constraint
+    if block < 2 or c is None or c.host_mask is None:
+        return None
+
+    def between(drafted: dict) -> None:
+        drafts = drafted["draft"].tolist()                  # the extra round trip
+        if count:
+            stats.syncs += 1
+            stats.constraint_host_masks += 1
+        masks = np.ones((st.size, block, c.host_mask.shape[1]), bool)
+        for i, row in enumerate(st.rows):
+            tracker = out.trackers.get(row)
+            if tracker is not None and not tracker.table:
+                masks[i] = block_masks(tracker, drafts[i])
+        c.set_host_block_(masks)
+    return between
+
+
 def host_masks(st: BatchState, out: Collector, stats: RunStats) -> None:
-    """Generic constraint hooks (target-only decoding): their masks for the next token, built
+    """Generic constraint hooks: their masks for the next token (a target-only step's row, a
+    speculative step's row 0), built
     on the host from the tokens it already has, copied to the device — one host round trip per
     step, counted in ``stats.constraint_host_masks``. Token automata need none of this."""
     if st.size and st.constraint is not None and st.constraint.host_mask is not None:

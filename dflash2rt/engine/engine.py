@@ -17,8 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..backend import Backend, Fallbacks
-from ..constraints import TokenAutomaton
-from ..errors import ConstraintError, InvalidInputError
+from ..errors import InvalidInputError
 from ..graphs.runner import bucket_for
 from ..models.kv_cache import KVCache
 from ..models.pair import ModelPair
@@ -152,12 +151,6 @@ class Engine:
                 f"block_size must be >= 2 for speculative decoding (None: adaptive), got {block}")
         for q in requests:
             q.validate(pair.target.cfg.vocab_size)
-        if spec and any(q.params.constraint is not None
-                        and not isinstance(q.params.constraint, TokenAutomaton) for q in requests):
-            raise ConstraintError(
-                "a generic constraint hook (not a dflash2rt.constraints.TokenAutomaton) builds "
-                "its masks on the host, which speculative steps cannot wait for: run it with "
-                "spec=False, or express it as a TokenAutomaton (from_regex, token_set)")
         stats = RunStats("spec" if spec else "target-only", self.backend.name,
                          str(self.backend.device), block if spec else 1, requests=len(requests),
                          adaptive=sched is not None, model_pass=self.model_pass,
@@ -190,7 +183,7 @@ class Engine:
                         st = decode_step(steppers[block], block if spec else 1, st, stats, out,
                                          fallbacks)[0]
                         continue
-                    calibrate(steppers, st, sched, stats, fallbacks)   # new buckets only
+                    calibrate(steppers, st, sched, stats, fallbacks, out)   # new buckets only
                     rows, b = st.rows, sched.choose(st.rows, out.remaining(st.rows))
                     # (chosen before the step's noise, from the past only)
                     if b > 1 and pending:

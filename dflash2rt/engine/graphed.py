@@ -51,12 +51,17 @@ class Stepper:
         self.runners: dict[tuple[str, bool], GraphRunner] = {}
 
     def step(self, st: BatchState, report: Callable[[str], None],
-             clock: dict[str, float]) -> StepOut:
-        """The step's device results; eager bodies add their seconds to ``clock``."""
+             clock: dict[str, float],
+             between: Callable[[Tensors], None] | None = None) -> StepOut:
+        """The step's device results; eager bodies add their seconds to ``clock``.
+        ``between(drafted)``: host work between a speculative step's draft and verify (the
+        verify-row masks of generic constraint hooks)."""
         live = live_inputs(st)
         if self.bodies.block is None:
             return StepOut.of(self._run("target-only", st, live, report, clock))
         drafted = self._run("draft", st, live, report, clock)
+        if between is not None:
+            between(drafted)
         return StepOut.of(self._run("verify", st, {**live, **drafted}, report, clock))
 
     def _body(self, kind: str):

@@ -28,8 +28,10 @@ class SamplingParams:
     ``constraint`` (structured output, as vLLM's ``structured_outputs`` / SGLang's ``regex``):
     None, or a hook with ``initial()``, ``allowed(state) -> bool[V]`` and ``advance(state,
     token)`` (``dflash2rt.constraints``); forbidden tokens get logit −inf after the processors
-    above, before temperature. A ``TokenAutomaton`` (``from_regex``, ``token_set``) runs in
-    every mode; any other hook in target-only decoding (``spec=False``) only. A request whose
+    above, before temperature. A ``TokenAutomaton`` (``from_regex``, ``token_set``) masks on
+    the device; any other hook builds its masks on the host (``advance`` must return a new
+    state): one host→device mask copy per step, and in speculative steps one more round trip
+    for the drafts (counted in ``RunStats.constraint_host_masks`` and ``syncs``). A request whose
     state allows no token finishes with finish_reason "constraint".
     """
 
