@@ -142,7 +142,7 @@ class Cycling(AdaptiveSchedule):
         super().__init__((1, 2, 4, 8), {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0})
         self.cycle, self.n = cycle, 0
 
-    def choose(self, rows):
+    def choose(self, rows, remaining=None):
         self.n += 1
         return self.cycle[(self.n - 1) % len(self.cycle)]
 

@@ -102,22 +102,29 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
 
 def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats: RunStats,
               fallbacks: Fallbacks, out: Collector | None = None) -> None:
-    """Time the candidates the schedule lacks at this batch's bucket: steps of the live batch
-    whose results are discarded (the batch state stays as it is; cache rows past the committed
-    lengths are scratch), under other RNG keys, each timed to its sync, capture excluded."""
-    k = bucket_of(st.size)
-    probe = dataclasses.replace(st, key=st.key ^ CALIBRATION_KEY)
+    """Time the candidates the schedule lacks at this batch's bucket and at every smaller
+    bucket (the batch's first rows: a prefix of its slots, so nothing moves), so that a
+    choice never depends on which buckets earlier runs happened to time: steps whose results
+    are discarded (the batch state stays as it is; cache rows past the committed lengths are
+    scratch), under other RNG keys, in rounds over the candidates, each timed to its sync,
+    capture excluded."""
     scratch: dict[str, float] = collections.defaultdict(float)
-    while todo := sched.calibrate(k):      # rounds over the candidates: drift hits all alike
-        for b in todo:
-            s = steppers[b]
-            t0, cap0 = time.perf_counter(), s.capture_s
-            between = None if out is None else verify_masks(probe, out, stats, b, False)
-            s.step(probe, fallbacks.report, scratch, between).for_host().tolist()
-            seconds = time.perf_counter() - t0 - (s.capture_s - cap0)
-            sched.measure(b, k, seconds)
-            stats.calibration_steps += 1
-            stats.calibration_s += seconds
+    k = bucket_of(st.size)
+    while k >= 1:
+        if sched.calibrate(k):
+            rows = st if k >= st.size else st.keep(list(range(k)))
+            probe = dataclasses.replace(rows, key=rows.key ^ CALIBRATION_KEY)
+            while todo := sched.calibrate(k):  # rounds: a machine's drift hits all alike
+                for b in todo:
+                    s = steppers[b]
+                    between = None if out is None else verify_masks(probe, out, stats, b, False)
+                    t0, cap0 = time.perf_counter(), s.capture_s
+                    s.step(probe, fallbacks.report, scratch, between).for_host().tolist()
+                    seconds = time.perf_counter() - t0 - (s.capture_s - cap0)
+                    sched.measure(b, k, seconds)
+                    stats.calibration_steps += 1
+                    stats.calibration_s += seconds
+        k //= 2
 
 
 def drop_finished(st: BatchState, out: Collector) -> BatchState:

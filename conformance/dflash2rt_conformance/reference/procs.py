@@ -5,7 +5,6 @@ so that lattice tables stay lattice-exact *after* processing (levels L2 / L3).""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -50,6 +49,6 @@ def apply_min_p(p: np.ndarray, min_p: float) -> np.ndarray:
 
 def _counts(output: Sequence[int], v: int) -> tuple[np.ndarray, np.ndarray]:
     counts = np.zeros(v)
-    for t, c in Counter(int(t) for t in output).items():
-        counts[t] = c
+    for t in output:
+        counts[int(t)] += 1
     return counts, counts > 0
