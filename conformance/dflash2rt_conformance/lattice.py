@@ -225,3 +225,35 @@ def law_of(tokens: np.ndarray, weight: np.ndarray) -> dict:
         key = tuple(int(x) for x in row if x >= 0)
         law[key] = law.get(key, 0.0) + w
     return law
+
+
+def check_processed_joint_law(backend, results, sizes, prompt: tuple, p_fn, sel, raw_fn,
+                              process, ref_p, temperature: float, label: str, name: str,
+                              under: str) -> None:
+    """L3 for a step whose verify rows are processed (``process``; logit processors,
+    constraint masks) and whose inputs depend on the whole output so far: the backend's joint
+    law of the first ``sizes.l3_length`` tokens equals the reference chain (greedy) or, within
+    TV 1e-12, target-only decoding of ``ref_p`` (sampled). Failures start with
+    ``[L3 {label} case={name}]`` (``[L3 {label} greedy case=...]``)."""
+    memo: dict = {}
+
+    def round_law(ctx):
+        if ctx not in memo:
+            memo[ctx] = round_law_backend(
+                backend, ctx, p_fn, sel, sizes.l3_gamma, torch.float32, temperature,
+                dedup=sizes.l3_dedup, raw_fn=raw_fn, process=process)
+        return memo[ctx]
+
+    law = laws.joint_law(round_law, prompt, sizes.l3_length)
+    if temperature == 0:
+        chain = ()
+        for _ in range(sizes.l3_length):
+            p = ref_p(prompt + chain)
+            chain += (int(np.flatnonzero(p == p.max())[0]),)
+        assert law == {chain: 1.0}, f"[L3 {label} greedy case={name}] law {law} ≠ {chain}"
+        return
+    target = laws.target_law(ref_p, prompt, sizes.l3_length)
+    tv = float(laws.tv(law, target))
+    results.metric("L3", f"TV {label} {name}", tv)
+    assert tv <= 1e-12, f"[L3 {label} case={name}] TV = {tv:.4g} > 1e-12 against target-only " \
+                        f"decoding under the same {under}; worst: {worst(law, target)}"

@@ -19,7 +19,6 @@ from dflash2rt.constraints import TokenAutomaton
 from dflash2rt.constraints.device import ConstraintBatch
 from dflash2rt_conformance import lattice
 from dflash2rt_conformance.reference import constraints as ref
-from dflash2rt_conformance.reference import laws
 from dflash2rt_conformance.reference.sampling import softmax
 
 pytestmark = pytest.mark.dflash2rt_level("L3")
@@ -64,27 +63,6 @@ def test_joint_law_with_constraint(temperature, backend, results, sizes):
                        torch.full((r,), len(out), device=dev))
         return cb.mask(vlog, draft)
 
-    memo: dict = {}
-
-    def round_law(ctx):
-        if ctx not in memo:
-            memo[ctx] = lattice.round_law_backend(
-                backend, ctx, p_fn, sel, sizes.l3_gamma, torch.float32, temperature,
-                dedup=sizes.l3_dedup, raw_fn=raw_fn, process=process)
-        return memo[ctx]
-
-    law = laws.joint_law(round_law, PROMPT, sizes.l3_length)
-    name = f"constraint-V{V}-g{sizes.l3_gamma}-L{sizes.l3_length}"
-    if temperature == 0:
-        chain, ctx = (), PROMPT
-        for _ in range(sizes.l3_length):
-            p = ref_p(ctx + chain)
-            chain += (int(np.flatnonzero(p == p.max())[0]),)
-        assert law == {chain: 1.0}, f"[L3 constraint greedy case={name}] law {law} ≠ {chain}"
-        return
-    target = laws.target_law(ref_p, PROMPT, sizes.l3_length)
-    tv = float(laws.tv(law, target))
-    results.metric("L3", f"TV constraint {name}", tv)
-    assert tv <= 1e-12, f"[L3 constraint case={name}] TV = {tv:.4g} > 1e-12 against " \
-                        f"target-only decoding under the same constraint; worst: " \
-                        f"{lattice.worst(law, target)}"
+    lattice.check_processed_joint_law(
+        backend, results, sizes, PROMPT, p_fn, sel, raw_fn, process, ref_p, temperature,
+        "constraint", f"constraint-V{V}-g{sizes.l3_gamma}-L{sizes.l3_length}", "constraint")

@@ -17,7 +17,6 @@ import torch
 from dflash2rt.engine.request import SamplingParams
 from dflash2rt.ops.procs import ProcBatch
 from dflash2rt_conformance import lattice
-from dflash2rt_conformance.reference import laws
 from dflash2rt_conformance.reference import procs as ref_procs
 from dflash2rt_conformance.reference.sampling import softmax
 
@@ -65,26 +64,6 @@ def test_joint_law_with_processors(case, temperature, backend, results, sizes):
                        torch.full((draft.shape[0],), len(out), device=dev))
         return pb.process(vlog, draft)
 
-    memo: dict = {}
-
-    def round_law(ctx):            # inputs depend on the whole output so far (the counts)
-        if ctx not in memo:
-            memo[ctx] = lattice.round_law_backend(
-                backend, ctx, p_fn, sel, sizes.l3_gamma, torch.float32, temperature,
-                dedup=sizes.l3_dedup, raw_fn=raw_fn, process=process)
-        return memo[ctx]
-
-    law = laws.joint_law(round_law, PROMPT, sizes.l3_length)
-    name = f"procs-{case}-V{V}-g{sizes.l3_gamma}-L{sizes.l3_length}"
-    if temperature == 0:
-        chain, ctx = (), PROMPT
-        for _ in range(sizes.l3_length):
-            p = ref_p(ctx + chain)
-            chain += (int(np.flatnonzero(p == p.max())[0]),)
-        assert law == {chain: 1.0}, f"[L3 procs greedy case={name}] law {law} ≠ {chain}"
-        return
-    target = laws.target_law(ref_p, PROMPT, sizes.l3_length)
-    tv = float(laws.tv(law, target))
-    results.metric("L3", f"TV procs {name}", tv)
-    assert tv <= 1e-12, f"[L3 procs case={name}] TV = {tv:.4g} > 1e-12 against target-only " \
-                        f"decoding under the same processors; worst: {lattice.worst(law, target)}"
+    lattice.check_processed_joint_law(
+        backend, results, sizes, PROMPT, p_fn, sel, raw_fn, process, ref_p, temperature,
+        "procs", f"procs-{case}-V{V}-g{sizes.l3_gamma}-L{sizes.l3_length}", "processors")
