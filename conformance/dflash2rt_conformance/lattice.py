@@ -229,11 +229,12 @@ def law_of(tokens: np.ndarray, weight: np.ndarray) -> dict:
 
 def check_processed_joint_law(backend, results, sizes, prompt: tuple, p_fn, sel, raw_fn,
                               process, ref_p, temperature: float, label: str, name: str,
-                              under: str) -> None:
+                              under: str, min_p: float = 0.0) -> None:
     """L3 for a step whose verify rows are processed (``process``; logit processors,
     constraint masks) and whose inputs depend on the whole output so far: the backend's joint
     law of the first ``sizes.l3_length`` tokens equals the reference chain (greedy) or, within
-    TV 1e-12, target-only decoding of ``ref_p`` (sampled). Failures start with
+    TV 1e-12, target-only decoding of ``ref_p`` (sampled); ``min_p`` is every request's min-p
+    (``ref_p`` must already apply it). Failures start with
     ``[L3 {label} case={name}]`` (``[L3 {label} greedy case=...]``)."""
     memo: dict = {}
 
@@ -241,7 +242,7 @@ def check_processed_joint_law(backend, results, sizes, prompt: tuple, p_fn, sel,
         if ctx not in memo:
             memo[ctx] = round_law_backend(
                 backend, ctx, p_fn, sel, sizes.l3_gamma, torch.float32, temperature,
-                dedup=sizes.l3_dedup, raw_fn=raw_fn, process=process)
+                dedup=sizes.l3_dedup, raw_fn=raw_fn, process=process, min_p=min_p)
         return memo[ctx]
 
     law = laws.joint_law(round_law, prompt, sizes.l3_length)

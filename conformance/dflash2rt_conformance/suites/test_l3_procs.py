@@ -67,3 +67,29 @@ def test_joint_law_with_processors(case, temperature, backend, results, sizes):
     lattice.check_processed_joint_law(
         backend, results, sizes, PROMPT, p_fn, sel, raw_fn, process, ref_p, temperature,
         "procs", f"procs-{case}-V{V}-g{sizes.l3_gamma}-L{sizes.l3_length}", "processors")
+
+
+MIN_P = 0.4                       # cuts 1/4 next to 3/4, keeps 1/4 next to 1/2 (quarter tables)
+CUT = 0.3                         # weight of each zero-probability token, × the row's max
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["sampled", "greedy"])
+def test_joint_law_with_min_p(temperature, backend, results, sizes):
+    """min-p in verify (no state, but it reshapes every verify row's law): the raw rows give each
+    zero of the quarter table a weight of CUT × the row's max, which min-p = MIN_P removes (with
+    a 1/4 beside a 3/4), so the *processed* law is the lattice-exact quarter table; a verifier
+    that skips min-p or applies it to some rows only samples from
+    rows with 15–50 % of their mass elsewhere."""
+    p_fn, sel = lattice.context_tables("procs-min_p", V, K)
+    tilt = 0.0 if temperature > 0 else -0.01 * np.arange(V)
+
+    def raw_fn(ctx):
+        p = np.asarray(p_fn(ctx), float)
+        return np.log(np.where(p > 0, p, CUT * p.max())) + tilt
+
+    def ref_p(ctx):
+        return ref_procs.apply_min_p(softmax(raw_fn(ctx)), MIN_P)
+
+    lattice.check_processed_joint_law(
+        backend, results, sizes, PROMPT, p_fn, sel, raw_fn, None, ref_p, temperature,
+        "procs", f"procs-min_p-V{V}-g{sizes.l3_gamma}-L{sizes.l3_length}", "min-p", min_p=MIN_P)
