@@ -45,6 +45,21 @@ def test_expected_committed_tokens():
     assert s.expected("r", 4) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
 
 
+def test_unreached_slots_expect_what_the_last_reached_slot_did():
+    """A chain that always breaks at slot 1 never reaches slots 2..7: they take slot 1's
+    estimate as their prior, not the optimistic prior (which kept a failing block 8 looking
+    worth 2.6 tokens a step and made batches of sampled requests speculate at a loss)."""
+    s = AdaptiveSchedule(CANDS, COSTS, prior=0.8)
+    for _ in range(6):
+        s.observe(["r"], 8, [0])
+    a1 = s.alpha("r", 1)
+    assert a1 < 0.2
+    assert [s.alpha("r", j) for j in range(2, 8)] == pytest.approx([a1] * 6)
+    assert s.expected("r", 8) == pytest.approx(sum(a1 ** j for j in range(8)))
+    s.observe(["q"], 8, [7])                        # every slot reached and accepted once
+    assert all(s.alpha("q", j) > 0.8 for j in range(1, 8))
+
+
 def test_no_acceptance_picks_target_only_full_acceptance_picks_the_largest_block():
     rows = ["a", "b"]
     never = _drive(AdaptiveSchedule(CANDS, COSTS), rows, lambda b: 0)

@@ -15,8 +15,9 @@ slowest row is done, so tokens that rows ahead of it commit only pay back throug
 steps of a smaller batch, while target-only steps keep every row in lockstep.
 
 α_{r,i}: request r's running estimate of P(draft slot i accepted | slot i reached), from a prior
-(``prior`` with ``prior_weight`` pseudo-observations) and exponential forgetting (``decay`` per
-observation of the slot) so it tracks changes. cost(b, bucket): seconds of one decode step of
+(``prior_weight`` pseudo-observations at α_{r,i−1}; ``prior`` for slot 1, so a slot the chain
+never reaches is expected to do as the last one reached did, not as well as the prior) and
+exponential forgetting (``decay`` per observation of the slot) so it tracks changes. cost(b, bucket): seconds of one decode step of
 block b for a batch of that bucket (the next power of two ≥ its rows, as graphs bucket).
 
 Exploration: target-only steps teach nothing about acceptance, so after ``probe`` target-only
@@ -126,16 +127,26 @@ class AdaptiveSchedule:
         self._only, self._gap = 0, self.probe          # target-only steps in a row, probe gap
 
     def alpha(self, row: Hashable, slot: int) -> float:
-        """P(slot accepted | reached) for ``row`` (slots count from 1)."""
+        """P(slot accepted | reached) for ``row`` (slots count from 1): the slot's counts over
+        a prior of ``prior_weight`` pseudo-observations at the previous slot's estimate
+        (slot 1: ``prior``). A chain that keeps breaking early never reaches the deep slots,
+        so a fixed prior would keep them optimistic; chained, an unreached slot is expected
+        to do as the last slot seen did."""
         acc, seen = self._rows.get(row, ((), ()))
-        a, n = (acc[slot - 1], seen[slot - 1]) if slot <= len(acc) else (0.0, 0.0)
-        return (a + self.prior * self.prior_weight) / (n + self.prior_weight)
+        a = self.prior
+        for j in range(slot):
+            hit, n = (acc[j], seen[j]) if j < len(acc) else (0.0, 0.0)
+            a = (hit + a * self.prior_weight) / (n + self.prior_weight)
+        return a
 
     def expected(self, row: Hashable, block: int) -> float:
         """E[committed tokens | block] for ``row``: 1 + Σ_j Π_{i≤j} α_i."""
-        total, run = 1.0, 1.0
-        for j in range(1, block):
-            run *= self.alpha(row, j)
+        acc, seen = self._rows.get(row, ((), ()))
+        total, run, a = 1.0, 1.0, self.prior
+        for j in range(block - 1):
+            hit, n = (acc[j], seen[j]) if j < len(acc) else (0.0, 0.0)
+            a = (hit + a * self.prior_weight) / (n + self.prior_weight)
+            run *= a
             total += run
         return total
 
