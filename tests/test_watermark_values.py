@@ -27,13 +27,16 @@ def path(request, monkeypatch):
 
 def test_known_answers(path):
     h = values.context_hash(torch.tensor([[-1, -1, 5, 7], [1, 2, 3, 4]]))
-    assert h.tolist() == [6820901478882167963, 7203164451336569127]
+    assert h.tolist() == [-6324932000113581416, 3688132256423666022]
     assert values.keyed_bits(KEY.target, h, torch.tensor([0, 151935])).tolist() == \
-        [3830614875, 2308563319]
+        [4154319853, 977270351]
 
 
 def test_bit_exact_against_reference(path):
     g = torch.Generator().manual_seed(1)
+    for width in range(1, 10):                      # the one-call width and the chained ones
+        w = torch.randint(-1, 2**32 - 1, (500, width), generator=g)
+        assert np.array_equal(values.context_hash(w).numpy(), ref.context_hash(w.numpy())), width
     win = torch.randint(-1, 2**32 - 1, (3000, 5), generator=g)
     h = values.context_hash(win)
     assert np.array_equal(h.numpy(), ref.context_hash(win.numpy()))
@@ -52,6 +55,11 @@ def test_context_hash_separates_order_padding_and_width():
     assert len(set(h.tolist())) == 5
     assert values.context_hash(torch.tensor([[3]])).item() != \
         values.context_hash(torch.tensor([[-1, 3]])).item()
+    # zero padding never makes a short window collide with a longer one, nor pairs past 4
+    assert len({values.context_hash(torch.tensor([[-1] * n + [3]])).item()
+                for n in range(0, 8)}) == 8
+    assert values.context_hash(torch.tensor([[1, 2, 3, 4, 5]])).item() != \
+        values.context_hash(torch.tensor([[1, 2, 3, 4, 5, -1]])).item()
 
 
 def test_windows():

@@ -1,8 +1,9 @@
 """Keyed pseudorandom values r(key, context, token) ∈ (0, 1), bit-exact on every device.
 
 context = a 64-bit hash of the ``h`` tokens before a position (oldest first; a slot before the
-start of the sequence is -1 and hashes apart from every token id), chained Philox-4x32-10 under a
-fixed public key. value = word 0 of Philox-4x32-10 keyed by the subkey's 64-bit Philox key at
+start of the sequence is -1 and hashes apart from every token id): Philox-4x32-10 under a public
+key that carries h, counter = the first 4 words (one call for the usual h = 4), further words two
+per call, chained. value = word 0 of Philox-4x32-10 keyed by the subkey's 64-bit Philox key at
 counter (context lo, context hi, token, subkey word), mapped to ``(2k + 1)·2⁻²⁴`` like every
 dflash2rt uniform (``ops.rng.bits_to_uniform``: exact float32, never 0 or 1). Philox runs as in
 ``ops.rng``: exact uint64 NumPy on CPU tensors, int64 tensors with 16-bit limbs elsewhere (no
@@ -58,15 +59,25 @@ def split64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def context_hash(window: torch.Tensor) -> torch.Tensor:
-    """[..., h] int64 token ids (oldest first, -1 = before the sequence start) → int64 [...]."""
+    """[..., h] int64 token ids (oldest first, -1 = before the sequence start) → int64 [...].
+
+    One Philox call for h ≤ 4 (the words, zero-padded, are the counter; the key carries h),
+    then one per further pair of words, chained through the first two output words."""
     window = window.to(torch.int64)
     h = window.shape[-1]
     words = torch.where(window >= 0, (window + 1) & _M32, torch.zeros_like(window))
-    s0 = torch.full(window.shape[:-1], h, dtype=torch.int64, device=window.device)
-    s1 = torch.zeros_like(s0)
-    for i in range(h):
-        s0, s1, _, _ = _philox((s0, s1, words[..., i], torch.full_like(s0, i)), CONTEXT_KEY)
+    pad = (-max(h - 4, 0)) % 2 + max(4 - h, 0)
+    if pad:
+        words = torch.cat([words, words.new_zeros(*words.shape[:-1], pad)], dim=-1)
+    s0, s1, _, _ = _philox(tuple(words[..., i] for i in range(4)), context_key(h, 0))
+    for i in range(4, words.shape[-1], 2):
+        s0, s1, _, _ = _philox((s0, s1, words[..., i], words[..., i + 1]), context_key(h, i))
     return join64(s0, s1)
+
+
+def context_key(width: int, index: int) -> tuple[int, int]:
+    """The public Philox key of the context hash's call that starts at word ``index``."""
+    return (CONTEXT_KEY[0] + index) & _M32, (CONTEXT_KEY[1] + width) & _M32
 
 
 def windows(tokens: torch.Tensor, width: int) -> torch.Tensor:

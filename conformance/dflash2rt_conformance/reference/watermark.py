@@ -1,8 +1,9 @@
 """Keyed watermark values and Gumbel-max draws in NumPy (uint64 Philox, float64 arithmetic).
 
-Subkeys come in as (k0, k1, word) uint32 triples. Context hash: chained Philox-4x32-10 under the
-public key CONTEXT_KEY over the window's words (id + 1, 0 before the start), state starting at
-(h, 0). Value: word 0 of Philox at counter (ctx lo, ctx hi, token, word) under key (k0, k1), as
+Subkeys come in as (k0, k1, word) uint32 triples. Context hash: Philox-4x32-10 over the window's
+words (id + 1, 0 before the start; zero-padded to 4, then to an even count), counter = words
+0..3 under key (CONTEXT_KEY[0], CONTEXT_KEY[1] + h), then (s0, s1, w_i, w_i+1) under
+(CONTEXT_KEY[0] + i, CONTEXT_KEY[1] + h) for i = 4, 6, ...; the hash is (s0, s1). Value: word 0 of Philox at counter (ctx lo, ctx hi, token, word) under key (k0, k1), as
 ``(2k + 1)·2⁻²⁴`` with k = bits >> 9. E = -log r by frexp + an 18-term atanh series in a fixed
 order (the runtime's order: the same float64 roundings give the same bits). The draw is
 argmin E / p (float64), ties to the lower token id (then the lower position), p = 0 never chosen,
@@ -29,12 +30,16 @@ def context_hash(window) -> np.ndarray:
     """[..., h] int64 (−1 = before the start) → int64 [...] (the 64 bits, two's complement)."""
     w = np.asarray(window, dtype=np.int64)
     h = w.shape[-1]
-    words = np.where(w >= 0, _u64(w + 1) & M32, np.uint64(0))
-    s0 = np.full(w.shape[:-1], h, np.uint64)
-    s1 = np.zeros(w.shape[:-1], np.uint64)
-    for i in range(h):
-        s0, s1, _, _ = philox4x32((s0, s1, words[..., i], np.full(s0.shape, i, np.uint64)),
-                                  (np.uint64(CONTEXT_KEY[0]), np.uint64(CONTEXT_KEY[1])))
+    words = [np.where(w[..., i] >= 0, _u64(w[..., i] + 1) & M32, np.uint64(0)) for i in range(h)]
+    zero = np.zeros(w.shape[:-1], np.uint64)
+    words += [zero] * (max(4 - h, 0) + (h > 4 and h % 2))
+
+    def key(i):
+        return (np.uint64((CONTEXT_KEY[0] + i) & 0xFFFFFFFF),
+                np.uint64((CONTEXT_KEY[1] + h) & 0xFFFFFFFF))
+    s0, s1, _, _ = philox4x32(tuple(words[:4]), key(0))
+    for i in range(4, len(words), 2):
+        s0, s1, _, _ = philox4x32((s0, s1, words[i], words[i + 1]), key(i))
     return ((s1 << np.uint64(32)) | s0).astype(np.int64)
 
 
