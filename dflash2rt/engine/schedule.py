@@ -17,8 +17,9 @@ steps of a smaller batch, while target-only steps keep every row in lockstep.
 α_{r,i}: request r's running estimate of P(draft slot i accepted | slot i reached), from a prior
 (``prior_weight`` pseudo-observations at α_{r,i−1}; ``prior`` for slot 1, so a slot the chain
 never reaches is expected to do as the last one reached did, not as well as the prior) and
-exponential forgetting (``decay`` per observation of the slot) so it tracks changes. cost(b, bucket): seconds of one decode step of
-block b for a batch of that bucket (the next power of two ≥ its rows, as graphs bucket).
+exponential forgetting (``decay`` per observation of the slot) so it tracks changes.
+cost(b, bucket): seconds of one decode step of block b for a batch of that bucket (the next
+power of two ≥ its rows, as graphs bucket).
 
 Exploration: target-only steps teach nothing about acceptance, so after ``probe`` target-only
 steps in a row the batch re-tries its best speculative block (a probe); the gap doubles (up to
@@ -126,26 +127,27 @@ class AdaptiveSchedule:
         self._rows: dict[Hashable, tuple[list[float], list[float]]] = {}   # accepted, reached
         self._only, self._gap = 0, self.probe          # target-only steps in a row, probe gap
 
-    def alpha(self, row: Hashable, slot: int) -> float:
-        """P(slot accepted | reached) for ``row`` (slots count from 1): the slot's counts over
-        a prior of ``prior_weight`` pseudo-observations at the previous slot's estimate
-        (slot 1: ``prior``). A chain that keeps breaking early never reaches the deep slots,
-        so a fixed prior would keep them optimistic; chained, an unreached slot is expected
-        to do as the last slot seen did."""
+    def alphas(self, row: Hashable, slots: int) -> list[float]:
+        """α_1 .. α_slots for ``row``: each slot's counts over ``prior_weight``
+        pseudo-observations at the previous slot's estimate (slot 1: ``prior``). A chain that
+        keeps breaking early never reaches the deep slots, so a fixed prior would keep them
+        optimistic; chained, an unreached slot is expected to do as the last slot seen did."""
         acc, seen = self._rows.get(row, ((), ()))
-        a = self.prior
-        for j in range(slot):
+        out, a = [], self.prior
+        for j in range(slots):
             hit, n = (acc[j], seen[j]) if j < len(acc) else (0.0, 0.0)
             a = (hit + a * self.prior_weight) / (n + self.prior_weight)
-        return a
+            out.append(a)
+        return out
+
+    def alpha(self, row: Hashable, slot: int) -> float:
+        """P(slot accepted | reached) for ``row`` (slots count from 1; see ``alphas``)."""
+        return self.alphas(row, slot)[-1] if slot > 0 else self.prior
 
     def expected(self, row: Hashable, block: int) -> float:
         """E[committed tokens | block] for ``row``: 1 + Σ_j Π_{i≤j} α_i."""
-        acc, seen = self._rows.get(row, ((), ()))
-        total, run, a = 1.0, 1.0, self.prior
-        for j in range(block - 1):
-            hit, n = (acc[j], seen[j]) if j < len(acc) else (0.0, 0.0)
-            a = (hit + a * self.prior_weight) / (n + self.prior_weight)
+        total, run = 1.0, 1.0
+        for a in self.alphas(row, block - 1):
             run *= a
             total += run
         return total
