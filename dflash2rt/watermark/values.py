@@ -66,7 +66,7 @@ def context_hash(window: torch.Tensor) -> torch.Tensor:
     window = window.to(torch.int64)
     h = window.shape[-1]
     words = torch.where(window >= 0, (window + 1) & _M32, torch.zeros_like(window))
-    pad = (-max(h - 4, 0)) % 2 + max(4 - h, 0)
+    pad = max(4, h + h % 2) - h                  # to 4 words, then to an even count
     if pad:
         words = torch.cat([words, words.new_zeros(*words.shape[:-1], pad)], dim=-1)
     s0, s1, _, _ = _philox(tuple(words[..., i] for i in range(4)), context_key(h, 0))

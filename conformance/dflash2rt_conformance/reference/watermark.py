@@ -3,9 +3,10 @@
 Subkeys come in as (k0, k1, word) uint32 triples. Context hash: Philox-4x32-10 over the window's
 words (id + 1, 0 before the start; zero-padded to 4, then to an even count), counter = words
 0..3 under key (CONTEXT_KEY[0], CONTEXT_KEY[1] + h), then (s0, s1, w_i, w_i+1) under
-(CONTEXT_KEY[0] + i, CONTEXT_KEY[1] + h) for i = 4, 6, ...; the hash is (s0, s1). Value: word 0 of Philox at counter (ctx lo, ctx hi, token, word) under key (k0, k1), as
-``(2k + 1)·2⁻²⁴`` with k = bits >> 9. E = -log r by frexp + an 18-term atanh series in a fixed
-order (the runtime's order: the same float64 roundings give the same bits). The draw is
+(CONTEXT_KEY[0] + i, CONTEXT_KEY[1] + h) for i = 4, 6, ...; the hash is (s0, s1). Value: word
+0 of Philox at counter (ctx lo, ctx hi, token, word) under key (k0, k1), as ``(2k + 1)·2⁻²⁴``
+with k = bits >> 9. E = -log r by frexp + an 18-term atanh series in a fixed order (the
+runtime's order: the same float64 roundings give the same bits). The draw is
 argmin E / p (float64), ties to the lower token id (then the lower position), p = 0 never chosen,
 -1 for a row that is not a law.
 """
@@ -32,7 +33,7 @@ def context_hash(window) -> np.ndarray:
     h = w.shape[-1]
     words = [np.where(w[..., i] >= 0, _u64(w[..., i] + 1) & M32, np.uint64(0)) for i in range(h)]
     zero = np.zeros(w.shape[:-1], np.uint64)
-    words += [zero] * (max(4 - h, 0) + (h > 4 and h % 2))
+    words += [zero] * (max(4, h + h % 2) - h)             # to 4 words, then to an even count
 
     def key(i):
         return (np.uint64((CONTEXT_KEY[0] + i) & 0xFFFFFFFF),
