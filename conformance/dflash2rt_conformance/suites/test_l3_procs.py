@@ -78,8 +78,8 @@ def test_joint_law_with_min_p(temperature, backend, results, sizes):
     """min-p in verify (no state, but it reshapes every verify row's law): the raw rows give each
     zero of the quarter table a weight of CUT × the row's max, which min-p = MIN_P removes (with
     a 1/4 beside a 3/4), so the *processed* law is the lattice-exact quarter table; a verifier
-    that skips min-p or applies it to some rows only samples from
-    rows with 15–50 % of their mass elsewhere."""
+    that skips min-p or applies it to some rows only samples from rows with 15–50 % of their
+    mass elsewhere."""
     p_fn, sel = lattice.context_tables("procs-min_p", V, K)
     tilt = 0.0 if temperature > 0 else -0.01 * np.arange(V)
 
