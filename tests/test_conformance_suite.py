@@ -174,8 +174,8 @@ def test_small_sizes_pass_on_cpu_and_are_reported(suite, tmp_path):
     rep = json.loads(js.read_text())
     assert rep["environment"]["dflash2rt.sizes"].startswith("small (")
     # L3: 8 joint-law cases, 10 with logit processors and min-p (5 × sampled / greedy),
-    # 2 constraints
-    assert rep["levels"]["L2"]["passed"] == 3 and rep["levels"]["L3"]["passed"] == 20
+    # 4 constraints (unmasked / masked draft side × sampled / greedy)
+    assert rep["levels"]["L2"]["passed"] == 3 and rep["levels"]["L3"]["passed"] == 22
     assert "TV sampled V4-g2-K3-L2-s1 float32" in rep["levels"]["L3"]["metrics"]
     assert "L2-L4 sizes: small (" in md.read_text()
 

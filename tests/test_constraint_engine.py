@@ -112,6 +112,48 @@ def test_state_that_changes_every_token_is_followed_inside_blocks(bundled):
         assert all(tok % 2 == i % 2 for i, tok in enumerate(o.token_ids))
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_side_proposes_what_the_constraint_allows(bundled, monkeypatch, temperature):
+    """The engine's draft side under a constraint: the walk gets the batch's automaton
+    (``ConstraintBatch.walk``) and slot 0's candidates come from the committed state, so at
+    every slot where some candidate is allowed (after the path so far) the draft is an allowed
+    one, and q puts no mass on a forbidden candidate there. Parity automaton: the allowed set
+    flips at every token, so a walk that keeps the committed state fails."""
+    from dflash2rt.engine import steps
+    eng, ids = bundled
+    v = eng.pair.target.cfg.vocab_size
+    t = np.full((2, v), -1)
+    t[0, 0::2], t[1, 1::2] = 1, 0
+    seen, real = [], steps.ops_selector.select
+
+    def spy(*args, mask=None, **kw):
+        start = None if mask is None else mask.state.clone()
+        out = real(*args, mask=mask, **kw)
+        seen.append((start, out))
+        return out
+    monkeypatch.setattr(steps.ops_selector, "select", spy)
+    a = TokenAutomaton(t)                                  # one automaton: table offset 1
+    reqs = [Request(p, SamplingParams(max_new_tokens=24, temperature=temperature, seed=2,
+                                      constraint=a)) for p in ids]
+    _, stats = eng.generate(reqs, spec=True, block_size=8)
+    assert seen and all(start is not None for start, _ in seen)
+    checked = 0
+    for start, out in seen:
+        for r in range(out.draft.shape[0]):
+            s = int(start[r]) - 1                          # batch table: state 0 is free
+            for e in range(out.draft.shape[1]):
+                cand = out.candidates[r, e].tolist()
+                ok = [t[s, c] >= 0 for c in cand]
+                if not any(ok):
+                    break
+                d = int(out.draft[r, e])
+                assert t[s, d] >= 0, f"slot {e}: draft {d} forbidden at state {s}"
+                assert all(float(out.q[r, e, i]) == 0.0 for i in range(len(cand)) if not ok[i])
+                checked += 1
+                s = int(t[s, d])
+    assert checked >= stats.num_draft_tokens // 2 and stats.num_accepted_tokens > 0
+
+
 def test_unconstrained_rows_of_a_mixed_batch_are_unchanged(bundled):
     eng, ids = bundled
     plain = Request(ids[1], SamplingParams(max_new_tokens=20))
@@ -156,7 +198,10 @@ def test_generic_hook_under_speculation_matches_the_automaton(bundled, temperatu
     """A generic hook in speculative decoding: its verify rows are masked from the host (row j
     with the hook's state after d_1..d_j), so it gives the automaton's tokens exactly — the
     same masks, the same noise — greedy and sampled, fixed and adaptive blocks; the extra
-    round trip per speculative step is counted in syncs and constraint_host_masks."""
+    round trip per speculative step is counted in syncs and constraint_host_masks. Sampled,
+    the automaton's drafts are masked at every slot and the hook's at slot 0 only (its later
+    states are on the host), so the proposals and the tokens differ; every token must still
+    be one the automaton allows along the output."""
     eng, ids = bundled
     a = _digits(eng)
     kw = dict(max_new_tokens=25, temperature=temperature, seed=4)
@@ -164,13 +209,17 @@ def test_generic_hook_under_speculation_matches_the_automaton(bundled, temperatu
                                  for p in ids], spec=True, block_size=8)
     hooks = [Request(p, SamplingParams(**kw, constraint=DigitsHook(a))) for p in ids]
     got, stats = eng.generate(hooks, spec=True, block_size=block)
-    if block == 8:
+    if block == 8 and temperature == 0:
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
         assert [o.finish_reason for o in got] == [o.finish_reason for o in want]
     if temperature == 0:
         tonly, _ = eng.generate(hooks, spec=False)
         assert [o.token_ids for o in got] == [o.token_ids for o in tonly]
-    assert all(a.allowed(a.initial())[o.token_ids[0]] for o in got if o.token_ids)
+    for o in got + want:
+        s = a.initial()
+        for t in o.token_ids:
+            assert a.allowed(s)[t], f"token {t} of {o.token_ids} is not allowed"
+            s = a.advance(s, t)
     spec_steps = stats.steps - stats.block_sizes.get(1, 0)
     assert spec_steps > 0 and stats.syncs == stats.steps + spec_steps    # (not calibration)
     assert stats.constraint_host_masks >= spec_steps

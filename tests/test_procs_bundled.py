@@ -48,3 +48,34 @@ def test_greedy_spec_equals_target_only_on_heldout(setup, name):
         assert [o.token_ids for o in got] == [o.token_ids for o in ref], (name, block)
     if name != "min_p":
         assert [o.token_ids for o in ref] != plain, f"{name} changed nothing"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_side_is_processed_with_the_committed_counts(setup, monkeypatch, temperature):
+    """The draft logits go through the request's bias and penalties (committed counts) before
+    the selector (``engine.steps.draft_logits``): with −100 on the tokens plain decoding emits
+    most, no draft proposes them (an unprocessed draft does, often), and the output still
+    equals target-only decoding's at T = 0."""
+    eng, ids, plain = setup
+    counts: dict[int, int] = {}
+    for toks in plain:
+        for t in toks:
+            counts[t] = counts.get(t, 0) + 1
+    banned = sorted(counts, key=lambda t: -counts[t])[:4]
+    drafts, real = [], eng.backend.select
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        drafts.append(out.draft)
+        return out
+    monkeypatch.setattr(eng.backend, "select", spy)
+    reqs = [Request(p, SamplingParams(max_new_tokens=24, temperature=temperature, seed=3,
+                                      logit_bias={t: -100.0 for t in banned},
+                                      presence_penalty=0.5)) for p in ids]
+    got, stats = eng.generate(reqs, spec=True, block_size=8)
+    assert drafts and stats.num_draft_tokens > 0
+    proposed = {int(t) for d in drafts for t in d.flatten().tolist()}
+    assert not proposed & set(banned), f"drafts propose banned tokens {proposed & set(banned)}"
+    if temperature == 0:
+        ref, _ = eng.generate(reqs, spec=False)
+        assert [o.token_ids for o in got] == [o.token_ids for o in ref]

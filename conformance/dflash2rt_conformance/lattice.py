@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
+from dflash2rt.ops import selector as ops_selector
 from dflash2rt.ops.selector import SelectorParams
 
 from .reference import laws
@@ -70,12 +71,15 @@ class SelectorTables:
         return logits, proj
 
 
-def context_tables(salt: str, v: int, k: int):
+def context_tables(salt: str, v: int, k: int, masked: bool = False):
     """Context-dependent quarter tables keyed by (last token, position): target rows
     p(· | x_last, t) with zeros; candidates C(t) of size K; draft laws q(· | prev, t) over C(t)
     of shape {1}, {1/2, 1/2} or {1/2, 1/4, 1/4}, chosen so that the residual mass Σ(p − q)+ is
     0, 1/4, 1/2 or 1. Every walk / accept / residual breakpoint is then a multiple of 1/4.
-    Level L3 (fixed and adaptive block sizes). → (p_fn(ctx), SelectorTables)."""
+    Level L3 (fixed and adaptive block sizes). ``masked``: the draft's walk is masked to the
+    support of p (a constraint allowing exactly that support), so each q is chosen so that
+    its *masked* law (q on supp p, renormalised) has those shapes and residual masses.
+    → (p_fn(ctx), SelectorTables)."""
     p_memo: dict = {}
     q_memo: dict = {}
 
@@ -102,7 +106,10 @@ def context_tables(salt: str, v: int, k: int):
                     q = np.zeros(v)
                     q[c[first]] = pattern[0]
                     q[[c[(first + i) % k] for i in range(1, len(pattern))]] = pattern[1:]
-                    if float(np.maximum(p - q, 0).sum()) in (0.0, 0.25, 0.5, 1.0):
+                    if masked:
+                        if _masks_on_lattice(q, p, c):
+                            options.append(q)
+                    elif float(np.maximum(p - q, 0).sum()) in (0.0, 0.25, 0.5, 1.0):
                         options.append(q)
             assert options, f"L3 tables [{salt}]: no lattice-exact q for p={p} on C={c}"
             q_memo[(prev, t)] = options[rs("q", prev, t).integers(len(options))]
@@ -111,6 +118,25 @@ def context_tables(salt: str, v: int, k: int):
     sel = SelectorTables(v, k, lambda ctx, e, prev: q_at(prev, len(ctx) + e),
                          lambda ctx, e: cand_at(len(ctx) + e))
     return p_fn, sel
+
+
+def _masks_on_lattice(q: np.ndarray, p: np.ndarray, cand: np.ndarray) -> bool:
+    """The law the masked walk draws from (q on supp p renormalised; q itself when no
+    candidate is allowed) keeps every breakpoint on the quarter lattice: its values are
+    {1}, {1/2, 1/2} or {1/2, 1/4, 1/4}, and the normalised residual (p − q')+ / mass is
+    made of quarters."""
+    qm = q
+    if (p[cand] > 0).any():
+        kept = np.where(p > 0, q, 0.0)
+        if kept.sum() <= 0:
+            return False                   # the walk would be uniform on allowed q = 0 ones
+        qm = kept / kept.sum()
+        vals = np.sort(qm[qm > 0])[::-1]
+        if not any(np.array_equal(vals, t) for t in
+                   (np.array([1.0]), np.array([0.5, 0.5]), np.array([0.5, 0.25, 0.25]))):
+            return False
+    res = np.maximum(p - qm, 0.0)
+    return res.sum() == 0 or bool(np.all(np.mod(4 * res / res.sum(), 1.0) == 0))
 
 
 def target_logits(p_fn, ctx: tuple, draft: np.ndarray, v: int, raw_fn=None) -> np.ndarray:
@@ -129,12 +155,14 @@ def target_logits(p_fn, ctx: tuple, draft: np.ndarray, v: int, raw_fn=None) -> n
 def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int,
                       dtype: torch.dtype, temperature: float = 1.0, dedup: bool = False,
                       key_first_accept: bool = False, raw_fn=None, process=None,
-                      min_p: float = 0.0) -> dict:
+                      min_p: float = 0.0, draft_side=None) -> dict:
     """The backend's exact law of one round's emitted tokens from ``ctx`` (select + verify).
 
     Logit processors (``lattice_procs``): ``raw_fn(ctx)`` gives each verify row's raw logits,
     ``process(ctx, logits, draft)`` the runtime's processing of them before verify, ``min_p``
-    the requests' min-p.
+    the requests' min-p. ``draft_side(ctx, logits)`` → (draft logits, walk mask): the engine's
+    draft side under a constraint, whose select is ``ops.selector.select`` with that mask (as
+    ``engine.steps.select_block`` runs it on every backend).
 
     ``key_first_accept``: the law of (index k of slot 0's acceptance coin (2k+1)/(2·M_ACCEPT),
     emitted tokens) instead, so that a schedule that (wrongly) reads the current step's first
@@ -156,12 +184,18 @@ def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int
 
     def t(x, dt=dtype):
         return torch.tensor(np.asarray(x), dtype=torch.float64).to(dt).to(dev)
-    out = backend.select(t(np.broadcast_to(logits, (r, gamma, v))),
-                         t(np.broadcast_to(proj, (r, gamma, v * v))),
-                         torch.full((r,), ctx[-1], dtype=torch.int64, device=dev),
-                         t(sel.a), t(sel.b), SelectorParams(sel.k),
-                         SamplingBatch.build([temperature] * r, [0] * r, [1.0] * r, dev),
-                         t(u_walk, torch.float32))
+    args = (t(np.broadcast_to(logits, (r, gamma, v))),
+            t(np.broadcast_to(proj, (r, gamma, v * v))),
+            torch.full((r,), ctx[-1], dtype=torch.int64, device=dev),
+            t(sel.a), t(sel.b), SelectorParams(sel.k),
+            SamplingBatch.build([temperature] * r, [0] * r, [1.0] * r, dev),
+            t(u_walk, torch.float32))
+    if draft_side is None:
+        out = backend.select(*args)
+    else:
+        x, mask = draft_side(ctx, args[0])
+        with backend.run_context():
+            out = ops_selector.select(x, *args[1:], has_fp64=backend.has_fp64, mask=mask)
     rows, count, total = np.arange(r), np.ones(r, np.int64), r    # row weight = count / total
     if dedup:                                  # one coin block per distinct select output
         key = np.concatenate([x.cpu().numpy().reshape(r, -1) for x in
@@ -229,12 +263,13 @@ def law_of(tokens: np.ndarray, weight: np.ndarray) -> dict:
 
 def check_processed_joint_law(backend, results, sizes, prompt: tuple, p_fn, sel, raw_fn,
                               process, ref_p, temperature: float, label: str, name: str,
-                              under: str, min_p: float = 0.0) -> None:
+                              under: str, min_p: float = 0.0, draft_side=None) -> None:
     """L3 for a step whose verify rows are processed (``process``; logit processors,
     constraint masks) and whose inputs depend on the whole output so far: the backend's joint
     law of the first ``sizes.l3_length`` tokens equals the reference chain (greedy) or, within
     TV 1e-12, target-only decoding of ``ref_p`` (sampled); ``min_p`` is every request's min-p
-    (``ref_p`` must already apply it). Failures start with
+    (``ref_p`` must already apply it); ``draft_side``: see ``round_law_backend``. Failures
+    start with
     ``[L3 {label} case={name}]`` (``[L3 {label} greedy case=...]``)."""
     memo: dict = {}
 
@@ -242,7 +277,8 @@ def check_processed_joint_law(backend, results, sizes, prompt: tuple, p_fn, sel,
         if ctx not in memo:
             memo[ctx] = round_law_backend(
                 backend, ctx, p_fn, sel, sizes.l3_gamma, torch.float32, temperature,
-                dedup=sizes.l3_dedup, raw_fn=raw_fn, process=process, min_p=min_p)
+                dedup=sizes.l3_dedup, raw_fn=raw_fn, process=process, min_p=min_p,
+                draft_side=draft_side)
         return memo[ctx]
 
     law = laws.joint_law(round_law, prompt, sizes.l3_length)

@@ -8,8 +8,14 @@ row is left unmasked on purpose: the host finishes the request at the token that
 (finish_reason "constraint"), so what such a row emits is never returned, and verification
 never sees a row with no finite logit. A draft token that the mask forbids has p = 0 and is
 rejected; its row and the rows after it get state -1 (read as the free state): what they emit
-lies past the rejection. The draft side is not masked: q stays the law the drafts were drawn
-from, so verification stays lossless and only acceptance can drop.
+lies past the rejection.
+
+The draft side follows the constraint too (``draft_logits``, ``walk``), so that its proposals
+are ones the mask allows: slot 0's draft logits are masked with the committed state (and a
+generic hook's next-token mask), later slots' with ``ever`` (the tokens the request's automaton
+allows at some state), which only shapes the candidate sets; the selector's walk then masks the
+lattice row it reads with the state after the path so far (``ops.selector.WalkMask``) and draws
+from that masked law, which is the q verification uses: lossless whatever the mask.
 
 Generic (host) hooks: ``host_mask`` [R, V] holds each row's mask for the next token, written
 by the engine from the host after each step; a speculative step's verify rows take
@@ -65,6 +71,8 @@ class ConstraintBatch:
     host_mask: torch.Tensor | None
     generic: tuple[bool, ...]
     host_block: dict = field(default_factory=dict)   # "rows": the verify rows' host masks
+    ever: torch.Tensor | None = None   # bool [R, V]: allowed at some live state of the row's
+    #                                    automaton (all True: free or generic rows)
 
     @staticmethod
     def build(constraints: Sequence, vocab: int, device: torch.device | str
@@ -89,18 +97,23 @@ class ConstraintBatch:
         table = np.concatenate(tables).astype(np.int32)
         allow = (table >= 0) | np.concatenate(dead)[:, None]
         generic = tuple(c is not None and not isinstance(c, TokenAutomaton) for c in constraints)
+        ever = np.ones((len(constraints), vocab), bool)
+        for i, c in enumerate(constraints):
+            if isinstance(c, TokenAutomaton) and (c.next >= 0).any():
+                ever[i] = (c.next >= 0).any(0)
         return ConstraintBatch(
             torch.from_numpy(table).to(device), torch.from_numpy(allow).to(device),
             torch.tensor(start, dtype=torch.int64, device=device),
             torch.ones(len(constraints), vocab, dtype=torch.bool, device=device)
-            if any(generic) else None, generic)
+            if any(generic) else None, generic, ever=torch.from_numpy(ever).to(device))
 
     def take(self, idx: Sequence[int]) -> "ConstraintBatch":
         """Rows ``idx`` (host-known)."""
         t = torch.tensor(list(idx), dtype=torch.int64, device=self.state.device)
         return replace(self, state=self.state[t],
                        host_mask=None if self.host_mask is None else self.host_mask[t],
-                       generic=tuple(self.generic[i] for i in idx), host_block={})
+                       generic=tuple(self.generic[i] for i in idx), host_block={},
+                       ever=None if self.ever is None else self.ever[t])
 
     def mask(self, logits: torch.Tensor, draft: torch.Tensor | None = None) -> torch.Tensor:
         """Target logits [R, T, V] (T = γ+1 verify rows over [anchor, d_1..d_γ], or 1) with
@@ -115,6 +128,22 @@ class ConstraintBatch:
                                      "masks (set_host_block_) before the verify (engine bug)")
             x = x.masked_fill(~rows, -torch.inf)
         return x
+
+    def draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [R, γ, V] → the candidate sets' logits: slot 0 masked with the
+        committed state (and generic hooks' next-token masks), slots ≥ 1 with ``ever``
+        (module docstring). A row left with no allowed token stays unmasked."""
+        first = self.allow[self.state.clamp(min=0)]                          # [R, V]
+        if self.host_mask is not None:
+            first = first & self.host_mask
+        ok = torch.cat([first.unsqueeze(1),
+                        self.ever.unsqueeze(1).expand(-1, logits.shape[1] - 1, -1)], 1)
+        ok = ok | ~ok.any(-1, keepdim=True)
+        return logits.masked_fill(~ok, -torch.inf)
+
+    def walk(self) -> "DraftWalk":
+        """The selector walk's mask (``ops.selector.WalkMask``), from the committed states."""
+        return DraftWalk(self.table, self.allow, self.state.clone())
 
     def set_host_block_(self, masks: np.ndarray) -> None:
         """The verify rows' masks of a speculative step, bool [R, γ+1, V] (all True for table
@@ -136,3 +165,18 @@ class ConstraintBatch:
             if m is not None:
                 host[i] = torch.from_numpy(m)
         self.host_mask.copy_(host)
+
+
+class DraftWalk:
+    """``ops.selector.WalkMask`` over the batch's automata: each row's state along the walk's
+    path (−1 after a forbidden token: read as the free state, nothing is masked)."""
+
+    def __init__(self, table: torch.Tensor, allow: torch.Tensor, state: torch.Tensor) -> None:
+        self.table, self.allow, self.state = table, allow, state
+
+    def allowed(self, slot: int, cand: torch.Tensor) -> torch.Tensor:
+        v = self.allow.shape[1]
+        return self.allow.view(-1)[self.state.clamp(min=0).view(-1, 1) * v + cand]
+
+    def advance(self, token: torch.Tensor) -> None:
+        self.state = step_states(self.table, self.state, token)

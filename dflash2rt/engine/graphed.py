@@ -34,6 +34,8 @@ EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs or const
                "eagerly (graphs do not take their state as inputs)")
 EAGER_WATERMARK = ("watermarked steps run eagerly (graphs do not take the watermark's state as "
                    "inputs)")
+CONSTRAINT_WALK_OPS = ("constrained steps walk the selector with torch ops (the walk's "
+                       "constraint mask has no kernel)")
 WATERMARK_OPS = ("watermarked steps select and verify with torch ops (the keyed draws have no "
                  "kernel)")
 
@@ -77,6 +79,9 @@ class Stepper:
             impl = self.bodies.backend.implementation
             if any(impl.get(op) != TORCH_OPS for op in ("select", "verify")):
                 report(WATERMARK_OPS)
+        if st.constraint is not None and kind == "draft" \
+                and self.bodies.backend.implementation.get("select") != TORCH_OPS:
+            report(CONSTRAINT_WALK_OPS)
         if self.adapter is not None:
             if st.procs is not None or st.sampling.min_p is not None \
                     or st.constraint is not None:

@@ -30,6 +30,7 @@ from ..models.target import TargetOutput
 from ..ops.batch import BlockNoise
 from ..ops.procs import token_logprobs
 from ..ops.rng import Stream, uniforms
+from ..ops import selector as ops_selector
 from ..ops.selector import SelectorOut, SelectorParams
 from ..ops.verify import VerifyOut, sample_next
 from ..watermark import generate as wm_generate
@@ -118,10 +119,23 @@ def selector_params(pair: ModelPair) -> SelectorParams:
     return SelectorParams(cfg.selector_top_k, cfg.output_multiplier, cfg.final_logit_softcapping)
 
 
+def draft_logits(pair: ModelPair, st: BatchState, h_e: torch.Tensor) -> torch.Tensor:
+    """Draft hidden [R, γ, H] → draft logits [R, γ, V] through the target's LM head, processed
+    as the target's rows are where the batch asks for it: logit bias and penalties with the
+    committed counts (the block's own drafts are not known before the walk), then the
+    constraint's candidate masks (``ConstraintBatch.draft_logits``). Proposals only: the
+    selector's q is the law of what it draws from these, so any processing stays lossless."""
+    logits = pair.target.lm_head(h_e)
+    if st.procs is not None and (st.procs.bias is not None or st.procs.penalized):
+        logits = st.procs.process(logits)
+    return logits if st.constraint is None else st.constraint.draft_logits(logits)
+
+
 def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.Tensor,
                  noise: BlockNoise) -> SelectorOut:
-    """Draft logits through the target's LM head, then the candidate selector's walk."""
-    logits = pair.target.lm_head(h_e)                                    # [R, γ, V]
+    """Draft logits (``draft_logits``), then the candidate selector's walk; a constrained
+    batch walks with its constraint's mask (``ops.selector``, torch ops)."""
+    logits = draft_logits(pair, st, h_e)                                 # [R, γ, V]
     sel = pair.draft.candidate_selector
     if sel is None:                                                      # DFlash v1: no lattice
         zero = logits.new_zeros(logits.shape[-1], 0)
@@ -129,9 +143,13 @@ def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.T
     else:
         args = (logits, sel.hidden_projection(h_e), st.anchor, sel.predecessor_codebook,
                 sel.successor_codebook)
+    mask = None if st.constraint is None else st.constraint.walk()
     if st.wm is not None:                                                # keyed walk: torch ops
         return wm_generate.select_marked(st.wm, *args, selector_params(pair), st.sampling,
-                                         noise.walk, backend.has_fp64)
+                                         noise.walk, backend.has_fp64, mask)
+    if mask is not None:                                                 # masked walk: torch ops
+        return ops_selector.select(*args, selector_params(pair), st.sampling, noise.walk,
+                                   backend.has_fp64, mask=mask)
     return backend.select(*args, selector_params(pair), st.sampling, noise.walk)
 
 

@@ -13,8 +13,9 @@ Under speculation, row j of the verify logits [R, γ+1, V] is the target's law a
 and the drafts d_1..d_j, so it is processed with the counts of the committed output *plus*
 d_1..d_j (row 0, the anchor's row, with the committed counts): ``block_counts`` builds them on
 the device with a cumulative one-hot of the drafts, so nothing is read on the host. The draft
-side is not processed: its q stays the law it was actually drawn from, which keeps verification
-lossless (only acceptance may drop).
+logits are processed too, with the committed counts only (``engine.steps.draft_logits``: the
+block's drafts are not known before the walk): that only shapes the proposals, whose q stays
+the law they were actually drawn from, so verification stays lossless.
 
 A batch in which no request uses a processor has no ``ProcBatch`` at all (a host fact), so such
 requests cost nothing; in a mixed batch the others' rows go through ``l / 1``, ``l · 1``,

@@ -15,6 +15,13 @@ False over double-float float32 sums (``exact32.inverse_cdf32``: the same index 
 ``walk`` (optional, a ``WalkDraw``): a drawer that replaces the sampled rows' draw at each slot
 once the walk knows the lattice row it reads — the watermark (``dflash2rt.watermark.generate``)
 draws there by Gumbel-max keyed by the path so far. q stays the law the draw is from.
+
+``mask`` (optional, a ``WalkMask``): a constraint on the path (``dflash2rt.constraints``): at
+slot e the walk reads its lattice row with the candidates the constraint forbids after the path
+so far at −inf, and draws (argmax, inverse CDF or ``walk``) from that masked row; q is the
+masked row's law, the law the draft token is drawn from, so verification stays lossless. A row
+whose candidates are all forbidden is read unmasked (its draft is rejected by the masked
+verify rows).
 """
 
 from __future__ import annotations
@@ -46,6 +53,17 @@ class WalkDraw(Protocol):
              greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """law [R, K] float32, cand [R, K], plain [R] (the unkeyed walk's position), greedy [R]
         → (position in K [R], bool [R]: a sampled row whose law row is not a law)."""
+
+
+class WalkMask(Protocol):
+    """A constraint followed along the walk's path (the per-slot state lives in the object)."""
+
+    def allowed(self, slot: int, cand: torch.Tensor) -> torch.Tensor:
+        """cand [R, K] (slot ``slot``'s candidates) → bool [R, K]: allowed after the path so
+        far."""
+
+    def advance(self, token: torch.Tensor) -> None:
+        """The walk took token [R] at the current slot."""
 
 
 @dataclass(frozen=True)
@@ -106,10 +124,11 @@ def check_select_args(logits: torch.Tensor, proj: torch.Tensor, pred_codebook: t
 def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
            pred_codebook: torch.Tensor, succ_codebook: torch.Tensor, params: SelectorParams,
            sampling: SamplingBatch, u_walk: torch.Tensor, has_fp64: bool | None = None,
-           walk: WalkDraw | None = None) -> SelectorOut:
+           walk: WalkDraw | None = None, mask: WalkMask | None = None) -> SelectorOut:
     """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], u_walk [R, γ] → SelectorOut.
     ``has_fp64`` False: the walk draw in float32 (None: ``exact32.fp64_enabled()``); ``walk``:
-    a keyed drawer for the sampled rows (module docstring)."""
+    a keyed drawer for the sampled rows; ``mask``: a constraint on the path (module
+    docstring)."""
     r, gamma, v = logits.shape
     k = params.top_k
     check_select_args(logits, proj, pred_codebook, succ_codebook, params, u_walk)
@@ -117,6 +136,8 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
     vals, cand = topk_lowest_index(logits, k)                             # [R, γ, K]
     score = lattice(unary_scores(vals, params), cand, anchor, proj, pred_codebook,
                     succ_codebook)                                        # [R, γ, K, K]
+    if mask is not None:
+        return _masked_walk(score, cand, sampling, u_walk, has_fp64, walk, mask, bad)
     choice = torch.argmax(score, dim=-1)                                  # greedy, lowest on ties
     row_bad = bad_rows(score)                                             # [R, γ, K]
     law = None
@@ -153,6 +174,55 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
         q = torch.where(sampling.greedy.view(r, 1, 1), q, q_s)
     return SelectorOut(cand.gather(-1, pick.unsqueeze(-1)).squeeze(-1), cand, q, bad,
                        bad_lattice)
+
+
+def _draw(row: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor, has_fp64: bool | None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One slot's lattice rows [R, K] → (their law at each row's temperature [R, K] float32,
+    the inverse-CDF pick with uniforms u [R]: -1 where the row is not a law)."""
+    r = row.shape[0]
+    temp = torch.where(sampling.greedy, 1.0, sampling.temperature).view(r, 1)
+    law = torch.softmax(scale(row, temp), dim=-1)
+    drawn = inverse_cdf(law.double(), u) if exact32.fp64_enabled(has_fp64) else \
+        exact32.inverse_cdf32(law, u)
+    return law, drawn
+
+
+def _masked_walk(score: torch.Tensor, cand: torch.Tensor, sampling: SamplingBatch,
+                 u_walk: torch.Tensor, has_fp64: bool | None, walk: WalkDraw | None,
+                 mask: WalkMask, bad: torch.Tensor) -> SelectorOut:
+    """The walk under a constraint: slot by slot, the row read with the forbidden candidates
+    at −inf (all allowed when none is), drawn from that row's law."""
+    r, gamma, k, _ = score.shape
+    prev = torch.zeros(r, dtype=torch.int64, device=score.device)
+    picks, qs = [], []
+    bad_lattice = torch.zeros(r, dtype=torch.bool, device=score.device)
+    greedy = sampling.greedy
+    for e in range(gamma):
+        row = score[:, e].gather(1, prev.view(r, 1, 1).expand(r, 1, k)).squeeze(1)  # [R, K]
+        ok = mask.allowed(e, cand[:, e])
+        ok = ok | ~ok.any(-1, keepdim=True)
+        masked = row.masked_fill(~ok, float("-inf"))
+        row_bad = bad_rows(row) | bad_rows(masked)
+        pick = torch.argmax(masked, dim=-1)                               # lowest on ties
+        q = torch.nn.functional.one_hot(pick, k).float()
+        if sampling.any_sampled:
+            law, drawn = _draw(masked, sampling, u_walk[:, e], has_fp64)
+            if walk is not None:
+                drawn_w, bad_w = walk.pick(e, law, cand[:, e], drawn.clamp(min=0), greedy)
+                row_bad = row_bad | bad_w
+                drawn = torch.where(drawn < 0, drawn, drawn_w)
+            row_bad = row_bad | (~greedy & (drawn < 0))
+            pick = torch.where(greedy, pick, drawn.clamp(min=0))
+            q = torch.where(greedy.view(r, 1), q, law)
+        bad_lattice = bad_lattice | row_bad
+        mask.advance(cand[:, e].gather(1, pick.view(r, 1))[:, 0])
+        picks.append(pick)
+        qs.append(q)
+        prev = pick
+    pick = torch.stack(picks, 1)                                          # [R, γ]
+    return SelectorOut(cand.gather(-1, pick.unsqueeze(-1)).squeeze(-1), cand,
+                       torch.stack(qs, 1), bad, bad_lattice)
 
 
 def lattice(unary: torch.Tensor, cand: torch.Tensor, anchor: torch.Tensor, proj: torch.Tensor,

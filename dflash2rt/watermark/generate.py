@@ -153,10 +153,12 @@ class WatermarkBatch:
 def select_marked(wm: WatermarkBatch, logits: torch.Tensor, proj: torch.Tensor,
                   anchor: torch.Tensor, pred_codebook: torch.Tensor, succ_codebook: torch.Tensor,
                   params: selector.SelectorParams, sampling: SamplingBatch, u_walk: torch.Tensor,
-                  has_fp64: bool | None = None) -> selector.SelectorOut:
-    """The selector (``ops.selector.select``, torch ops) with the keyed walk (subkey A)."""
+                  has_fp64: bool | None = None, mask: selector.WalkMask | None = None
+                  ) -> selector.SelectorOut:
+    """The selector (``ops.selector.select``, torch ops) with the keyed walk (subkey A) and
+    the constraint's walk mask, if any."""
     return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params, sampling,
-                           u_walk, has_fp64, walk=wm.walk())
+                           u_walk, has_fp64, walk=wm.walk(), mask=mask)
 
 
 def verify_marked(wm: WatermarkBatch, logits: torch.Tensor, sel: selector.SelectorOut,

@@ -11,9 +11,33 @@ by inverse CDF with the slot's walk uniform. ``bad_lattice``: a row the walk rea
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
+from .constraints import mask_row, walk
 from .sampling import argmax_lowest, bad_rows, inverse_cdf, softmax
+
+
+def _masked(row: np.ndarray, cand: np.ndarray, table: np.ndarray, state: int) -> np.ndarray:
+    """A lattice row [K] with the candidates ``state`` forbids at −inf (unmasked when it
+    forbids them all)."""
+    full = np.zeros(table.shape[1])
+    ok = np.isfinite(mask_row(full, table, state))[cand]
+    return row if not ok.any() else np.where(ok, row, -np.inf)
+
+
+def draft_logits(logits: np.ndarray, table: np.ndarray, state: Sequence[int]) -> np.ndarray:
+    """Draft logits [R, γ, V] → the candidate sets' logits under a token automaton: slot 0
+    masked with each request's committed state, later slots with the tokens the automaton
+    allows at some state; a row left with nothing allowed stays unmasked."""
+    x = np.array(logits, dtype=np.float64)
+    ever = (table >= 0).any(0)
+    for i, s in enumerate(state):
+        x[i, 0] = mask_row(x[i, 0], table, int(s))
+        if ever.any():
+            x[i, 1:] = np.where(ever, x[i, 1:], -np.inf)
+    return x
 
 
 def topk_lowest_index(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,9 +77,17 @@ def walk_step(row: np.ndarray, greedy: bool, temperature: float, u: float
 
 
 def select(logits, proj, anchor, pred_codebook, succ_codebook, top_k: int,
-           output_multiplier: float, softcap: float | None, temperature, greedy, u_walk) -> dict:
+           output_multiplier: float, softcap: float | None, temperature, greedy, u_walk,
+           table: np.ndarray | None = None, state=None) -> dict:
     """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], per-request temperature,
-    greedy [R], u_walk [R, γ] → dict(draft [R, γ], candidates [R, γ, K], q [R, γ, K], bad [R])."""
+    greedy [R], u_walk [R, γ] → dict(draft [R, γ], candidates [R, γ, K], q [R, γ, K], bad [R]).
+
+    ``table`` [S, V] / ``state`` [R] (a token automaton and each request's committed state):
+    the walk under the constraint — slot e reads its lattice row with the candidates that the
+    state after the path so far forbids at −inf (``reference.constraints.mask_row``: nothing
+    masked at a dead end or after a forbidden token, nor where every candidate is forbidden),
+    and q is that masked row's law. (The candidate sets come from ``logits`` as given: the
+    runtime masks the draft logits first, ``constraints.draft_logits``.)"""
     logits = np.asarray(logits, dtype=np.float64)
     r, gamma, _ = logits.shape
     vals, cand = topk_lowest_index(logits, top_k)
@@ -65,12 +97,18 @@ def select(logits, proj, anchor, pred_codebook, succ_codebook, top_k: int,
     bad_lattice = np.zeros(r, dtype=bool)
     for i in range(r):
         prev = int(anchor[i])
+        s = None if table is None else int(state[i])
         for e in range(gamma):
             row = lattice_row(un[i, e], pred_codebook[prev], proj[i, e], succ_codebook[cand[i, e]])
             bad_lattice[i] |= bool(bad_rows(row))
+            if s is not None:
+                row = _masked(row, cand[i, e], table, s)
+                bad_lattice[i] |= bool(bad_rows(row))
             idx, q_all[i, e] = walk_step(row, bool(greedy[i]), float(temperature[i]),
                                          float(u_walk[i, e]))
             prev = int(cand[i, e, idx])
             draft[i, e] = prev
+            if s is not None:
+                s = walk(table, s, (prev,))
     return {"draft": draft, "candidates": cand, "q": q_all,
             "bad": bad_rows(logits).any(-1), "bad_lattice": bad_lattice}

@@ -83,3 +83,85 @@ def test_constraint_rows_at_block_boundaries(case, backend, results):
     assert tokens == expect, f"[L1 constraint case={case}] greedy verify over masked rows " \
                              f"emitted {tokens}, the reference {expect} (row j must be masked " \
                              "with the state after d_1..d_j)"
+
+
+WALK_R, WALK_GAMMA, WALK_K, WALK_RANK, WALK_STATES = 4, 6, 6, 3, 5
+WALK_TEMPS = (0.0, 1.0, 0.7, 1.6)
+
+
+def _walk_table() -> np.ndarray:
+    """State s forbids about 40% of the tokens (its own draw) and moves to (s + 1 + t) mod S
+    on an allowed token t, so the allowed candidates change along every path."""
+    g = np.random.default_rng(11)
+    t = (np.arange(WALK_STATES)[:, None] + 1 + np.arange(V)[None, :]) % WALK_STATES
+    return np.where(g.random((WALK_STATES, V)) < 0.4, -1, t)
+
+
+def test_draft_walk_follows_the_constraint(backend, results):
+    """The draft side under a constraint (``engine.steps.draft_logits`` then the selector walk
+    with ``ConstraintBatch.walk``) vs the float64 reference: slot 0's candidates come from
+    the committed state's allowed tokens, and at each slot the walk reads its lattice row with
+    what the state after the path so far forbids at −inf and draws from that masked law, which
+    is the q it returns. A walk that masks with another slot's state, draws from the unmasked
+    row, or returns the unmasked law as q differs from the reference (greedy and sampled
+    rows)."""
+    from dflash2rt.ops import selector as ops_selector
+    from dflash2rt.ops.batch import SamplingBatch as SB
+    from dflash2rt.ops.selector import SelectorParams
+    from dflash2rt_conformance.reference import selector as ref_sel
+
+    dev, table = backend.device, _walk_table()
+    g = np.random.default_rng(12)
+    logits = g.normal(0.0, 2.0, (WALK_R, WALK_GAMMA, V))
+    proj = g.normal(0.0, 1.0, (WALK_R, WALK_GAMMA, WALK_RANK))
+    a, b = g.normal(0.0, 1.0, (2, V, WALK_RANK))
+    anchor = g.integers(0, V, WALK_R)
+    u = g.uniform(0.02, 0.98, (WALK_R, WALK_GAMMA))
+    committed = []
+    for length in (1, 2, 0, 3):                     # allowed tokens from the start state
+        c, st = [], 0
+        for _ in range(length):
+            c.append(int(g.choice(np.flatnonzero(table[st] >= 0))))
+            st = int(table[st, c[-1]])
+        committed.append(tuple(c))
+    cb = ConstraintBatch.build([TokenAutomaton(table)] * WALK_R, V, dev)
+    n = max(len(c) for c in committed)
+    toks = torch.tensor([list(c) + [0] * (n - len(c)) for c in committed], device=dev)
+    cb.commit_(toks, torch.tensor([len(c) for c in committed], device=dev))
+    state = [ref.walk(table, 0, c) for c in committed]
+    assert (cb.state.cpu().numpy() - 1).tolist() == state, \
+        "committed states differ (see the L1 row cases; the batch table's state 0 is free)"
+
+    def t(x, dt=torch.float32):
+        return torch.tensor(np.asarray(x), dtype=torch.float64).to(dt).to(dev)
+    x = cb.draft_logits(t(logits))
+    sampling = SB.build(list(WALK_TEMPS), [0] * WALK_R, [1.0] * WALK_R, dev)
+    args = (t(proj), t(anchor, torch.int64), t(a), t(b), SelectorParams(WALK_K), sampling, t(u))
+    with backend.run_context():
+        out = ops_selector.select(x, *args, backend.has_fp64, mask=cb.walk())
+    want_x = ref_sel.draft_logits(logits, table, state)
+    want = ref_sel.select(want_x, proj, anchor, a, b, WALK_K, 1.0, None, list(WALK_TEMPS),
+                          [tt == 0 for tt in WALK_TEMPS], u, table=table, state=state)
+    got_q = out.q.double().cpu().numpy()
+    err = float(np.max(np.abs(got_q - want["q"])))
+    results.metric("L1", "constraint draft walk max |q err|", err)
+    assert (out.candidates.cpu().numpy() == want["candidates"]).all(), \
+        "[L1 constraint case=draft_walk] candidate sets differ from the reference (slot 0 " \
+        "from the committed state's allowed tokens, later slots from the automaton's)"
+    assert (out.draft.cpu().numpy() == want["draft"]).all() and err <= 1e-5, \
+        f"[L1 constraint case=draft_walk] drafts {out.draft.cpu().tolist()} vs reference " \
+        f"{want['draft'].tolist()}, max |q err| {err:.3g}: the walk must draw from the row " \
+        "masked with the state after the path so far, and return that law as q"
+    assert not out.bad_lattice.any() and not want["bad_lattice"].any()
+    forbidden = 0
+    for i in range(WALK_R):                # the case reaches forbidden candidates on most slots
+        s = state[i]
+        for e in range(WALK_GAMMA):
+            if s < 0:                      # past a slot whose candidates were all forbidden
+                break
+            ok = table[s][want["candidates"][i, e]] >= 0
+            forbidden += int(not ok.all())
+            s = ref.walk(table, s, (int(want["draft"][i, e]),))
+            assert s >= 0 or not ok.any(), f"[L1 constraint case=draft_walk] draft " \
+                f"{want['draft'][i]} takes a forbidden candidate at slot {e} beside allowed ones"
+    assert forbidden >= WALK_R * WALK_GAMMA // 2, "the case masks too little to test the walk"

@@ -7,7 +7,11 @@ The automaton's state is (last token, position), and it allows exactly the suppo
 context's quarter table; the raw rows put the forbidden tokens *above* every allowed one, so
 only the right mask turns a raw row into its lattice-exact quarter table — a runtime that masks
 row j with another row's state (row 0's, the committed one) moves the law far from the target.
-The draft side is unmasked: its q puts mass on forbidden tokens, which verification rejects."""
+With ``draft side`` "unmasked" the backend's select proposes as it would without a constraint
+(its q puts mass on forbidden tokens, which verification rejects); with "masked" the draft side
+is the engine's under a constraint (``engine.steps.select_block``: candidate masks, then the
+walk masked with the state after the path so far, q the masked law), on tables whose masked
+laws stay on the quarter lattice."""
 
 from __future__ import annotations
 
@@ -40,10 +44,11 @@ def _automaton(p_fn, horizon: int) -> TokenAutomaton:
     return TokenAutomaton(t, PROMPT[-1])
 
 
+@pytest.mark.parametrize("draft_side", ["unmasked", "masked"])
 @pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["sampled", "greedy"])
-def test_joint_law_with_constraint(temperature, backend, results, sizes):
-    dev = backend.device
-    p_fn, sel = lattice.context_tables("constraint", V, K)
+def test_joint_law_with_constraint(temperature, draft_side, backend, results, sizes):
+    dev, masked = backend.device, draft_side == "masked"
+    p_fn, sel = lattice.context_tables("constraint" + "-draft" * masked, V, K, masked)
     a = _automaton(p_fn, sizes.l3_length + sizes.l3_gamma + 2)
     tilt = 0.0 if temperature > 0 else -0.01 * np.arange(V)   # greedy: no exact ties
 
@@ -55,14 +60,21 @@ def test_joint_law_with_constraint(temperature, backend, results, sizes):
         return softmax(ref.mask_row(raw_fn(ctx), a.next, ref.walk(a.next, a.start,
                                                                    ctx[len(PROMPT):])))
 
-    def process(ctx, vlog, draft):
-        r, out = draft.shape[0], list(ctx[len(PROMPT):])
-        cb = ConstraintBatch.build([a] * r, V, dev)
+    def committed(ctx, r):
+        out, cb = list(ctx[len(PROMPT):]), ConstraintBatch.build([a] * r, V, dev)
         if out:
             cb.commit_(torch.tensor([out] * r, device=dev),
                        torch.full((r,), len(out), device=dev))
-        return cb.mask(vlog, draft)
+        return cb
+
+    def process(ctx, vlog, draft):
+        return committed(ctx, draft.shape[0]).mask(vlog, draft)
+
+    def draft_fn(ctx, logits):
+        cb = committed(ctx, logits.shape[0])
+        return cb.draft_logits(logits), cb.walk()
 
     lattice.check_processed_joint_law(
         backend, results, sizes, PROMPT, p_fn, sel, raw_fn, process, ref_p, temperature,
-        "constraint", f"constraint-V{V}-g{sizes.l3_gamma}-L{sizes.l3_length}", "constraint")
+        "constraint", f"constraint-{draft_side}-V{V}-g{sizes.l3_gamma}-L{sizes.l3_length}",
+        "constraint", draft_side=draft_fn if masked else None)
