@@ -30,17 +30,18 @@ KILLS = {  # mutant: (-k selection, failure heads that must appear)
         "[L1 conv_finish case=b16_r1_h520_g65_t2_multi_tile"]),
     "accept-in-float32": ("L1 and verify", ["[L1 verify case=accept_f32_vs_f64_q_not_pow2"]),
     "walk-as-accept": ("L2", ["[L2 law case=quarter-q1]", "[L2 law case=plain dtype=float32]"]),
-    "procs-pre-block-counts": ("procs", [
+    "procs-pre-block-counts": ("(L1 and procs) or (L3 and procs and frequency)", [
         "[L1 procs case=frequency]", "[L1 procs case=repetition]",
         "[L3 procs case=procs-frequency-"]),
-    "procs-row0-everywhere": ("procs", [
+    "procs-row0-everywhere": ("(L1 and procs) or (L3 and procs and frequency)", [
         "[L1 procs case=presence]", "[L3 procs case=procs-frequency-"]),
     "wm-one-key": ("watermark", ["[L4 watermark case=T1 slot=",
                                  "[L4 watermark-exact case=T1]"]),
     "wm-coin-reuses-draw": ("watermark", ["[L4 watermark case=T1 slot=",
                                           "[L4 watermark-exact case=T1]"]),
     "constraint-row0-everywhere": ("constraint", [
-        "[L1 constraint case=every_row_moves]", "[L3 constraint case=constraint-V4-"]),
+        "[L1 constraint case=every_row_moves]", "[L3 constraint case=constraint-unmasked-V4-",
+        "[L3 constraint case=constraint-masked-V4-"]),
     "schedule-peeks-accept": ("L3 and adaptive", [
         "[L3 adaptive case=adaptive-V4-b4-K3-L4-accept-driven dtype=float32]",
         "[L3 adaptive case=adaptive-V4-b4-K3-L4-cost-model dtype=float32]"]),
