@@ -12,10 +12,14 @@ import torch
 from .ops import attention as attention_op
 from .ops import conv, exact32, selector, verify
 from .ops.batch import BlockNoise, SamplingBatch
+from .watermark import generate as wm_generate
+from .watermark.generate import WatermarkBatch
 
 # What executes an op (Backend.implementation): the words every report uses.
 TRITON_KERNEL, TORCH_OPS, TRITON_INTERPRETER = "triton kernel", "torch ops", "triton interpreter"
-OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise", "attention")
+OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise", "attention", "watermark")
+# "watermark": the keyed draws of a watermarked batch's select / verify (select_marked /
+# verify_marked: the walk under subkey A, the residual / bonus under B)
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,9 @@ class Backend(abc.ABC):
     @property
     def implementation(self) -> dict[str, str]:
         """What executes each op (``OPS``): "triton kernel", "torch ops", "triton interpreter",
-        or a plugin's own words. A Backend that runs its own code overrides this."""
-        return {op: "undeclared" for op in OPS}
+        or a plugin's own words. A Backend that runs its own code overrides this (the default
+        ``select_marked`` / ``verify_marked`` are the torch ops: "watermark")."""
+        return {**{op: "undeclared" for op in OPS}, "watermark": TORCH_OPS}
 
     def implementation_summary(self) -> str:
         """One line, e.g. "triton kernel: conv_prepare, conv_finish, select, verify; torch ops:
@@ -173,6 +178,24 @@ class Backend(abc.ABC):
                q: torch.Tensor, sampling: SamplingBatch, noise: BlockNoise,
                check: bool = True) -> verify.VerifyOut:
         """Lossless verification (see ``dflash2rt.ops.verify``)."""
+
+    def select_marked(self, wm: WatermarkBatch, logits: torch.Tensor, proj: torch.Tensor,
+                      anchor: torch.Tensor, pred_codebook: torch.Tensor,
+                      succ_codebook: torch.Tensor, params: selector.SelectorParams,
+                      sampling: SamplingBatch, u_walk: torch.Tensor) -> selector.SelectorOut:
+        """``select`` of a watermarked batch: the sampled rows' walk draws with the keyed
+        Gumbel-max (``watermark.generate.Walk``). Default: the torch ops
+        (``watermark.generate.select_marked``), which raise without float64."""
+        return wm_generate.select_marked(wm, logits, proj, anchor, pred_codebook,
+                                         succ_codebook, params, sampling, u_walk, self.has_fp64)
+
+    def verify_marked(self, wm: WatermarkBatch, logits: torch.Tensor,
+                      sel: selector.SelectorOut, sampling: SamplingBatch, noise: BlockNoise
+                      ) -> verify.VerifyOut:
+        """``verify`` (unchecked: flags in the result) of a watermarked batch: keyed acceptance
+        coins and residual / bonus draws at the block's contexts. Default: the torch ops
+        (``watermark.generate.verify_marked``), which raise without float64."""
+        return wm_generate.verify_marked(wm, logits, sel, sampling, noise, self.has_fp64)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor,
                   hi: torch.Tensor, scale: float) -> torch.Tensor:

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1] / "dflash2rt"
 LAYERS = (
     {"errors"},
     {"ops", "bundled", "constraints"},
-    {"backend", "watermark"},
+    {"watermark"},                   # below backend: Backend.select_marked takes its batch
+    {"backend"},
     {"hookspecs", "kernels", "graphs"},
     {"plugin_kit", "registry", "models"},
     {"cpu", "engine"},

@@ -31,7 +31,7 @@ def test_every_kernel_compiles_for_gpu_targets():
     rows = json.loads(proc.stdout)
     failed = [f"{r['case']} [{r['target']}]: {r['error']}" for r in rows if not r["ok"]]
     assert not failed, "\n".join(failed)
-    assert len(rows) == 24 * len(TARGETS)   # 8 cases × fp32 / bf16 / fp16 and proc.returncode == 0
+    assert len(rows) == 30 * len(TARGETS)   # 10 cases × fp32 / bf16 / fp16 and proc.returncode == 0
     for target, tuning in TARGETS.items():
         tuned = {r["tuning"] for r in rows if r["target"] == target}
         assert tuned == {tuning}, f"{target} compiled with {tuned}, expected {tuning}"

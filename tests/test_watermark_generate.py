@@ -1,7 +1,8 @@
 """Watermarked generation (issue 17): sampled output detectable under its key and not under
 another, greedy output bit-identical with and without a watermark, the same tokens on cpu and
-triton-interpret, repeated contexts fall back to the ordinary uniforms, the key stays out of
-stats / JSON / CLI output, and what runs instead of kernels or graphs is reported."""
+triton-interpret (where the kernels draw), repeated contexts fall back to the ordinary
+uniforms, the key stays out of stats / JSON / CLI output, and what runs instead of kernels or
+graphs is reported."""
 
 from __future__ import annotations
 
@@ -80,9 +81,26 @@ def test_same_key_and_prompt_same_tokens_on_cpu_and_triton_interpret():
     got, stats = Engine(pair, interp).generate(reqs, block_size=4, watermark=KEY)
     want, _ = Engine(pair, get_backend("cpu")).generate(reqs, block_size=4, watermark=KEY)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    if any(v != "torch ops" for k, v in interp.implementation.items()
-           if k in ("select", "verify")):
-        assert WATERMARK_OPS in stats.fallbacks
+    assert interp.implementation["watermark"] == "triton interpreter"   # the kernels' draws
+    assert WATERMARK_OPS not in stats.fallbacks
+
+
+def test_kernel_backend_whose_watermark_is_torch_ops_reports_it():
+    """A backend whose select / verify are kernels but whose keyed draws are the default torch
+    ops (``Backend.select_marked``) reports WATERMARK_OPS; the torch backend does not."""
+    class KernelClaims(TorchOpsBackend):
+        @property
+        def implementation(self):
+            return {**super().implementation, "select": "triton kernel",
+                    "verify": "triton kernel"}
+
+    pair = tiny_pair("dflash2", block=4, seed=3)
+    be = KernelClaims("claims", "cpu", (torch.float32, torch.float64))
+    _, stats = Engine(pair, be).generate(_reqs(1.0, n=6), block_size=4, watermark=KEY)
+    assert WATERMARK_OPS in stats.fallbacks
+    _, stats = Engine(pair, get_backend("cpu")).generate(_reqs(1.0, n=6), block_size=4,
+                                                         watermark=KEY)
+    assert WATERMARK_OPS not in stats.fallbacks
 
 
 def test_graph_backend_runs_watermarked_steps_eagerly_and_reports_it():

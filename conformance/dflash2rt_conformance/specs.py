@@ -11,11 +11,11 @@ from .specs_backend import CONV_FINISH, CONV_PREPARE, NOISE, VERIFY
 from .specs_device import INVERSE_CDF, SAMPLE_NEXT, SAMPLING_PARAMS, TARGET_PROBS
 from .specs_device_selector import TOPK, UNARY
 from .specs_select import SELECT
-from .specs_watermark import WM_DRAW, WM_ERRORS, WM_VALUES
+from .specs_watermark import WM_DRAW, WM_ERRORS, WM_NEG_LOG, WM_VALUES
 
 SPECS: tuple[OpSpec, ...] = (NOISE, CONV_PREPARE, CONV_FINISH, SELECT, VERIFY, ATTENTION,
                              TARGET_PROBS, INVERSE_CDF, TOPK, UNARY, SAMPLE_NEXT, SAMPLING_PARAMS,
-                             WM_VALUES, WM_DRAW, WM_ERRORS)
+                             WM_VALUES, WM_NEG_LOG, WM_DRAW, WM_ERRORS)
 
 __all__ = ["SPECS", "OpSpec", "ErrorInput", "cases", "error_cases"]
 

@@ -4,15 +4,20 @@ int64), the Gumbel-max draws over a dense law and a sparse candidate set and the
 
 The draws compute E / p in float64, so their spec has test dtype "float64" (as inverse_cdf): a
 backend that does not declare float64 skips it as a dtype skip, and a device without float64
-raises WatermarkUnsupportedError (error input ``draw_without_fp64``). Until the draws have a
-Triton kernel, triton-interpret would run the same torch CPU ops as cpu. The values are integer
-work plus an exact float32 map and run on every backend."""
+raises WatermarkUnsupportedError (error input ``draw_without_fp64``). The values are integer
+work plus an exact float32 map and run on every backend. A backend whose keyed draws are Triton
+kernels (``implementation["watermark"]``) computes the context hashes, the keyed uniforms and
+E = -log r with the kernels' own pieces (``kernels.watermark.kernel_values``): the same bits as
+the float64 reference; the Gumbel-max token choice itself runs inside its select / verify
+kernels and is checked against the torch ops by the kernel tests."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from dflash2rt.backend import TRITON_INTERPRETER, TRITON_KERNEL
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.ops.exact32 import without_fp64
 from dflash2rt.watermark import WatermarkKey, WatermarkKeyError, detect, sampler, values
@@ -61,9 +66,23 @@ def reference_values(x):
                            for s in (k.draft, k.target, k.coin)}}
 
 
+def _kernel_values(backend):
+    """``kernels.watermark.kernel_values`` where the backend's keyed draws are Triton kernels,
+    else None (the torch ops)."""
+    if backend.implementation.get("watermark") not in (TRITON_KERNEL, TRITON_INTERPRETER):
+        return None
+    from dflash2rt.kernels.watermark import kernel_values
+
+    return kernel_values
+
+
 def call_values(backend, x):
+    k, kv = x["key"], _kernel_values(backend)
+    if kv is not None:
+        ctx = kv(windows=x["window"])["hash"]
+        return {"ctx": ctx, **{f"u_{s.name}": kv(ctx=ctx, token=x["token"], sub=s)["u"]
+                               for s in (k.draft, k.target, k.coin)}}
     ctx = values.context_hash(x["window"])
-    k = x["key"]
     return {"ctx": ctx, **{f"u_{s.name}": values.keyed_uniforms(s, ctx, x["token"])
                            for s in (k.draft, k.target, k.coin)}}
 
@@ -74,7 +93,37 @@ WM_VALUES = OpSpec(
     reference=reference_values, call=call_values,
     outputs={"ctx": ("exact", torch.int64), "u_A": ("exact", torch.float32),
              "u_B": ("exact", torch.float32), "u_C": ("exact", torch.float32)},
-    doc="context hash and keyed uniforms under subkeys A / B / C, bit-exact")
+    doc="context hash and keyed uniforms under subkeys A / B / C, bit-exact (the kernels' on "
+        "a kernel backend)")
+
+
+# ---- E = -log r ----------------------------------------------------------------------------
+def neg_log_samples():
+    return [Sample(name="extremes_and_power_of_two_edges", seed=1720, params=dict(n=0)),
+            Sample(name="n4099_random", seed=1721, params=dict(n=4099))]
+
+
+def make_neg_log_inputs(sample, dtype):
+    j = np.arange(1, 24)                                  # both sides of each power of two
+    k = np.concatenate([[0, 2**23 - 1], 2**(j - 1) - 1, 2**(j - 1),
+                        rng(sample).integers(0, 2**23, sample.params["n"])])
+    return {"u": Arg((2 * k + 1).astype(np.float32) * np.float32(2.0**-24), "f32")}
+
+
+def call_neg_log(backend, x):
+    if not backend.has_fp64:
+        pytest.skip(f"backend {backend.name} has no float64 (the watermark raises there)")
+    kv = _kernel_values(backend)
+    return {"e": values.neg_log(x["u"]) if kv is None else kv(u=x["u"])["e"]}
+
+
+WM_NEG_LOG = OpSpec(
+    name="watermark_neg_log", kind="device", dtypes=("float32",),
+    samples=neg_log_samples, make_inputs=make_neg_log_inputs,
+    reference=lambda x: {"e": ref.neg_log(x["u"])}, call=call_neg_log,
+    outputs={"e": ("exact", torch.float64)},
+    doc="E = -log u of the keyed uniforms (2k + 1)·2⁻²⁴, bit-exact float64 (the kernels' on a "
+        "kernel backend; skipped without float64)")
 
 
 # ---- Gumbel-max draws and the coin -------------------------------------------------------
@@ -120,15 +169,19 @@ def reference_draw(x):
 
 
 def call_draw(backend, x):
-    k, ctx = x["key"], x["ctx"]
+    k, ctx, kv = x["key"], x["ctx"], _kernel_values(backend)
     v = x["probs"].shape[-1]
     tok = torch.arange(min(v, 64), device=ctx.device)
+    if kv is None:
+        e_b = values.neg_log(values.keyed_uniforms(k.target, ctx.view(-1, 1), tok.view(1, -1)))
+    else:
+        c, t = torch.broadcast_tensors(ctx.view(-1, 1), tok.view(1, -1))       # [R, T]
+        u = kv(ctx=c.flatten(), token=t.flatten(), sub=k.target)["u"]
+        e_b = kv(u=u)["e"].view(c.shape)
     return {"token_A": sampler.draw_dense(k.draft, ctx, x["probs"]),
             "token_B": sampler.draw_dense(k.target, ctx, x["probs"]),
             "pos_A": sampler.draw_sparse(k.draft, ctx, x["ids"], x["q"]),
-            "e_B": values.neg_log(values.keyed_uniforms(k.target, ctx.view(-1, 1),
-                                                        tok.view(1, -1))),
-            "coin": sampler.coin(k.coin, ctx)}
+            "e_B": e_b, "coin": sampler.coin(k.coin, ctx)}
 
 
 WM_DRAW = OpSpec(
@@ -139,7 +192,7 @@ WM_DRAW = OpSpec(
              "pos_A": ("exact", torch.int64), "e_B": ("exact", torch.float64),
              "coin": ("exact", torch.float32)},
     doc="Gumbel-max argmin E/p (ties lower id, p = 0 never, -1 not a law), dense and sparse; "
-        "E = -log r bit-exact; the keyed coin")
+        "E = -log r bit-exact (the kernels' on a kernel backend); the keyed coin")
 
 
 # ---- input errors ------------------------------------------------------------------------

@@ -36,8 +36,8 @@ EAGER_WATERMARK = ("watermarked steps run eagerly (graphs do not take the waterm
                    "inputs)")
 CONSTRAINT_WALK_OPS = ("constrained steps walk the selector with torch ops (the walk's "
                        "constraint mask has no kernel)")
-WATERMARK_OPS = ("watermarked steps select and verify with torch ops (the keyed draws have no "
-                 "kernel)")
+WATERMARK_OPS = ("watermarked steps select and verify with torch ops (this backend's kernels do "
+                 "not run the keyed draws)")
 
 
 class Stepper:
@@ -75,9 +75,10 @@ class Stepper:
         sampled = st.sampling.any_sampled
         if self.adapter is not None and not st.eager_only:
             return self._runner(kind, sampled).run(inp, report)
-        if st.wm is not None and kind != "target-only":
+        if st.wm is not None and kind != "target-only":      # select_marked / verify_marked
             impl = self.bodies.backend.implementation
-            if any(impl.get(op) != TORCH_OPS for op in ("select", "verify")):
+            if impl.get("watermark", TORCH_OPS) == TORCH_OPS \
+                    and any(impl.get(op) != TORCH_OPS for op in ("select", "verify")):
                 report(WATERMARK_OPS)
         if st.constraint is not None and kind == "draft" \
                 and self.bodies.backend.implementation.get("select") != TORCH_OPS:

@@ -14,8 +14,9 @@ the emitted tokens' log-probabilities under the final law (``ops.procs.token_log
 
 A watermarked batch (``st.wm``, ``watermark.generate``) draws its sampled rows with keyed
 Gumbel-max: the walk (subkey A), the acceptance coins (C), the residual / bonus, target-only and
-first tokens (B). Those draws are torch ops: a watermarked batch calls ``ops.selector`` and
-``ops.verify`` directly, whatever the backend's kernels (the Stepper reports it).
+first tokens (B). Its select / verify go through ``Backend.select_marked`` / ``verify_marked``
+(torch ops by default, the kernels' keyed draws on a kernel backend; the Stepper reports a kernel
+backend whose watermark runs torch ops); target-only and first tokens are ``sample_next`` (torch).
 """
 
 from __future__ import annotations
@@ -144,7 +145,10 @@ def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.T
         args = (logits, sel.hidden_projection(h_e), st.anchor, sel.predecessor_codebook,
                 sel.successor_codebook)
     mask = None if st.constraint is None else st.constraint.walk()
-    if st.wm is not None:                                                # keyed walk: torch ops
+    if st.wm is not None and mask is None:                               # the keyed walk
+        return backend.select_marked(st.wm, *args, selector_params(pair), st.sampling,
+                                     noise.walk)
+    if st.wm is not None:                                # keyed and masked walk: torch ops
         return wm_generate.select_marked(st.wm, *args, selector_params(pair), st.sampling,
                                          noise.walk, backend.has_fp64, mask)
     if mask is not None:                                                 # masked walk: torch ops
@@ -163,9 +167,8 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
     out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=ctx_len,
                       attn=backend.attention)                           # writes all B rows' K/V
     logits = processed(st, out.logits, sel.draft)
-    if st.wm is not None:                                  # keyed coins and draws: torch ops
-        ver = wm_generate.verify_marked(st.wm, logits, sel, st.sampling, noise,
-                                        backend.has_fp64)
+    if st.wm is not None:                                  # keyed coins and draws
+        ver = backend.verify_marked(st.wm, logits, sel, st.sampling, noise)
     else:
         ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
                              check=False)

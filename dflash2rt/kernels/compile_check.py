@@ -112,6 +112,8 @@ def _cases(tuning: Tuning) -> dict[str, tuple[Any, str, Callable[[], Any]]]:
 
     kernel = {"conv_prepare": (conv, "_conv_kernel"), "conv_finish": (conv, "_conv_kernel"),
               "select": (selector, "_walk_kernel"), "verify": (verify, "_verify_kernel"),
+              "select_marked": (selector, "_walk_kernel"),
+              "verify_marked": (verify, "_verify_kernel"),
               "attention": (attention, "_attention_kernel")}
     out = {}
     for d, dt in DTYPES.items():
@@ -138,9 +140,10 @@ def compile_all(chosen: dict[str, tuple[str, int | str, int, Tuning, str]]
             start = time.perf_counter()
             row = {"case": case, "kernel": name, "target": t, "tuning": f"{vendor} warp {warp}"}
             try:
+                options = {k: v for k, v in kw.items() if k in ("num_warps", "enable_fp_fusion")}
                 out = triton.compile(ASTSource(fn, sig, consts),
                                      target=GPUTarget(backend, arch, warp),
-                                     options={"num_warps": kw.get("num_warps", 4)})
+                                     options={"num_warps": 4, **options})
                 ok = bool(out.asm.get(BINARY[backend]))
                 row.update(ok=ok, error="" if ok else f"no {BINARY[backend]} produced")
             except Exception as exc:  # noqa: BLE001 - each failure is one reported row

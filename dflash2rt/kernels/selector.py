@@ -5,9 +5,20 @@ keeps the K candidates of a slot in registers, scores the lattice row of the pre
 walks: greedy argmax (lowest index on ties) or inverse CDF of softmax((row - max row) / T), and
 flags a request whose walk read a lattice row that is not a finite law. The sampled walk sums
 in tl.float64; on a device without float64 ``KernelBackend`` uses the float32 torch ops.
+
+A watermarked batch (``wm``) walks as ``watermark.generate.Walk``: at slot e a sampled row
+hashes its window (the last H tokens of the committed window and the path so far); where that
+context is fresh (not in the request's record ``record[:used]``, not an earlier slot's) the pick
+is the Gumbel-max over the K candidates under subkey A (``kernels.watermark``), else the inverse
+CDF pick; q stays the softmax law. A lattice row that is not a law gives the keyed draw -1
+(pick 0, flagged), as the torch ops' NaN law does. The kernel is launched unfused
+(``FP_FUSION``, the keyed float64 series must not contract into FMAs), watermarked or not, so
+a watermark leaves the greedy rows' arithmetic as it is.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -18,21 +29,58 @@ from ..ops.sampling import bad_rows
 from ..ops.selector import SelectorOut, SelectorParams, check_select_args, topk_lowest_index, \
     unary_scores
 from .tuning import DEFAULT, Tuning
+from .watermark import FP_FUSION, context_hash, exp_min_candidates, keyed_uniform, neg_log, \
+    subkey_words
+
+if TYPE_CHECKING:
+    from ..watermark.generate import WatermarkBatch
+
+
+@triton.jit
+def _walk_context(win_ptr, path, e, H: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_G: tl.constexpr):
+    """The context hash at slot e: the last H tokens of (committed window win_ptr[:H], then
+    the path's picks path[:e])."""
+    hs = tl.arange(0, BLOCK_H)
+    gs = tl.arange(0, BLOCK_G)
+    at = e + hs                                                   # position in window ++ path
+    old = tl.load(win_ptr + at, mask=(hs < H) & (at < H), other=0)
+    new = tl.sum(tl.where(gs[None, :] == (at - H)[:, None], path[None, :], 0), 1)
+    win = tl.where(at < H, old, new)
+    return tl.sum(context_hash(win[None, :], H, BLOCK_H), 0)
+
+
+@triton.jit
+def _fresh(ctx, rec_ptr, used, M, ctxs, e, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
+    """ctx is neither one of the request's recorded contexts (rec_ptr[:used]) nor an earlier
+    slot's (ctxs[:e])."""
+    n = tl.minimum(used, M)
+    hits = tl.sum(tl.where((tl.arange(0, BLOCK_G) < e) & (ctxs == ctx), 1, 0), 0)
+    for m0 in range(0, n, BLOCK_M):
+        ms = m0 + tl.arange(0, BLOCK_M)
+        rec = tl.load(rec_ptr + ms, mask=ms < n, other=0)
+        hits += tl.sum(tl.where((ms < n) & (rec == ctx), 1, 0), 0)
+    return hits == 0
 
 
 @triton.jit
 def _walk_kernel(cand_ptr, unary_ptr, proj_ptr, a_ptr, b_ptr, anchor_ptr, temp_ptr, greedy_ptr,
-                 u_ptr, draft_ptr, q_ptr, badl_ptr, GAMMA, K, RANK, SAMPLED: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+                 u_ptr, win_ptr, rec_ptr, used_ptr, sub_ptr, draft_ptr, q_ptr, badl_ptr, GAMMA,
+                 K, RANK, M, SAMPLED: tl.constexpr, MARKED: tl.constexpr, BLOCK_K: tl.constexpr,
+                 BLOCK_R: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr,
+                 BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr):
     r = tl.program_id(0)
     ks = tl.arange(0, BLOCK_K)
     rs = tl.arange(0, BLOCK_R)
+    gs = tl.arange(0, BLOCK_G)
     kmask = ks < K
     rmask = rs < RANK
     prev = tl.load(anchor_ptr + r)
     greedy = tl.load(greedy_ptr + r) != 0
     temp = tl.load(temp_ptr + r)
     bad = 0
+    path = tl.zeros([BLOCK_G], tl.int64)           # MARKED: the picks so far
+    ctxs = tl.zeros([BLOCK_G], tl.int64)           # MARKED: the contexts of the slots so far
     for e in range(0, GAMMA):
         base = (r * GAMMA + e) * K
         c = tl.load(cand_ptr + base + ks, mask=kmask, other=0)
@@ -64,17 +112,32 @@ def _walk_kernel(cand_ptr, unary_ptr, proj_ptr, a_ptr, b_ptr, anchor_ptr, temp_p
             bad = tl.where(greedy | law, bad, 1)
             idx = tl.where(greedy, idx, tl.where(law, idx_s, 0))
             q = tl.where(greedy, q, qs)
+            if MARKED:                               # watermark.generate.Walk.pick
+                if tl.load(greedy_ptr + r) == 0:
+                    ctx = _walk_context(win_ptr + r * H, path, e, H, BLOCK_H, BLOCK_G)
+                    if _fresh(ctx, rec_ptr + r * M, tl.load(used_ptr + r), M, ctxs, e,
+                              BLOCK_M, BLOCK_G):
+                        law_k = tl.where(row_bad, float("nan"), qs.to(tl.float64))  # as torch
+                        drawn = exp_min_candidates(law_k, c,
+                                                   neg_log(keyed_uniform(ctx, c, sub_ptr)),
+                                                   kmask)
+                        idx = tl.maximum(drawn, 0)
+                        bad = tl.where(drawn < 0, 1, bad)
+                    ctxs = tl.where(gs == e, ctx, ctxs)
         tl.store(q_ptr + base + ks, q, mask=kmask)
         prev = tl.sum(tl.where(ks == idx, c, 0), 0)
         tl.store(draft_ptr + r * GAMMA + e, prev)
+        path = tl.where(gs == e, prev, path)
     tl.store(badl_ptr + r, bad)
 
 
 def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
            pred_codebook: torch.Tensor, succ_codebook: torch.Tensor, params: SelectorParams,
-           sampling: SamplingBatch, u_walk: torch.Tensor, tuning: Tuning = DEFAULT
-           ) -> SelectorOut:
-    """Kernel version of ``dflash2rt.ops.selector.select`` (same contract and outputs)."""
+           sampling: SamplingBatch, u_walk: torch.Tensor, tuning: Tuning = DEFAULT,
+           wm: WatermarkBatch | None = None) -> SelectorOut:
+    """Kernel version of ``dflash2rt.ops.selector.select`` (same contract and outputs). ``wm``
+    (a watermarked batch): the sampled rows walk with ``watermark.generate.Walk``'s keyed
+    draw (subkey A at the path's contexts, fresh ones only), reading wm's window / record."""
     r, gamma, _ = logits.shape
     check_select_args(logits, proj, pred_codebook, succ_codebook, params, u_walk)
     vals, cand = topk_lowest_index(logits, params.top_k)                  # [R, γ, K]
@@ -83,11 +146,18 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
     draft = torch.empty(r, gamma, dtype=torch.int64, device=logits.device)
     q = torch.empty(r, gamma, k, dtype=torch.float32, device=logits.device)
     bad_lattice = torch.empty(r, dtype=torch.int32, device=logits.device)
+    marked = wm is not None and sampling.any_sampled
+    keyed = (wm.window.contiguous(), wm.record.contiguous(), wm.used.contiguous(),
+             subkey_words(wm.key.draft, logits.device)) if marked else (draft,) * 4
+    h, m = (wm.width, wm.record.shape[1]) if marked else (1, 1)
     _walk_kernel[(r,)](cand.contiguous(), unary, proj.contiguous(), pred_codebook.contiguous(),
                        succ_codebook.contiguous(), anchor.to(torch.int64).contiguous(),
                        sampling.temperature.contiguous(), sampling.greedy.to(torch.int8),
-                       u_walk.contiguous(), draft, q, bad_lattice, gamma, k, rank,
-                       SAMPLED=sampling.any_sampled, BLOCK_K=triton.next_power_of_2(k),
-                       BLOCK_R=max(triton.next_power_of_2(rank), 1),
-                       num_warps=tuning.num_warps)
+                       u_walk.contiguous(), *keyed, draft, q, bad_lattice, gamma, k, rank, m,
+                       SAMPLED=sampling.any_sampled, MARKED=marked,
+                       BLOCK_K=triton.next_power_of_2(k),
+                       BLOCK_R=max(triton.next_power_of_2(rank), 1), H=h,
+                       BLOCK_H=triton.next_power_of_2(h), BLOCK_G=triton.next_power_of_2(gamma),
+                       BLOCK_M=min(256, triton.next_power_of_2(m)), num_warps=tuning.num_warps,
+                       **FP_FUSION)
     return SelectorOut(draft, cand, q, bad_rows(logits).any(dim=-1), bad_lattice.bool())

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..ops.batch import BlockNoise, SamplingBatch
-from ..ops.selector import SelectorParams
+from ..ops.selector import SelectorOut, SelectorParams
+from ..watermark import WatermarkKey
+from ..watermark.generate import WatermarkBatch
 
 if TYPE_CHECKING:
     from ..backend import Backend
@@ -19,7 +21,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def cases(dtype: torch.dtype, device: torch.device | str = "cpu"
           ) -> dict[str, tuple[str, Callable[[], tuple[Any, ...]]]]:
     """case → (Backend method, a function making its arguments): conv prepare / finish, select
-    and verify greedy / sampled, attention decode / block, on ``device`` in ``dtype``."""
+    and verify greedy / sampled / watermarked, attention decode / block, on ``device`` in
+    ``dtype``."""
     g = torch.Generator().manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=g).to(device, dtype)   # noqa: E731
     ids = lambda *v: torch.tensor(v, device=device)                    # noqa: E731
@@ -58,12 +61,23 @@ def cases(dtype: torch.dtype, device: torch.device | str = "cpu"
         return (rnd(r, t, n_kv * group, hd), cache[0, :, :n_keys], cache[1, :, :n_keys], lo, hi,
                 hd ** -0.5)
 
+    def marked(kind: str) -> tuple[Any, ...]:
+        wm = WatermarkBatch.build(WatermarkKey(bytes(32)), [(1, 2), (3,)], 12, 4, device)
+        wm.commit_(ids([5], [6]), ids(1, 1))                          # a recorded context
+        if kind == "select":
+            return (wm, *select(0.8))
+        logits, draft, cand, q, sampling, noise, _ = verify(0.8)
+        return wm, logits, SelectorOut(draft, cand, q, ids(False, False),
+                                       ids(False, False)), sampling, noise
+
     out: dict[str, tuple[str, Callable[[], tuple[Any, ...]]]] = {}
     for f in ("prepare", "finish"):
         out[f"conv-{f}"] = (f"conv_{f}", lambda f=f: conv(f == "finish"))
     for mode, temp in (("greedy", 0.0), ("sampled", 0.8)):
         out[f"select-{mode}"] = ("select", lambda t=temp: select(t))
         out[f"verify-{mode}"] = ("verify", lambda t=temp: verify(t))
+    for op in ("select", "verify"):                                   # the keyed draws
+        out[f"{op}-watermarked"] = (f"{op}_marked", lambda op=op: marked(op))
     out["attention-decode"] = ("attention", lambda: attention(1, 2, 4, 128, None))   # target
     out["attention-block"] = ("attention", lambda: attention(17, 1, 2, 256, 8))     # draft
     return out

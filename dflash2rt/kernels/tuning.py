@@ -8,8 +8,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-KERNELS = ("triton kernels: conv (fused taps + block mask), selector lattice walk, verify, "
-           "attention (per-request key ranges over the static cache)")
+KERNELS = ("triton kernels: conv (fused taps + block mask), selector lattice walk, verify (both "
+           "with the watermark's keyed draws), attention (per-request key ranges over the static "
+           "cache)")
 
 
 @dataclass(frozen=True)

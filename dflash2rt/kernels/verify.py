@@ -9,18 +9,31 @@ inverse CDF; a row with no finite positive mass emits -1 and is flagged. Nothing
 but the loop bounds: V = 151,936 or 202,048 is a loop of chunks. Logit
 processing (temperature, top-k, top-p) stays in torch (``p`` input). On a device without float64
 ``KernelBackend`` runs sampled batches through the float32 torch ops instead (``ops.exact32``).
+
+A watermarked batch (``marks``: ``Marks.ctx`` / ``fresh`` [R, γ+1], computed in torch, and the
+keyed coins already in ``noise.accept``): a sampled row whose emitting slot is fresh scans its
+emitting row once more for the Gumbel-max under subkey B at that slot's context
+(``Marks.emit``: argmin E / w in float64 over the residual or p, lowest id on ties, w = 0 never,
+-1 when not a law). The kernel is launched unfused (``FP_FUSION``), watermarked or not.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
+from ..errors import InvalidInputError
 from ..ops.batch import BlockNoise, SamplingBatch
 from ..ops.sampling import bad_rows, target_probs
 from ..ops.verify import VerifyOut, assemble_tokens, check_verify_args, with_empty_draws
 from .tuning import DEFAULT, Tuning
+from .watermark import FP_FUSION, keyed_uniform, neg_log, race_key, subkey_words
+
+if TYPE_CHECKING:
+    from ..watermark.generate import Marks
 
 
 @triton.jit
@@ -42,9 +55,61 @@ def _argmax_row(ptr, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _argmin_lane(key, offs, best, at):
+    """Per-lane running argmin across chunks (strict <: an earlier chunk, a lower id, keeps a
+    tie) → (best, at)."""
+    take = key < best
+    return tl.where(take, key, best), tl.where(take, offs, at)
+
+
+@triton.jit
+def _lowest_argmin(best, at, V, BLOCK_V: tl.constexpr):
+    return tl.min(tl.where(best == tl.min(best, 0), at, V + BLOCK_V), 0)
+
+
+@triton.jit
+def _keyed_emit(prow, c, qk, ctx, sub_ptr, V, BLOCK_V: tl.constexpr):
+    """``watermark.generate.Marks.emit`` over ``ops.verify``'s emitting law: the Gumbel-max
+    token (subkey words at sub_ptr, context ctx) of (p - q)+ (torch's clamp: NaN stays NaN), or
+    of p where that residual is empty; -1 where the law is not one. One scan keeps both
+    running argmins and the law checks; the residual's decides which one counts."""
+    lanes = tl.arange(0, BLOCK_V)
+    inf = float("inf")
+    best_r = tl.full([BLOCK_V], inf, tl.float64)
+    best_p = tl.full([BLOCK_V], inf, tl.float64)
+    at_r = lanes
+    at_p = lanes
+    nonfinite_r = tl.zeros([BLOCK_V], tl.int32)       # residual NaN / +inf: not a law
+    positive_r = tl.zeros([BLOCK_V], tl.int32)
+    broken_p = tl.zeros([BLOCK_V], tl.int32)          # p NaN / ±inf / negative
+    positive_p = tl.zeros([BLOCK_V], tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + lanes
+        live = offs < V
+        p = tl.load(prow + offs, mask=live, other=0.0).to(tl.float64)
+        qd = tl.sum(tl.where(offs[:, None] == c[None, :], qk[None, :], 0.0), 1)
+        x = p - qd
+        w = tl.where(x < 0.0, 0.0, x)
+        e = neg_log(keyed_uniform(ctx, offs, sub_ptr))
+        best_r, at_r = _argmin_lane(race_key(w, e), offs, best_r, at_r)
+        best_p, at_p = _argmin_lane(race_key(p, e), offs, best_p, at_p)
+        nonfinite_r |= ((w != w) | (w == inf)).to(tl.int32)
+        positive_r |= (w > 0.0).to(tl.int32)
+        broken_p |= (live & ((p != p) | (p < 0.0) | (p == inf))).to(tl.int32)
+        positive_p |= (p > 0.0).to(tl.int32)
+    bad_r = tl.max(nonfinite_r, 0) > 0
+    empty = ~bad_r & (tl.max(positive_r, 0) == 0)    # torch: resid.sum() <= 0 (NaN: False)
+    law_p = (tl.max(broken_p, 0) == 0) & (tl.max(positive_p, 0) > 0)
+    drawn = tl.where(empty, _lowest_argmin(best_p, at_p, V, BLOCK_V),
+                     _lowest_argmin(best_r, at_r, V, BLOCK_V))
+    return tl.where(tl.where(empty, law_p, ~bad_r), drawn, -1)
+
+
+@triton.jit
 def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua_ptr, ur_ptr,
-                   ub_ptr, acc_ptr, emit_ptr, badq_ptr, V, GAMMA, K,
-                   SAMPLED: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+                   ub_ptr, ctx_ptr, fresh_ptr, sub_ptr, acc_ptr, emit_ptr, badq_ptr, V, GAMMA, K,
+                   SAMPLED: tl.constexpr, MARKED: tl.constexpr, BLOCK_V: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
     r = tl.program_id(0)
     rows = GAMMA + 1
     greedy = tl.load(greedy_ptr + r) != 0
@@ -115,6 +180,10 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
             carry += tl.sum(w, 0)
         emit = tl.minimum(count, tl.max(tl.where(use_p, last_p, last_r), 0))
         emit = tl.where((total > 0.0) & (total < float("inf")), emit, -1)   # not a law
+        if MARKED:                                   # the emitting slot's context is fresh:
+            if tl.load(fresh_ptr + r * rows + acc) != 0:       # the keyed draw replaces it
+                emit = _keyed_emit(prow, c, qk, tl.load(ctx_ptr + r * rows + acc), sub_ptr, V,
+                                   BLOCK_V)
     tl.store(acc_ptr + r, acc)
     tl.store(emit_ptr + r, emit)
     tl.store(badq_ptr + r, bad_q)
@@ -122,9 +191,15 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
 
 def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor,
            sampling: SamplingBatch, noise: BlockNoise, check: bool = True,
-           tuning: Tuning = DEFAULT) -> VerifyOut:
-    """Kernel version of ``dflash2rt.ops.verify.verify`` (same contract and outputs)."""
+           tuning: Tuning = DEFAULT, marks: Marks | None = None) -> VerifyOut:
+    """Kernel version of ``dflash2rt.ops.verify.verify`` (same contract and outputs). ``marks``
+    (a watermarked batch): the residual / bonus draw of a sampled row whose emitting slot is
+    fresh is the Gumbel-max under subkey B at that slot's context (``Marks.emit``); the
+    acceptance coins are already in ``noise`` (``Marks.noise``)."""
     r, rows, v = check_verify_args(logits, draft, candidates, q)
+    if marks is not None and marks.ctx.shape != (r, rows):
+        raise InvalidInputError(f"verify: marks.ctx {tuple(marks.ctx.shape)} must be [R, γ+1] = "
+                                f"{(r, rows)}")
     k = candidates.shape[2]
     logits, draft, candidates = logits.contiguous(), draft.contiguous(), candidates.contiguous()
     p = (target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
@@ -134,12 +209,16 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
     acc = torch.empty(r, dtype=torch.int64, device=logits.device)
     emit = torch.empty_like(acc)
     bad_q = torch.empty(r, dtype=torch.int32, device=logits.device)
+    marked = marks is not None and sampling.any_sampled
+    keyed = (marks.ctx.contiguous(), marks.fresh.to(torch.int8),
+             subkey_words(marks.key.target, logits.device)) if marked else (acc, acc, acc)
     _verify_kernel[(r,)](logits, p, draft, candidates, q.contiguous(),
                          sampling.greedy.to(torch.int8), noise.accept.contiguous(),
-                         noise.residual.contiguous(), noise.bonus.contiguous(), acc, emit, bad_q,
-                         v, rows - 1, k, SAMPLED=sampling.any_sampled,
+                         noise.residual.contiguous(), noise.bonus.contiguous(), *keyed, acc, emit,
+                         bad_q, v, rows - 1, k, SAMPLED=sampling.any_sampled, MARKED=marked,
                          BLOCK_V=min(tuning.block_v, triton.next_power_of_2(v)),
-                         BLOCK_K=triton.next_power_of_2(k), num_warps=tuning.num_warps)
+                         BLOCK_K=triton.next_power_of_2(k), num_warps=tuning.num_warps,
+                         **FP_FUSION)
     bad_q = bad_q.bool()
     bad = with_empty_draws(bad_rows(logits).any(dim=1), sampling.greedy, bad_q, emit)
     out = VerifyOut(acc, assemble_tokens(draft, acc, emit), bad, bad_q)
