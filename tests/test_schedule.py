@@ -3,6 +3,7 @@ running it (greedy output schedule-independent; choices made before the step's n
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -228,3 +229,25 @@ def test_engines_of_a_process_share_the_measured_table():
     b, sb = Engine(pair, get_backend("cpu-nofp64")).generate(reqs())
     assert sa.calibration_steps > 0 and sb.calibration_steps == 0 and sa.costs == sb.costs
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_finish_rule_counts_the_last_steps_exactly():
+    """Near a row's end a block that may finish it in one step beats a cheaper one that
+    cannot: with α = 0.85 and 6 tokens left, ⌈6 / E⌉ is 2 steps for both block 8 and block 4
+    (so the cheaper block 4 would win), while block 8 finishes in one step with probability
+    0.85⁵ ≈ 0.44 and needs ≈ 1.6 steps in expectation. The exact count is the recurrence
+    S(n) = 1 + Σ_k P(commit k)·S(n − k), checked against a direct enumeration."""
+    s = AdaptiveSchedule(CANDS, {1: 1.0, 2: 1.2, 4: 1.3, 8: 1.5}, prior=0.85, prior_weight=1e9)
+    assert s.expected("a", 8) < 6 and math.ceil(6 / s.expected("a", 4)) == 2
+    fin = s.finish_scores(["a"], [6])
+    assert max(fin, key=fin.get) == 8 and s.choose(["a"], [6]) == 8
+
+    def enumerate_steps(n, block, a=0.85):              # E[steps] by direct expansion
+        if n <= 0:
+            return 0.0
+        probs = [a ** (k - 1) * (1 - a) for k in range(1, block)] + [a ** (block - 1)]
+        return 1.0 + sum(p * enumerate_steps(n - k, block) for k, p in enumerate(probs, 1))
+    for block, n in ((8, 6), (4, 6), (2, 5), (1, 3), (8, 1)):
+        assert s.steps_to_finish("a", block, n) == pytest.approx(enumerate_steps(n, block))
+    assert s.steps_to_finish("a", 8, 1) == 1.0
+    assert s.steps_to_finish("a", 4, 1000) == math.ceil(1000 / s.expected("a", 4))

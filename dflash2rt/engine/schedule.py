@@ -7,8 +7,8 @@ takes the block size b among ``candidates`` (1: a target-only step) that maximis
 
 or, when the engine passes each row's remaining token budget (``remaining``), that minimises
 the batch's projected time to finish if every later step kept block b (a receding horizon):
-row r needs n_r = ⌈rem_r / E_r[b]⌉ more steps, and the batch pays cost(b, bucket of the rows
-still live) per step, Σ_i (n_(i) − n_(i−1))·cost(b, bucket(R − i + 1)) over the sorted n_r.
+row r needs n_r = ⌈rem_r / E_r[b]⌉ more steps (near its end, the exact expected count:
+``steps_to_finish``), and the batch pays cost(b, bucket of the rows still live) per step, Σ_i (n_(i) − n_(i−1))·cost(b, bucket(R − i + 1)) over the sorted n_r.
 At batch 1 this is the rate rule (with the last steps' rounding: one token left is a
 target-only step); in a batch it sees what the rate rule misses: the batch runs until its
 slowest row is done, so tokens that rows ahead of it commit only pay back through cheaper
@@ -68,6 +68,7 @@ from ..errors import InvalidInputError
 
 
 MODES = ("greedy", "sampled")
+TAIL = 4            # finish rule: the last TAIL · block tokens of a row count steps exactly
 
 
 def default_candidates(block: int) -> tuple[int, ...]:
@@ -209,7 +210,7 @@ class AdaptiveSchedule:
         total = float(sum(max(int(n), 1) for n in remaining))
         out = {}
         for b in self.candidates:
-            need = sorted(math.ceil(max(int(n), 1) / self.expected(r, b))
+            need = sorted(self.steps_to_finish(r, b, max(int(n), 1))
                           for r, n in zip(rows, remaining))
             seconds, done = 0.0, 0
             for i, n in enumerate(need):
@@ -218,6 +219,26 @@ class AdaptiveSchedule:
                     done = n
             out[b] = total / max(seconds, 1e-12)
         return out
+
+    def steps_to_finish(self, row: Hashable, block: int, n: int) -> float:
+        """Steps ``row`` needs for its last ``n`` tokens if every step used ``block``:
+        ⌈n / E[block]⌉ while n is large; for the last ``TAIL`` · block tokens the expected
+        count exactly, S(n) = 1 + Σ_k P(commit k)·S(n − k) (a step commits min(k, n), with
+        P(commit k) from the slots' α), so that a block that may finish the row in one step
+        is not ranked like one that cannot."""
+        if n > TAIL * block:
+            return float(math.ceil(n / self.expected(row, block)))
+        a = self.alphas(row, block - 1)
+        commit, run = [], 1.0                            # P(commit k), k = 1 .. block
+        for k in range(1, block):
+            commit.append(run * (1.0 - a[k - 1]))
+            run *= a[k - 1]
+        commit.append(run)
+        steps = [0.0]
+        for m in range(1, n + 1):
+            steps.append(1.0 + sum(p * steps[max(m - k, 0)]
+                                   for k, p in enumerate(commit, 1)))
+        return steps[n]
 
     def _tail_cost(self, block: int, live: int) -> float:
         """cost(block, bucket of ``live`` rows), else that of the nearest larger bucket known."""
