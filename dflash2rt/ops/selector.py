@@ -142,11 +142,8 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
     row_bad = bad_rows(score)                                             # [R, γ, K]
     law = None
     if sampling.any_sampled:
-        temp = torch.where(sampling.greedy, 1.0, sampling.temperature).view(r, 1, 1, 1)
-        law = torch.softmax(scale(score, temp), dim=-1)                   # [R, γ, K, K] float32
-        u = u_walk.view(r, gamma, 1).expand(r, gamma, k)
-        drawn = inverse_cdf(law.double(), u) if exact32.fp64_enabled(has_fp64) else \
-            exact32.inverse_cdf32(law, u)
+        law, drawn = _draw(score, sampling, u_walk.view(r, gamma, 1).expand(r, gamma, k),
+                           has_fp64)                                      # [R, γ, K, K] float32
         sampled = ~sampling.greedy.view(r, 1, 1)
         row_bad = row_bad | (sampled & (drawn < 0))
         choice = torch.where(sampled, drawn.clamp(min=0), choice)
@@ -176,13 +173,12 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
                        bad_lattice)
 
 
-def _draw(row: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor, has_fp64: bool | None
+def _draw(rows: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor, has_fp64: bool | None
           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One slot's lattice rows [R, K] → (their law at each row's temperature [R, K] float32,
-    the inverse-CDF pick with uniforms u [R]: -1 where the row is not a law)."""
-    r = row.shape[0]
-    temp = torch.where(sampling.greedy, 1.0, sampling.temperature).view(r, 1)
-    law = torch.softmax(scale(row, temp), dim=-1)
+    """Lattice rows [R, ..., K] → (their law at each request's temperature, float32, same
+    shape; the inverse-CDF pick with uniforms u [R, ...]: -1 where a row is not a law)."""
+    temp = torch.where(sampling.greedy, 1.0, sampling.temperature)
+    law = torch.softmax(scale(rows, temp.view(-1, *[1] * (rows.dim() - 1))), dim=-1)
     drawn = inverse_cdf(law.double(), u) if exact32.fp64_enabled(has_fp64) else \
         exact32.inverse_cdf32(law, u)
     return law, drawn

@@ -106,7 +106,6 @@ def test_draft_walk_follows_the_constraint(backend, results):
     row, or returns the unmasked law as q differs from the reference (greedy and sampled
     rows)."""
     from dflash2rt.ops import selector as ops_selector
-    from dflash2rt.ops.batch import SamplingBatch as SB
     from dflash2rt.ops.selector import SelectorParams
     from dflash2rt_conformance.reference import selector as ref_sel
 
@@ -135,7 +134,7 @@ def test_draft_walk_follows_the_constraint(backend, results):
     def t(x, dt=torch.float32):
         return torch.tensor(np.asarray(x), dtype=torch.float64).to(dt).to(dev)
     x = cb.draft_logits(t(logits))
-    sampling = SB.build(list(WALK_TEMPS), [0] * WALK_R, [1.0] * WALK_R, dev)
+    sampling = SamplingBatch.build(list(WALK_TEMPS), [0] * WALK_R, [1.0] * WALK_R, dev)
     args = (t(proj), t(anchor, torch.int64), t(a), t(b), SelectorParams(WALK_K), sampling, t(u))
     with backend.run_context():
         out = ops_selector.select(x, *args, backend.has_fp64, mask=cb.walk())
