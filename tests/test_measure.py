@@ -183,6 +183,11 @@ def test_training_evaluation_measures_through_the_module(model_dir, monkeypatch)
     assert res["target_tokens_per_s"] == res["target_only_tokens_per_s"] > 0
     assert res["speedup"] == res["speedup_vs_target_only"]
     assert res["tau"] >= 1 and sum(res["accept_hist"]) > 0 and "greedy_mismatches" in res
+    # τ "at block b" is measured at block b: every spec step ran the fixed block, none adaptive
+    assert list(res["steps_per_block"]) == [res["block_size"]] == [pair.draft.cfg.block_size]
+    assert res["steps_per_block"][res["block_size"]] == sum(res["accept_hist"])
+    assert list(evaluate.measure(pair, backend, prompts, 6, 0.0, block_size=2, baseline=False,
+                                 mass=False)["steps_per_block"]) == [2]
     sampled = evaluate.measure(pair, backend, prompts, 6, 1.0, baseline=False)
     assert "target_only_tokens_per_s" not in sampled and sampled["spec_tokens_per_s"] > 0
 

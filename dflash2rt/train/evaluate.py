@@ -32,17 +32,21 @@ def measure(pair: ModelPair, backend: Backend | str, prompts: list[list[int]], n
     ``speedup_vs_target_only`` (kept one release).
     """
     engine = Engine(pair, resolve_backend(backend))
+    block = block_size or pair.draft.cfg.block_size      # fixed: None would run adaptive blocks
     batches = [[Request(tuple(ids), SamplingParams(max_new_tokens=new_tokens,
                                                    temperature=temperature, top_p=top_p,
                                                    seed=seed, ignore_eos=True), key=i)]
                for i, ids in enumerate(prompts)]
-    contenders = [engine_contender(SPEC, engine, batches, True, block_size)]
+    contenders = [engine_contender(SPEC, engine, batches, True, block)]
     if baseline:
         contenders.append(engine_contender(TARGET_ONLY, engine, batches, False))
     m = measure_contenders(contenders, 1)
     spec = m[SPEC]
     hist: list[int] = []
+    steps_per_block: dict[int, int] = {}
     for st in spec.stats:
+        for b, n in st.block_sizes.items():
+            steps_per_block[b] = steps_per_block.get(b, 0) + n
         for a, c in enumerate(st.accept_hist):
             hist += [0] * (a + 1 - len(hist))
             hist[a] += c
@@ -53,8 +57,8 @@ def measure(pair: ModelPair, backend: Backend | str, prompts: list[list[int]], n
 
     result = {
         "prompts": len(prompts), "new_tokens": new_tokens, "temperature": temperature,
-        "top_p": top_p, "block_size": block_size or pair.draft.cfg.block_size,
-        "tau": spec.tau, "accept_hist": hist,
+        "top_p": top_p, "block_size": block,
+        "tau": spec.tau, "accept_hist": hist, "steps_per_block": steps_per_block,
         "spec_tokens_per_s": rate(spec.samples),
         "capture_s": sum(x.capture_s for x in m.values()),
     }
