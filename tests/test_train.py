@@ -260,6 +260,31 @@ def test_soft_loss_metrics_are_acceptance_bounds(one_thread):
                                   torch.tensor([[0.5, 0.25, 0.125]])).tolist() == [[0.125, 0.5]]
 
 
+def test_hard_argmax_targets_are_the_targets_argmax_on_every_continuation(one_thread):
+    """hard_argmax: the hard CE's target is the top id of each row's law (the token a greedy
+    verifier accepts), not the continuation's token; on greedy continuations the two agree."""
+    import dataclasses
+
+    tok, target, data = _soft_data(2, [1.0, 1.0, 0.0, 1.0])
+    draft = DraftModel(draft_config(target.cfg, TINY_DRAFT, tok.mask_id))
+    init_draft(draft, torch.Generator().manual_seed(2))
+    batch = distill.sample_batch(data, [0, 1, 2, 3], 5, 4, tok.mask_id,
+                                 torch.Generator().manual_seed(0))
+    top = batch.soft_ids[..., 0]
+    assert not torch.equal(top, batch.labels)          # sampled labels that are not the argmax
+
+    def loss(b, argmax, sel=0.0):
+        return distill.distill_loss(draft, target, b, BACKEND, 7.0, sel, soft_weight=0.0,
+                                    hard_weight=1.0, hard_argmax=argmax)[0].item()
+
+    # the slot CE alone (no selector term, which also reads the labels as the walk's path)
+    assert loss(batch, True) == loss(dataclasses.replace(batch, labels=top), False)
+    assert loss(batch, True) != loss(batch, False)
+    greedy = distill.sample_batch(data, [2], 5, 4, tok.mask_id, torch.Generator().manual_seed(0))
+    assert torch.equal(greedy.soft_ids[..., 0], greedy.labels)
+    assert loss(greedy, True, 1.0) == loss(greedy, False, 1.0)
+
+
 def test_topk_mass_is_one_when_the_selector_offers_the_whole_vocabulary(one_thread):
     from dflash2rt.train import evaluate, validate
 

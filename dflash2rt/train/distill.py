@@ -141,7 +141,8 @@ def candidate_mass(cand: torch.Tensor, soft_ids: torch.Tensor, soft_p: torch.Ten
 
 def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: TorchOpsBackend,
                  decay: float, selector_weight: float, soft_weight: float = 1.0,
-                 hard_weight: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+                 hard_weight: float = 1.0, hard_argmax: bool = False
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-slot loss + K-way selector loss, each slot weighted by ``slot_weights``.
 
     hard_weight × (per-slot CE on the continuation's token + selector_weight × K-way selector
@@ -158,16 +159,19 @@ def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: 
     labels = batch.labels                                                    # [R, N, γ]
     gamma = labels.shape[-1]
     w = slot_weights(gamma, decay)
-    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
+    # the hard targets: the continuation's own tokens, or (hard_argmax) the target's argmax
+    # after the continuation's prefix, the token a greedy verifier accepts, on every continuation
+    hard = batch.soft_ids[..., 0] if hard_argmax and batch.soft_ids is not None else labels
+    ce = F.cross_entropy(logits.flatten(0, 2), hard.flatten(), reduction="none").view(labels.shape)
     loss_ce = (ce.mean(dim=(0, 1)) * w).sum()
     prev = torch.cat([batch.block_ids[..., :1], labels[..., :-1]], dim=-1)   # [R, N, γ]
     scores, cand = selector_scores(draft, h, logits, prev, draft.cfg.selector_top_k)
-    hit = cand == labels.unsqueeze(-1)                                       # [R, N, γ, K]
-    present = hit.any(-1)
-    sel_ce = F.cross_entropy(scores.flatten(0, 2), hit.float().argmax(-1).flatten(),
+    hit_h = cand == hard.unsqueeze(-1)                                       # [R, N, γ, K]
+    present_h = hit_h.any(-1)
+    sel_ce = F.cross_entropy(scores.flatten(0, 2), hit_h.float().argmax(-1).flatten(),
                              reduction="none").view(labels.shape)
-    sel_ce = torch.where(present, sel_ce, torch.zeros_like(sel_ce))
-    loss_sel = (sel_ce.sum(dim=(0, 1)) / present.sum(dim=(0, 1)).clamp(min=1) * w).sum()
+    sel_ce = torch.where(present_h, sel_ce, torch.zeros_like(sel_ce))
+    loss_sel = (sel_ce.sum(dim=(0, 1)) / present_h.sum(dim=(0, 1)).clamp(min=1) * w).sum()
     loss = hard_weight * (loss_ce + selector_weight * loss_sel)
     extra: dict[str, float] = {}
     if batch.soft_ids is not None and soft_weight > 0:
@@ -189,6 +193,8 @@ def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: 
                      "acc1": acc.mean().item(),
                      "tau1": 1 + torch.cumprod(acc, dim=-1).sum(-1).mean().item()}
     with torch.no_grad():
+        hit = cand == labels.unsqueeze(-1)                                   # [R, N, γ, K]
+        present = hit.any(-1)
         ok = scores.argmax(-1) == hit.float().argmax(-1)
         ok &= present
         accept = torch.cumprod(ok.long(), dim=-1).sum(-1).float().mean()
@@ -200,8 +206,8 @@ def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: 
 def train_draft(draft: DraftModel, target: TargetModel, data: DistillData, steps: int,
                 seqs_per_step: int, anchors: int, lr: float, seed: int, decay: float = 7.0,
                 selector_weight: float = 1.0, every: int = 20,
-                on_eval=None, soft_weight: float = 1.0, hard_weight: float = 1.0
-                ) -> list[dict[str, float]]:
+                on_eval=None, soft_weight: float = 1.0, hard_weight: float = 1.0,
+                hard_argmax: bool = False) -> list[dict[str, float]]:
     """AdamW on ``distill_loss`` with the target frozen; returns per-step metrics.
 
     Sequences are visited in seeded shuffled epochs; ``on_eval(step)`` runs every ``every`` steps.
@@ -226,7 +232,7 @@ def train_draft(draft: DraftModel, target: TargetModel, data: DistillData, steps
         seqs, order = order[:seqs_per_step], order[seqs_per_step:]
         batch = sample_batch(data, seqs, anchors, b, draft.cfg.mask_token_id, gen)
         loss, metrics = distill_loss(draft, target, batch, backend, decay, selector_weight,
-                                     soft_weight, hard_weight)
+                                     soft_weight, hard_weight, hard_argmax)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)

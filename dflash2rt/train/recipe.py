@@ -71,7 +71,11 @@ class RecipeConfig:
     slot_decay: float = 7.0
     selector_weight: float = 1.0
     soft_weight: float = 1.0         # KL(p_target ‖ q_draft) per slot + the selector's soft K-way KL
-    hard_weight: float = 0.2         # CE on the continuation's own tokens (+ hard K-way selector CE)
+    hard_weight: float = 0.2         # CE on the hard targets (+ hard K-way selector CE)
+    # The hard targets: the target's argmax after each prefix (what a greedy verifier accepts),
+    # on every continuation; False: the continuation's own tokens (sampled ones on sampled
+    # continuations, which teach T = 0 nothing the soft targets do not)
+    hard_argmax: bool = False
     heldout_prompts: int = 24
     heldout_tokens: tuple[int, int] = (64, 192)
     eval_new_tokens: int = 128
@@ -205,7 +209,8 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
     history = distill.train_draft(draft, target, data, cfg.draft_steps, cfg.draft_seqs_per_step,
                                   cfg.draft_anchors, cfg.draft_lr, cfg.seed + 7, cfg.slot_decay,
                                   cfg.selector_weight, on_eval=on_eval,
-                                  soft_weight=cfg.soft_weight, hard_weight=cfg.hard_weight)
+                                  soft_weight=cfg.soft_weight, hard_weight=cfg.hard_weight,
+                                  hard_argmax=cfg.hard_argmax)
     round_bf16_(draft)
     phase("draft")
 
