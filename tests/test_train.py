@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dflash2rt.backend import TorchOpsBackend
+from dflash2rt.errors import InvalidInputError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.draft import DraftModel
 from dflash2rt.models.kv_cache import KVCache
@@ -283,6 +284,8 @@ def test_hard_argmax_targets_are_the_targets_argmax_on_every_continuation(one_th
     greedy = distill.sample_batch(data, [2], 5, 4, tok.mask_id, torch.Generator().manual_seed(0))
     assert torch.equal(greedy.soft_ids[..., 0], greedy.labels)
     assert loss(greedy, True, 1.0) == loss(greedy, False, 1.0)
+    with pytest.raises(InvalidInputError, match="soft_top"):    # no law: no argmax to teach
+        loss(dataclasses.replace(batch, soft_ids=None, soft_p=None), True)
 
 
 def test_topk_mass_is_one_when_the_selector_offers_the_whole_vocabulary(one_thread):

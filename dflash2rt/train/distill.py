@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend import TorchOpsBackend
+from ..errors import InvalidInputError
 from ..models.draft import DraftModel
 from ..models.target import TargetModel
 from .generate import DistillData
@@ -161,7 +162,10 @@ def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: 
     w = slot_weights(gamma, decay)
     # the hard targets: the continuation's own tokens, or (hard_argmax) the target's argmax
     # after the continuation's prefix, the token a greedy verifier accepts, on every continuation
-    hard = batch.soft_ids[..., 0] if hard_argmax and batch.soft_ids is not None else labels
+    if hard_argmax and batch.soft_ids is None:
+        raise InvalidInputError("hard_argmax needs the target's law in the data (build it with "
+                                "soft_top > 0)")
+    hard = batch.soft_ids[..., 0] if hard_argmax else labels
     ce = F.cross_entropy(logits.flatten(0, 2), hard.flatten(), reduction="none").view(labels.shape)
     loss_ce = (ce.mean(dim=(0, 1)) * w).sum()
     prev = torch.cat([batch.block_ids[..., :1], labels[..., :-1]], dim=-1)   # [R, N, γ]
