@@ -146,8 +146,9 @@ def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: 
                  ) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-slot loss + K-way selector loss, each slot weighted by ``slot_weights``.
 
-    hard_weight × (per-slot CE on the continuation's token + selector_weight × K-way selector
-    CE) + soft_weight × (per-slot KL(p_target ‖ q_draft) over the target's top M + selector_weight
+    hard_weight × (per-slot CE on the continuation's token — with ``hard_argmax`` the top id of
+    its row's law, the target's argmax — + selector_weight × K-way selector CE) + soft_weight ×
+    (per-slot KL(p_target ‖ q_draft) over the target's top M + selector_weight
     × mass-weighted KL(p̃ ‖ softmax(lattice row))), the soft part only when the batch carries the
     target's law (see the module docstring). Metrics: ``tau`` the teacher-forced greedy accept
     length + 1 on the continuation's own tokens (= τ at T=0 on greedy continuations); with soft
@@ -197,7 +198,7 @@ def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: 
                      "acc1": acc.mean().item(),
                      "tau1": 1 + torch.cumprod(acc, dim=-1).sum(-1).mean().item()}
     with torch.no_grad():
-        hit = cand == labels.unsqueeze(-1)                                   # [R, N, γ, K]
+        hit = cand == labels.unsqueeze(-1) if hard_argmax else hit_h         # [R, N, γ, K]
         present = hit.any(-1)
         ok = scores.argmax(-1) == hit.float().argmax(-1)
         ok &= present
