@@ -251,10 +251,9 @@ def test_graph_vs_eager_counts_replays_and_names_eager_buckets():
 
 def test_adaptive_decoding_replays_equal_eager():
     """Adaptive runs capture a graph set per block size used (1: a target-only step that keeps
-    the draft's context), all over the one set of static caches; with the graph engine's cost
-    table the eager engine chooses the same sizes and samples the same tokens."""
-    from dflash2rt.engine.schedule import AdaptiveSchedule
-
+    the draft's context), all over the one set of static caches; with a replica of the graph
+    engine's schedule (its call's cost table and acceptance pool) the eager engine chooses the
+    same sizes and samples the same tokens."""
     for pair in (tiny_pair("dflash2", block=4), oracle_pair(4)):
         adapter = ReplayAdapter()
         with Engine(pair, _backend(adapter)) as engine:
@@ -263,7 +262,7 @@ def test_adaptive_decoding_replays_equal_eager():
             got, stats = engine.generate(_reqs((0.0, 1.0, 0.6)))
             assert adapter.captures == captures and stats.calibration_steps == 0
             assert {k[1] for k in engine._graphed} == {1, 2, 4}
-            table = AdaptiveSchedule(engine.schedule.candidates, engine.schedule.costs)
+            table = engine.schedule.replica()
         eager = Engine(pair, get_backend("cpu"))
         eager.schedule = table
         want, wstats = eager.generate(_reqs((0.0, 1.0, 0.6)))

@@ -12,6 +12,7 @@ import torch
 from dflash2rt import get_backend
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
+from dflash2rt.engine.schedule import MIN_STEPS as MIN_STEPS_FOR_TEST
 from dflash2rt.engine.schedule import AdaptiveSchedule, bucket_of, default_candidates
 from dflash2rt.errors import InvalidInputError
 
@@ -194,8 +195,9 @@ def test_sampled_adaptive_run_reports_its_block_sizes():
     engine = Engine(pair, get_backend("cpu"))
     reqs = _reqs([tuple(pair.tokenizer.encode("def f(x):"))], 32, temperature=1.0, seed=3)
     outs, stats = engine.generate(reqs)
-    again, _ = engine.generate(_reqs([reqs[0].prompt_ids], 32, temperature=1.0, seed=3))
-    assert len(outs[0].token_ids) == 32 and outs[0].token_ids == again[0].token_ids
+    again, st2 = engine.generate(_reqs([reqs[0].prompt_ids], 32, temperature=1.0, seed=3))
+    assert len(outs[0].token_ids) == 32 == len(again[0].token_ids)
+    assert st2.calibration_steps == 0 and set(st2.costs) == set(stats.costs)
     assert stats.adaptive and set(stats.block_sizes) <= {1, 2, 4, 8}
     assert sum(stats.block_sizes.values()) == stats.steps == stats.syncs
     assert set(stats.costs) == {1, 2, 4, 8} and stats.calibration_steps in (0, 12)  # shared
@@ -222,13 +224,92 @@ def test_fixed_cost_table_makes_engines_agree():
 
 def test_engines_of_a_process_share_the_measured_table():
     """Default schedules: one measured table per pair and device in the process, so a second
-    engine (here on another backend) calibrates nothing and samples alike."""
+    engine (here on another backend) calibrates nothing and decides with the table as the first
+    engine's steps left it; two schedules over that table with ``track=0`` sample alike."""
     pair = tiny_pair("dflash2", block=4, seed=2, dtype=torch.float32)
     reqs = lambda: _reqs([(1, 2, 3), (4, 5)], 12, temperature=0.8, seed=5)   # noqa: E731
-    a, sa = Engine(pair, get_backend("cpu")).generate(reqs())
-    b, sb = Engine(pair, get_backend("cpu-nofp64")).generate(reqs())
-    assert sa.calibration_steps > 0 and sb.calibration_steps == 0 and sa.costs == sb.costs
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    first = Engine(pair, get_backend("cpu"))
+    _, sa = first.generate(reqs())
+    table = first.schedule.table
+    now = AdaptiveSchedule(first.schedule.candidates, table=table)
+    now.begin("sampled")
+    want: dict = {}
+    for (b, k), c in now.costs.items():
+        want.setdefault(b, {})[k] = c
+    second = Engine(pair, get_backend("cpu-nofp64"))
+    _, sb = second.generate(reqs())
+    assert second.schedule.table is table
+    assert sa.calibration_steps > 0 and sb.calibration_steps == 0 and sb.costs == want
+    outs = []
+    for name in ("cpu", "cpu-nofp64"):
+        engine = Engine(pair, get_backend(name))
+        engine.schedule = AdaptiveSchedule(first.schedule.candidates, track=0.0, table=table)
+        outs.append([o.token_ids for o in engine.generate(reqs())[0]])
+    assert outs[0] == outs[1]
+
+
+def test_table_follows_observed_steps_between_calls_never_within():
+    """``observe`` keeps a call's step seconds; only ``end`` moves the table (``track`` of the
+    way to the call's median), for entries with MIN_STEPS steps; an entry the call did not run
+    is its calibration times the bucket's drift (observed / calibrated); ``track=0``: frozen."""
+    from dflash2rt.engine.schedule import MIN_STEPS
+
+    def calibrated(track):
+        s = AdaptiveSchedule((1, 4), reps=1, track=track)
+        s.measure(1, 1, 2.0)
+        s.measure(4, 1, 4.0)
+        s.measure(1, 2, 3.0)
+        s.begin("greedy")
+        return s
+
+    s = calibrated(0.5)
+    rows = ["a"]
+    for _ in range(MIN_STEPS):
+        s.observe(rows, 1, [0], 6.0)
+        s.observe(["a", "b"], 4, [0, 0], 100.0)      # bucket 2: no calibration of block 4
+        assert s.costs == {(1, 1): 2.0, (1, 2): 3.0, (4, 1): 4.0} and s.cost(1, 1) == 2.0
+    s.observe(rows, 4, [1], 50.0)                    # fewer than MIN_STEPS: not folded
+    s.end()
+    assert s.costs == {(1, 1): 2.0, (1, 2): 3.0, (4, 1): 4.0}      # the call's table
+    s.begin("greedy")
+    assert s.costs == {(1, 1): 4.0, (1, 2): 3.0, (4, 1): 8.0}      # 2 + 0.5·(6 − 2); 4 × 2
+    s.begin("sampled")
+    assert s.costs == {}                             # another mode's entries are apart
+    s.end()
+    frozen = calibrated(0.0)
+    for _ in range(MIN_STEPS):
+        frozen.observe(rows, 1, [0], 6.0)
+    frozen.end()
+    frozen.begin("greedy")
+    assert frozen.costs == {(1, 1): 2.0, (1, 2): 3.0, (4, 1): 4.0}
+    with pytest.raises(InvalidInputError, match="track"):
+        AdaptiveSchedule((1, 4), track=1.5)
+
+
+def test_a_slow_target_only_step_turns_the_choice_after_one_call():
+    """The measured failure: target-only calibrated cheap, then running slower than the spec
+    block pays back. Before the fold the rate rule takes target-only; after one call whose
+    target-only steps ran at 3x the calibration, it takes speculation."""
+    s = AdaptiveSchedule((1, 4), reps=1, prior=0.5, prior_weight=1e9)
+    s.measure(1, 1, 1.0)
+    s.measure(4, 1, 2.0)
+    s.begin("greedy")
+    assert s.choose(["a"]) == 1                      # E[4] = 1.875 over 2.0 < 1 over 1.0
+    for _ in range(MIN_STEPS_FOR_TEST):
+        s.observe(["a"], 1, [0], 3.0)
+    s.end()
+    s.begin("greedy")
+    assert s.cost(1, 1) == 2.0 and s.cost(4, 1) == 4.0     # drift scales the unobserved one
+    s2 = AdaptiveSchedule((1, 4), reps=1, prior=0.5, prior_weight=1e9, track=1.0)
+    s2.measure(1, 1, 1.0)
+    s2.measure(4, 1, 2.0)
+    s2.begin("greedy")
+    for _ in range(MIN_STEPS_FOR_TEST):
+        s2.observe(["a"], 1, [0], 3.0)
+        s2.observe(["a"], 4, [1], 2.5)
+    s2.end()
+    s2.begin("greedy")
+    assert s2.costs == {(1, 1): 3.0, (4, 1): 2.5} and s2.choose(["a"]) == 4
 
 
 def test_finish_rule_counts_the_last_steps_exactly():
@@ -251,3 +332,52 @@ def test_finish_rule_counts_the_last_steps_exactly():
         assert s.steps_to_finish("a", block, n) == pytest.approx(enumerate_steps(n, block))
     assert s.steps_to_finish("a", 8, 1) == 1.0
     assert s.steps_to_finish("a", 4, 1000) == math.ceil(1000 / s.expected("a", 4))
+
+
+def test_pooled_acceptance_is_the_prior_of_the_next_calls_requests():
+    """A call's per-slot acceptance counts, pooled per sampling mode by ``end``, are the prior of
+    the next calls' requests: one early rejection no longer makes a new request's deep slots
+    look hopeless (the chain alone drops them to the rejected slot's estimate and the rate rule
+    shrinks the block). Nothing moves within a call, and ``track=0`` pools nothing."""
+    from dflash2rt.engine.schedule import POOL_MIN
+
+    def run(track):
+        s = AdaptiveSchedule(CANDS, COSTS, track=track)
+        s.begin("greedy")
+        for i in range(POOL_MIN):                   # a call whose requests accept everything
+            s.observe([i], 8, [7], None)
+        before = s.alphas("new", 7)
+        s.end()
+        s.begin("greedy")
+        assert s.alphas("new", 7) != before or track == 0
+        s.observe(["new"], 8, [1], None)             # slot 2 rejected at the first step
+        return s
+
+    pooled, plain = run(0.5), run(0.0)
+    assert pooled.alphas("new", 7)[2:] == [1.0] * 5             # the pool: all accepted
+    assert plain.alphas("new", 7)[2] == plain.alphas("new", 7)[1] < 0.5   # the chain
+    assert pooled.choose(["new"]) == 8 and plain.choose(["new"]) < 8
+    pooled.begin("sampled")                         # the greedy pool is not the sampled one
+    assert pooled.alphas("x", 3) == AdaptiveSchedule(CANDS, COSTS).alphas("x", 3)
+
+
+def test_replica_decides_as_the_call_did_and_learns_nothing():
+    """``replica()``: the call's table as a fixed one and its pool; its own calls move
+    neither, while the original's next call has learned from this one."""
+    s = AdaptiveSchedule(CANDS, reps=1)
+    for b, c in zip(CANDS, (1.0, 1.5, 1.7, 2.0)):
+        s.measure(b, 1, c)
+    s.begin("greedy")
+    for i in range(2 * 8):
+        s.observe([i], 8, [i % 8], 1.9)
+    twin = s.replica()
+    twin.begin("greedy")
+    assert twin.costs == s.costs and twin.fixed
+    assert twin.alphas("new", 7) == s.alphas("new", 7) and twin.track == 0.0
+    s.end()
+    twin.observe(["x"], 8, [7], 5.0)
+    twin.end()
+    twin.begin("greedy")
+    s.begin("greedy")
+    assert twin.alphas("new", 7) == AdaptiveSchedule(CANDS, COSTS).alphas("new", 7)
+    assert s.alphas("new", 7) != twin.alphas("new", 7) and s.cost(8, 1) != 2.0

@@ -10,7 +10,6 @@ from ..backend import Backend
 from ..models.pair import ModelPair
 from .engine import Engine
 from .request import Request
-from .schedule import AdaptiveSchedule
 
 
 def eager_twin(backend: Backend) -> Backend:
@@ -27,17 +26,18 @@ def graph_vs_eager(pair: ModelPair, backend: Backend, make_requests: Callable[[]
     the second call's tokens and step latency are compared. ``graph_replays`` counts that call's
     replays and ``graph_eager_buckets`` names the buckets it ran eagerly (a refused capture or
     a replay that differed from eager): "equal" proves replay == eager only with replays and
-    no eager buckets. Adaptive runs: the eager engine takes the graph engine's cost table, so
-    both choose the same block sizes (a table each could choose differently, schedule.py)."""
+    no eager buckets. Adaptive runs: the eager engine takes a replica of the schedule the graph
+    engine's second call decided with (its cost table and acceptance pool), so both choose the
+    same block sizes (a table each could choose differently, schedule.py)."""
     row: dict[str, Any] = {"mode": "spec" if spec else "target-only"}
     tokens, used, table = {}, {}, None
     for name, be in (("graph", backend), ("eager", eager_twin(backend))):
         with Engine(pair, be) as engine:
             engine.schedule = table
             _, first = engine.generate(make_requests(), spec=spec)
-            if table is None and engine.schedule is not None:
-                table = AdaptiveSchedule(engine.schedule.candidates, engine.schedule.costs)
             outs, stats = engine.generate(make_requests(), spec=spec)
+            if table is None and engine.schedule is not None:   # the table the call used
+                table = engine.schedule.replica()
         used.update(stats.graphs)                        # the eager twin's is empty
         tokens[name] = [o.token_ids for o in outs]
         row[f"{name}_step_ms"] = 1e3 * stats.step_s

@@ -194,6 +194,8 @@ class Engine:
                     st, accepted, seconds = decode_step(steppers[b], b, st, stats, out, fallbacks)
                     pending = pending + 1 if b == 1 else 0
                     sched.observe(rows, b, accepted, seconds)
+                if sched is not None:
+                    sched.end()             # the next call's table follows these steps' times
             except BaseException:
                 self.close()              # release graphs now, outside any capture
                 raise

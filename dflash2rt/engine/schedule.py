@@ -15,9 +15,13 @@ slowest row is done, so tokens that rows ahead of it commit only pay back throug
 steps of a smaller batch, while target-only steps keep every row in lockstep.
 
 α_{r,i}: request r's running estimate of P(draft slot i accepted | slot i reached), from a prior
-(``prior_weight`` pseudo-observations at α_{r,i−1}; ``prior`` for slot 1, so a slot the chain
-never reaches is expected to do as the last one reached did, not as well as the prior) and
-exponential forgetting (``decay`` per observation of the slot) so it tracks changes.
+(``prior_weight`` pseudo-observations at the pooled acceptance of slot i over earlier calls of
+the same sampling mode, once it has ``POOL_MIN`` observations; else at α_{r,i−1}, ``prior`` for
+slot 1, so a slot the chain never reaches is expected to do as the last one reached did, not as
+well as the prior) and exponential forgetting (``decay`` per observation of the slot) so it
+tracks changes. The pool is what makes a new request start with the blocks the pair earns:
+with the chain alone, one early rejection made the deep slots of a new request look hopeless
+(α 0.3–0.45 where the bundled pair accepts 0.9 at T = 0) and shrank its first blocks.
 cost(b, bucket): seconds of one decode step of block b for a batch of that bucket (the next
 power of two ≥ its rows, as graphs bucket).
 
@@ -33,16 +37,25 @@ Costs and reproducibility. Measured (the engine's default), per sampling mode ("
 sets the mode of a batch): before a batch of a new bucket decodes, the engine calibrates:
 ``reps`` rounds over the candidates, one step each on the live batch (results discarded, the
 batch unchanged; RNG keys apart; rounds, so that a machine's drift hits every candidate alike),
-timed wall to the step's one sync with graph capture excluded; the median is kept and the
-entry is then frozen. The table is one per
-process, model pair and device (``shared_schedule``: every Engine there shares it, whatever its
-backend or graph mode), so within a process choices are a deterministic function of the batch's
-committed outcomes: seeded sampled output repeats across calls and engines (eager == graphs,
-backend == backend). Another process or machine measures its own table and may then sample
-different (equally lossless) tokens; a request's sampled tokens also depend on its batch (the
-block is chosen per batch). Greedy output never depends on the schedule. For seeded runs
-reproducible across processes, machines or batches: a fixed block (``block_size=N``), or one
-fixed table (below) as ``Engine.schedule``. ``RunStats.costs`` reports the table.
+timed wall to the step's one sync with graph capture excluded; the median is kept. The table
+is one per process, model pair and device (``shared_schedule``: every Engine there shares
+it, whatever its backend or graph mode).
+
+The table follows the machine between calls, never within one (and so does the acceptance
+pool): ``begin`` freezes the table a call decides with, ``observe`` collects the seconds its decode steps take, and ``end`` folds
+them in (``track``: each (block, bucket, mode) with at least ``MIN_STEPS`` steps in the call
+moves that share of the way from its entry to the call's median step). An entry the call did
+not run follows the entries it did: it is its calibration scaled by the bucket's drift, the
+geometric mean of observed / calibrated over the entries observed so far. So a machine that
+slows down (or a calibration that caught it in a fast moment) stops steering the choice after
+a call or two: the bundled pair's sampled target-only step at batch 1 was calibrated at
+10.4 ms and then ran at 14–15 ms, which made the adaptive run pick speculation it could not
+afford. Within a call choices are a deterministic function of the frozen table and the
+batch's committed outcomes (so every step verifies losslessly, and eager == graphs with one
+table); seeded sampled output can differ between calls whose tables differ. For seeded runs
+that repeat exactly: a fixed block (``block_size=N``), a fixed table (below) as
+``Engine.schedule``, or ``track=0`` (calibration only). Greedy output never depends on the
+schedule. ``RunStats.costs`` reports the table a call decided with.
 
 API (small and pure-ish; a conformance test can drive it by hand, no clock needed):
 
@@ -52,6 +65,7 @@ API (small and pure-ish; a conformance test can drive it by hand, no clock neede
     b = s.choose(rows)                          # rows: the live requests' keys (hashable)
     b = s.choose(rows, remaining=[40, 12])      # or: projected time to finish the batch
     s.observe(rows, b, accepted, seconds)       # accepted[i]: drafts accepted for rows[i]
+    s.end()                                     # the batch is done: fold its step times in
 
 ``costs`` keys are a block (every bucket) or (block, bucket); seconds or any common unit (a
 fixed table serves both modes).
@@ -68,6 +82,9 @@ from ..errors import InvalidInputError
 
 
 MODES = ("greedy", "sampled")
+MIN_STEPS = 3       # a call's steps of one (block, bucket) needed to move its table entry
+POOL_MIN = 8        # reached observations of a slot before the pooled prior replaces the chain
+POOL_CAP = 512.0    # the pooled counts are scaled down past this many observations of slot 1
 TAIL = 4            # finish rule: the last TAIL · block tokens of a row count steps exactly
 
 
@@ -81,13 +98,24 @@ def default_candidates(block: int) -> tuple[int, ...]:
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # target → draft → device
 
 
+class MeasuredTable:
+    """A measured cost table: calibration samples and the costs observed in decode steps,
+    keyed (block, bucket, mode); shared by the schedules of one pair and device."""
+
+    def __init__(self) -> None:
+        self.samples: dict[tuple[int, int, str], list[float]] = {}
+        self.observed: dict[tuple[int, int, str], float] = {}
+        self.accept: dict[str, tuple[list[float], list[float]]] = {}   # mode → pooled counts
+
+
 def shared_schedule(pair, device: object) -> "AdaptiveSchedule":
     """A new schedule (an Engine's default) over the process's one measured cost table for this
     model pair (its target and draft modules) on this device: every engine of the process over
-    them, whatever its backend or graph mode, makes the same choices from the same outcomes."""
+    them, whatever its backend or graph mode, decides from the same table (as the steps of
+    earlier calls left it) and so makes the same choices from the same outcomes."""
     drafts = _TABLES.setdefault(pair.target, weakref.WeakKeyDictionary())
-    table = drafts.setdefault(pair.draft, {}).setdefault(str(device), {})
-    return AdaptiveSchedule(default_candidates(pair.draft.cfg.block_size), samples=table)
+    table = drafts.setdefault(pair.draft, {}).setdefault(str(device), MeasuredTable())
+    return AdaptiveSchedule(default_candidates(pair.draft.cfg.block_size), table=table)
 
 
 def bucket_of(rows: int) -> int:
@@ -97,12 +125,13 @@ def bucket_of(rows: int) -> int:
 
 class AdaptiveSchedule:
     """Per-request acceptance estimates (reset by ``begin``) and a cost table (fixed, or
-    measured by calibration and kept, possibly shared: ``samples``); ``choose`` / ``observe``."""
+    measured by calibration and tracked between calls, possibly shared: ``table``);
+    ``choose`` / ``observe`` / ``end``."""
 
     def __init__(self, candidates: Sequence[int], costs: Mapping | None = None, *,
                  prior: float = 0.8, prior_weight: float = 1.0, decay: float = 0.9,
-                 probe: int = 4, max_probe: int = 64, reps: int = 3,
-                 samples: dict | None = None) -> None:
+                 probe: int = 4, max_probe: int = 64, reps: int = 3, track: float = 0.5,
+                 table: MeasuredTable | None = None) -> None:
         cands = sorted(set(int(b) for b in candidates))
         if not cands or cands[0] < 1:
             raise InvalidInputError(f"block size candidates must be integers >= 1, got "
@@ -110,11 +139,14 @@ class AdaptiveSchedule:
         self.candidates = tuple(cands)
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
         self.probe, self.max_probe, self.reps = probe, max_probe, reps
+        if not 0.0 <= track <= 1.0:
+            raise InvalidInputError(f"track must be in [0, 1], got {track!r}")
+        self.track = float(track)
         self.fixed = costs is not None
         self._fixed = dict(costs or {})
-        # measured seconds per (block, bucket, mode); ``samples``: a table shared with others
-        self._samples: dict[tuple[int, int, str], list[float]] = {} if samples is None \
-            else samples
+        # measured seconds per (block, bucket, mode); ``table``: one shared with others
+        self.table = MeasuredTable() if table is None else table
+        self._samples = self.table.samples
         self.begin()
 
     # ---- per batch of requests -------------------------------------------------------------
@@ -127,17 +159,80 @@ class AdaptiveSchedule:
         self.mode = mode
         self._rows: dict[Hashable, tuple[list[float], list[float]]] = {}   # accepted, reached
         self._only, self._gap = 0, self.probe          # target-only steps in a row, probe gap
+        self._frozen = self._tracked()                 # the table this call decides with
+        self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds
+        self._pooled = {m: (list(a), list(n)) for m, (a, n) in self.table.accept.items()}
+        acc, seen = self._pooled.get(mode, ((), ()))
+        self._pool = [a / n if n >= POOL_MIN else None for a, n in zip(acc, seen)]
+        self._counts: tuple[list[float], list[float]] = ([], [])    # this call's, per slot
+
+    def replica(self) -> "AdaptiveSchedule":
+        """A schedule that decides as this one's current (or last) call did and learns nothing:
+        that call's cost table as a fixed one, its acceptance pool, the same parameters,
+        ``track=0``. Another engine given it chooses the same blocks from the same outcomes
+        (graph replay vs eager, backend vs backend)."""
+        table = MeasuredTable()
+        table.accept = {m: (list(a), list(n)) for m, (a, n) in self._pooled.items()}
+        return AdaptiveSchedule(self.candidates, self.costs, prior=self.prior,
+                                prior_weight=self.prior_weight, decay=self.decay,
+                                probe=self.probe, max_probe=self.max_probe, reps=self.reps,
+                                track=0.0, table=table)
+
+    def end(self) -> None:
+        """The batch is done: fold its decode steps' seconds and its per-slot acceptance
+        counts into the shared table (module docstring; ``track=0``: neither); choices of the
+        next ``begin`` see them, this call's never did."""
+        steps, self._steps = self._steps, {}
+        counts, self._counts = self._counts, ([], [])
+        if self.track == 0.0:
+            return
+        acc, seen = self.table.accept.setdefault(self.mode, ([], []))
+        for mine, pooled in zip(counts, (acc, seen)):
+            pooled.extend([0.0] * (len(mine) - len(pooled)))
+            for j, c in enumerate(mine):
+                pooled[j] += c
+        if seen and seen[0] > POOL_CAP:
+            scale = POOL_CAP / seen[0]
+            acc[:], seen[:] = [a * scale for a in acc], [n * scale for n in seen]
+        if self.fixed:
+            return
+        for key, secs in sorted(steps.items()):
+            base = self.table.observed.get(key, self._frozen.get(key))
+            if base is None and self._samples.get(key):          # calibrated in this call
+                base = statistics.median(self._samples[key])
+            if len(secs) < MIN_STEPS or base is None:
+                continue
+            self.table.observed[key] = base + self.track * (statistics.median(secs) - base)
+
+    def _tracked(self) -> dict[tuple[int, int, str], float]:
+        """Every calibrated entry's cost now: observed, else calibration × its bucket's drift."""
+        if self.fixed:
+            return {}
+        cal = {k: statistics.median(v) for k, v in self._samples.items() if v}
+        logs: dict[tuple[int, str], list[float]] = {}
+        for (b, k, m), c in self.table.observed.items():
+            if (b, k, m) in cal and cal[b, k, m] > 0 and c > 0:
+                logs.setdefault((k, m), []).append(math.log(c / cal[b, k, m]))
+        drift = {km: math.exp(sum(v) / len(v)) for km, v in logs.items()}
+        return {key: self.table.observed.get(key, c * drift.get((key[1], key[2]), 1.0))
+                for key, c in cal.items()}
 
     def alphas(self, row: Hashable, slots: int) -> list[float]:
         """α_1 .. α_slots for ``row``: each slot's counts over ``prior_weight``
-        pseudo-observations at the previous slot's estimate (slot 1: ``prior``). A chain that
-        keeps breaking early never reaches the deep slots, so a fixed prior would keep them
-        optimistic; chained, an unreached slot is expected to do as the last slot seen did."""
+        pseudo-observations at a prior. The prior of slot j is the pooled acceptance of slot j
+        over earlier calls of this mode (``end``; once it has ``POOL_MIN`` observations: what
+        requests on this pair did before), else the previous slot's estimate (slot 1:
+        ``prior``): a chain that keeps breaking early never reaches the deep slots, so a fixed
+        prior would keep them optimistic; chained, an unreached slot is expected to do as the
+        last slot seen did. Without the pool one early rejection would make a new request's
+        deep slots look hopeless and shrink its first blocks."""
         acc, seen = self._rows.get(row, ((), ()))
         out, a = [], self.prior
         for j in range(slots):
             hit, n = (acc[j], seen[j]) if j < len(acc) else (0.0, 0.0)
-            a = (hit + a * self.prior_weight) / (n + self.prior_weight)
+            pooled = self._pool[j] if j < len(self._pool) else None
+            a = (hit + (a if pooled is None else pooled) * self.prior_weight) \
+                / (n + self.prior_weight)
             out.append(a)
         return out
 
@@ -162,7 +257,10 @@ class AdaptiveSchedule:
                 raise InvalidInputError(f"the fixed cost table has no entry for block {block} "
                                         f"(bucket {bucket})")
             return float(c)
-        s = self._samples.get((block, bucket, self.mode), [])
+        key = (block, bucket, self.mode)
+        if key in self._frozen:
+            return self._frozen[key]
+        s = self._samples.get(key, [])                 # calibrated during this call
         return statistics.median(s) if s else None
 
     def calibrate(self, bucket: int) -> list[int]:
@@ -180,13 +278,13 @@ class AdaptiveSchedule:
 
     @property
     def costs(self) -> dict[tuple[int, int], float]:
-        """The cost table of the current mode: (block, bucket) → seconds (the median of the
-        calibration samples); bucket 0: a fixed entry for every bucket."""
+        """The cost table of the current mode as the current (or last) call decides with it:
+        (block, bucket) → seconds; bucket 0: a fixed entry for every bucket."""
         if self.fixed:
             return {k if isinstance(k, tuple) else (int(k), 0): float(v)
                     for k, v in sorted(self._fixed.items(), key=str)}
-        return {(b, k): statistics.median(v) for (b, k, m), v in sorted(self._samples.items())
-                if v and m == self.mode}
+        return {(b, k): c for (b, k, m) in sorted(self._samples)
+                if m == self.mode and (c := self.cost(b, k)) is not None}
 
     # ---- decisions ---------------------------------------------------------------------------
     def scores(self, rows: Sequence[Hashable]) -> dict[int, float]:
@@ -276,15 +374,24 @@ class AdaptiveSchedule:
     def observe(self, rows: Sequence[Hashable], block: int, accepted: Sequence[int],
                 seconds: float | None = None) -> None:
         """A finished step's outcome: ``accepted[i]`` drafts of ``rows[i]`` accepted (0 for a
-        target-only step, which teaches nothing). ``seconds`` is not used: costs come from
-        calibration (``measure``) or the fixed table, so choices never follow step timing."""
+        target-only step, which teaches nothing) and its wall ``seconds`` (capture excluded),
+        kept for ``end``: the table this call decides with never follows step timing."""
+        if seconds is not None:
+            self._steps.setdefault((block, bucket_of(len(rows)), self.mode), []).append(
+                float(seconds))
         if block < 2:
             return
         gamma = max(self.candidates) - 1
+        call_acc, call_seen = self._counts
         for r, a in zip(rows, accepted):
             acc, seen = self._rows.setdefault(r, ([0.0] * gamma, [0.0] * gamma))
             for j in range(min(a + 1, block - 1, gamma)):        # slots 1 .. reached
                 acc[j] *= self.decay
                 seen[j] = seen[j] * self.decay + 1.0
+                if j >= len(call_seen):
+                    call_acc.append(0.0)
+                    call_seen.append(0.0)
+                call_seen[j] += 1.0
                 if j < a:
                     acc[j] += 1.0
+                    call_acc[j] += 1.0
