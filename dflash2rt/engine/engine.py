@@ -176,7 +176,10 @@ class Engine:
                 st = drop_finished(st, out)
                 host_masks(st, out, stats)
                 if sched is not None:
-                    sched.begin("sampled" if st.sampling.any_sampled else "greedy")
+                    laws = {(q.params.temperature, q.params.top_p, q.params.top_k)
+                            for q in requests}
+                    sched.begin("sampled" if st.sampling.any_sampled else "greedy",
+                                laws.pop() if len(laws) == 1 else "mixed")
                 pending = 0          # target-only steps since the last spec step (adaptive)
                 while st.size:
                     if sched is None:

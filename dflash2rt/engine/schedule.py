@@ -14,14 +14,15 @@ target-only step); in a batch it sees what the rate rule misses: the batch runs 
 slowest row is done, so tokens that rows ahead of it commit only pay back through cheaper
 steps of a smaller batch, while target-only steps keep every row in lockstep.
 
-α_{r,i}: request r's running estimate of P(draft slot i accepted | slot i reached), from a prior
-(``prior_weight`` pseudo-observations at the pooled acceptance of slot i over earlier calls of
-the same sampling mode, once it has ``POOL_MIN`` observations; else at α_{r,i−1}, ``prior`` for
-slot 1, so a slot the chain never reaches is expected to do as the last one reached did, not as
-well as the prior) and exponential forgetting (``decay`` per observation of the slot) so it
-tracks changes. The pool is what makes a new request start with the blocks the pair earns:
-with the chain alone, one early rejection made the deep slots of a new request look hopeless
-(α 0.3–0.45 where the bundled pair accepts 0.9 at T = 0) and shrank its first blocks.
+α_{r,i}: request r's running estimate of P(draft slot i accepted | slot i reached), from a
+prior (``prior_weight`` pseudo-observations at the pooled acceptance of slot i over earlier
+calls with the same sampling settings, once it has ``POOL_MIN`` observations; else at
+α_{r,i−1}, ``prior`` for slot 1, so a slot the chain never reaches is expected to do as the
+last one reached did, not as well as the prior) and exponential forgetting (``decay`` per
+observation of the slot) so it tracks changes. The pool is what makes a new request start
+with the blocks the pair earns: with the chain alone, one early rejection made the deep slots
+of a new request look hopeless (α 0.3–0.45 where the bundled pair accepts 0.9 at T = 0) and
+shrank its first blocks.
 cost(b, bucket): seconds of one decode step of block b for a batch of that bucket (the next
 power of two ≥ its rows, as graphs bucket).
 
@@ -42,20 +43,21 @@ is one per process, model pair and device (``shared_schedule``: every Engine the
 it, whatever its backend or graph mode).
 
 The table follows the machine between calls, never within one (and so does the acceptance
-pool): ``begin`` freezes the table a call decides with, ``observe`` collects the seconds its decode steps take, and ``end`` folds
-them in (``track``: each (block, bucket, mode) with at least ``MIN_STEPS`` steps in the call
-moves that share of the way from its entry to the call's median step). An entry the call did
-not run follows the entries it did: it is its calibration scaled by the bucket's drift, the
-geometric mean of observed / calibrated over the entries observed so far. So a machine that
-slows down (or a calibration that caught it in a fast moment) stops steering the choice after
-a call or two: the bundled pair's sampled target-only step at batch 1 was calibrated at
-10.4 ms and then ran at 14–15 ms, which made the adaptive run pick speculation it could not
-afford. Within a call choices are a deterministic function of the frozen table and the
-batch's committed outcomes (so every step verifies losslessly, and eager == graphs with one
-table); seeded sampled output can differ between calls whose tables differ. For seeded runs
-that repeat exactly: a fixed block (``block_size=N``), a fixed table (below) as
-``Engine.schedule``, or ``track=0`` (calibration only). Greedy output never depends on the
-schedule. ``RunStats.costs`` reports the table a call decided with.
+pool): ``begin`` freezes the table a call decides with, ``observe`` collects the seconds its
+decode steps take, and ``end`` folds them in (``track``: each (block, bucket, mode) with at
+least ``MIN_STEPS`` steps in the call moves that share of the way from its entry to the call's
+median step). An entry the call did not run follows the entries it did: it is its calibration
+scaled by the bucket's drift, the geometric mean of observed / calibrated over the entries
+observed so far. So a machine that slows down (or a calibration that caught it in a fast
+moment) stops steering the choice after a call or two: the bundled pair's sampled target-only
+step at batch 1 was calibrated at 10.4 ms and then ran at 14–15 ms, which made the adaptive
+run pick speculation it could not afford. Within a call choices are a deterministic function
+of the frozen table, the pool and the batch's committed outcomes (so every step verifies
+losslessly; ``replica()`` gives another engine the same decisions: eager == graphs); seeded
+sampled output can differ between calls whose tables differ. For seeded runs that repeat
+exactly: a fixed block (``block_size=N``), a fixed table (below) as ``Engine.schedule`` (it
+learns nothing between calls unless given ``track``), or a measured one with ``track=0``. Greedy output
+never depends on the schedule. ``RunStats.costs`` reports the table a call decided with.
 
 API (small and pure-ish; a conformance test can drive it by hand, no clock needed):
 
@@ -84,7 +86,7 @@ from ..errors import InvalidInputError
 MODES = ("greedy", "sampled")
 MIN_STEPS = 3       # a call's steps of one (block, bucket) needed to move its table entry
 POOL_MIN = 8        # reached observations of a slot before the pooled prior replaces the chain
-POOL_CAP = 512.0    # the pooled counts are scaled down past this many observations of slot 1
+POOL_CAP = 256.0    # the pooled counts are scaled down past this many observations of slot 1
 TAIL = 4            # finish rule: the last TAIL · block tokens of a row count steps exactly
 
 
@@ -105,7 +107,7 @@ class MeasuredTable:
     def __init__(self) -> None:
         self.samples: dict[tuple[int, int, str], list[float]] = {}
         self.observed: dict[tuple[int, int, str], float] = {}
-        self.accept: dict[str, tuple[list[float], list[float]]] = {}   # mode → pooled counts
+        self.accept: dict[tuple, tuple[list[float], list[float]]] = {}   # (mode, law) → counts
 
 
 def shared_schedule(pair, device: object) -> "AdaptiveSchedule":
@@ -130,7 +132,7 @@ class AdaptiveSchedule:
 
     def __init__(self, candidates: Sequence[int], costs: Mapping | None = None, *,
                  prior: float = 0.8, prior_weight: float = 1.0, decay: float = 0.9,
-                 probe: int = 4, max_probe: int = 64, reps: int = 3, track: float = 0.5,
+                 probe: int = 4, max_probe: int = 64, reps: int = 3, track: float | None = None,
                  table: MeasuredTable | None = None) -> None:
         cands = sorted(set(int(b) for b in candidates))
         if not cands or cands[0] < 1:
@@ -139,6 +141,8 @@ class AdaptiveSchedule:
         self.candidates = tuple(cands)
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
         self.probe, self.max_probe, self.reps = probe, max_probe, reps
+        if track is None:                  # a fixed table learns nothing unless asked
+            track = 0.0 if costs is not None else 0.5
         if not 0.0 <= track <= 1.0:
             raise InvalidInputError(f"track must be in [0, 1], got {track!r}")
         self.track = float(track)
@@ -150,19 +154,21 @@ class AdaptiveSchedule:
         self.begin()
 
     # ---- per batch of requests -------------------------------------------------------------
-    def begin(self, mode: str = "greedy") -> None:
+    def begin(self, mode: str = "greedy", law: Hashable = None) -> None:
         """A new batch of requests: drop per-request estimates and the probe state (the cost
         table is kept); ``mode``: "sampled" if any request samples, else "greedy" (the part of
-        a measured table that its costs come from)."""
+        a measured table that its costs come from); ``law``: what the batch's acceptance
+        depends on besides the pair (the engine passes its requests' sampling settings when
+        they share them): the acceptance pool is kept per (mode, law)."""
         if mode not in MODES:
             raise InvalidInputError(f"schedule mode must be one of {MODES}, got {mode!r}")
-        self.mode = mode
+        self.mode, self.law = mode, law
         self._rows: dict[Hashable, tuple[list[float], list[float]]] = {}   # accepted, reached
         self._only, self._gap = 0, self.probe          # target-only steps in a row, probe gap
         self._frozen = self._tracked()                 # the table this call decides with
         self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds
         self._pooled = {m: (list(a), list(n)) for m, (a, n) in self.table.accept.items()}
-        acc, seen = self._pooled.get(mode, ((), ()))
+        acc, seen = self._pooled.get((mode, law), ((), ()))
         self._pool = [a / n if n >= POOL_MIN else None for a, n in zip(acc, seen)]
         self._counts: tuple[list[float], list[float]] = ([], [])    # this call's, per slot
 
@@ -186,7 +192,7 @@ class AdaptiveSchedule:
         counts, self._counts = self._counts, ([], [])
         if self.track == 0.0:
             return
-        acc, seen = self.table.accept.setdefault(self.mode, ([], []))
+        acc, seen = self.table.accept.setdefault((self.mode, self.law), ([], []))
         for mine, pooled in zip(counts, (acc, seen)):
             pooled.extend([0.0] * (len(mine) - len(pooled)))
             for j, c in enumerate(mine):
@@ -220,8 +226,8 @@ class AdaptiveSchedule:
     def alphas(self, row: Hashable, slots: int) -> list[float]:
         """α_1 .. α_slots for ``row``: each slot's counts over ``prior_weight``
         pseudo-observations at a prior. The prior of slot j is the pooled acceptance of slot j
-        over earlier calls of this mode (``end``; once it has ``POOL_MIN`` observations: what
-        requests on this pair did before), else the previous slot's estimate (slot 1:
+        over earlier calls with this mode and law (``end``; once it has ``POOL_MIN``
+        observations: what requests on this pair did before), else the previous slot's estimate (slot 1:
         ``prior``): a chain that keeps breaking early never reaches the deep slots, so a fixed
         prior would keep them optimistic; chained, an unreached slot is expected to do as the
         last slot seen did. Without the pool one early rejection would make a new request's
