@@ -100,12 +100,15 @@ def test_identity_conv_and_zero_successor_equal_dflash1_drafts():
 @pytest.mark.parametrize("block", [8, None])
 def test_same_seed_same_tokens_across_runs_batches_and_positions(block):
     """Fixed block: a request's tokens depend only on its prompt and parameters. Adaptive
-    (None): the block sizes follow the batch's outcomes, so only the same batch on the same
-    engine (its frozen cost table) reproduces them."""
+    (None): the block sizes follow the batch's outcomes and the schedule's table, which learns
+    between calls, so the same batch repeats under the same schedule state (a replica)."""
     pair = oracle_pair(8)
     eng = Engine(pair, get_backend("cpu"))
     params = dict(temperature=1.3, top_p=0.95, seed=11)
     gen = lambda ps, **kw: eng.generate(_reqs(prompts=ps, **kw), block_size=block)  # noqa: E731
+    if block is None:
+        gen([(1, 2), (3, 4, 5), (6,)], **params)            # calibrates; the table then learns
+        eng.schedule = eng.schedule.replica()                # this state, learning nothing
     batch, s = gen([(1, 2), (3, 4, 5), (6,)], **params)
     again, _ = gen([(1, 2), (3, 4, 5), (6,)], **params)
     assert [o.token_ids for o in batch] == [o.token_ids for o in again]
