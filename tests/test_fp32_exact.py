@@ -217,6 +217,7 @@ def bundled():
 def test_engine_on_cpu_nofp64_equals_cpu(bundled, temperature):
     from dflash2rt.engine.engine import Engine
     from dflash2rt.engine.request import Request, SamplingParams
+    from dflash2rt.engine.schedule import shared_schedule
 
     pair, prompts = bundled
     reqs = [Request(tuple(p["prompt_ids"]), SamplingParams(max_new_tokens=20, seed=11,
@@ -228,8 +229,11 @@ def test_engine_on_cpu_nofp64_equals_cpu(bundled, temperature):
     run_context = nofp64.run_context
     nofp64.run_context = lambda: entered.append(1) or run_context()    # the whole decode in it
     for spec in (True, False):
-        want, _ = Engine(pair, dflash2rt.get_backend("cpu")).generate(reqs, spec=spec)
-        got, _ = Engine(pair, nofp64).generate(reqs, spec=spec)
+        engines = [Engine(pair, dflash2rt.get_backend("cpu")), Engine(pair, nofp64)]
+        for e in engines:       # one schedule state for both (the default learns per call)
+            e.schedule = shared_schedule(pair, "cpu", track=0.0)
+        want, _ = engines[0].generate(reqs, spec=spec)
+        got, _ = engines[1].generate(reqs, spec=spec)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert len(entered) == 2
 

@@ -85,6 +85,7 @@ from ..errors import InvalidInputError
 
 MODES = ("greedy", "sampled")
 MIN_STEPS = 3       # a call's steps of one (block, bucket) needed to move its table entry
+TRACK = 0.5         # a measured table's default: each call moves an entry halfway to its steps
 POOL_MIN = 8        # reached observations of a slot before the pooled prior replaces the chain
 POOL_CAP = 256.0    # the pooled counts are scaled down past this many observations of slot 1
 TAIL = 4            # finish rule: the last TAIL · block tokens of a row count steps exactly
@@ -110,14 +111,22 @@ class MeasuredTable:
         self.accept: dict[tuple, tuple[list[float], list[float]]] = {}   # (mode, law) → counts
 
 
-def shared_schedule(pair, device: object) -> "AdaptiveSchedule":
-    """A new schedule (an Engine's default) over the process's one measured cost table for this
-    model pair (its target and draft modules) on this device: every engine of the process over
-    them, whatever its backend or graph mode, decides from the same table (as the steps of
-    earlier calls left it) and so makes the same choices from the same outcomes."""
+def shared_table(pair, device: object) -> MeasuredTable:
+    """The process's one measured table for this model pair (its target and draft modules) on
+    this device."""
     drafts = _TABLES.setdefault(pair.target, weakref.WeakKeyDictionary())
-    table = drafts.setdefault(pair.draft, {}).setdefault(str(device), MeasuredTable())
-    return AdaptiveSchedule(default_candidates(pair.draft.cfg.block_size), table=table)
+    return drafts.setdefault(pair.draft, {}).setdefault(str(device), MeasuredTable())
+
+
+def shared_schedule(pair, device: object, track: float | None = None) -> "AdaptiveSchedule":
+    """A new schedule (an Engine's default) over the process's one measured cost table for this
+    model pair on this device: every engine of the process over them, whatever its backend or
+    graph mode, decides from the same table (as the steps of earlier calls left it) and so
+    makes the same choices from the same outcomes. ``track=0``: a schedule that calibrates
+    into the shared table but learns nothing from its calls (engines compared step for step
+    with one another use such schedules)."""
+    return AdaptiveSchedule(default_candidates(pair.draft.cfg.block_size), track=track,
+                            table=shared_table(pair, device))
 
 
 def bucket_of(rows: int) -> int:
@@ -142,7 +151,7 @@ class AdaptiveSchedule:
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
         self.probe, self.max_probe, self.reps = probe, max_probe, reps
         if track is None:                  # a fixed table learns nothing unless asked
-            track = 0.0 if costs is not None else 0.5
+            track = 0.0 if costs is not None else TRACK
         if not 0.0 <= track <= 1.0:
             raise InvalidInputError(f"track must be in [0, 1], got {track!r}")
         self.track = float(track)

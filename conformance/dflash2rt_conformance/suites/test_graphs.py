@@ -12,6 +12,10 @@ captured, passed the runner's post-capture check (one replay equal to the eager 
 was replayed; a refused capture or a differing replay runs that bucket eagerly, which would
 compare eager with eager, so it fails the test naming the reason. Per-test replay counts are
 recorded as level metrics.
+
+Adaptive runs (the engine's default) compare under one schedule state: every engine here takes
+a schedule over the process's measured table that learns nothing between calls (``track=0``),
+so graph mode and eager mode choose the same block sizes from the same outcomes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.graphed import BUCKETS
 from dflash2rt.engine.request import Request, SamplingParams
+from dflash2rt.engine.schedule import shared_schedule
 from dflash2rt_conformance import models
 
 pytestmark = pytest.mark.dflash2rt_level("graphs")
@@ -100,10 +105,17 @@ def _requests(n, sampled=lambda i: i % 2 == 1, new=10):
 def _run(pair, backend, reqs, spec=True, proof=None, case=""):
     """Tokens and accept histogram of one run; with ``proof``, a graph-mode run that must
     replay every bucket it uses."""
-    outs, stats = Engine(pair, backend).generate(reqs, spec=spec)
+    outs, stats = _engine(pair, backend).generate(reqs, spec=spec)
     if proof is not None:
         proof.check(stats, case)
     return [o.token_ids for o in outs], list(stats.accept_hist)
+
+
+def _engine(pair, backend) -> Engine:
+    """An engine whose adaptive schedule learns nothing between calls (module docstring)."""
+    engine = Engine(pair, backend)
+    engine.schedule = shared_schedule(pair, backend.device, track=0.0)
+    return engine
 
 
 def _eager(pair, backend, graphs, reqs, spec=True):
@@ -159,7 +171,7 @@ def test_kept_graphs_replay_equals_eager_in_later_calls(graphs, pair, backend, p
     """One Engine keeps its graphs and caches across generate() calls: later calls with other
     batch sizes, lengths and modes replay them over stale cache rows (or outgrow them and
     capture anew), and every call still equals eager."""
-    with Engine(pair, backend) as engine:
+    with _engine(pair, backend) as engine:
         for n, new, spec in ((3, 10, True), (1, 6, True), (3, 12, False), (3, 8, True),
                              (5, 10, True), (2, 7, False), (2, 12, True)):
             outs, stats = engine.generate(_requests(n, new=new), spec=spec)
