@@ -33,9 +33,9 @@ def _drive(s, rows, accept, steps=40):
 
 
 def test_default_candidates_and_buckets():
-    assert default_candidates(8) == (1, 2, 4, 8)
-    assert default_candidates(6) == (1, 2, 4, 6)
-    assert default_candidates(2) == (1, 2)
+    assert default_candidates(8) == (1, 2, 4, 8, 16)
+    assert default_candidates(6) == (1, 2, 4, 6, 12)
+    assert default_candidates(2) == (1, 2, 4)
     assert [bucket_of(n) for n in (1, 2, 3, 4, 5, 33)] == [1, 2, 4, 4, 8, 64]
     with pytest.raises(InvalidInputError):
         AdaptiveSchedule((0, 2))
@@ -182,9 +182,9 @@ def test_greedy_output_is_schedule_independent_on_the_bundled_pair():
     fixed, _ = engine.generate(_reqs(prompts, 24), block_size=8)
     assert [o.token_ids for o in adaptive] == [o.token_ids for o in target] == \
         [o.token_ids for o in fixed]
-    assert stats.adaptive and stats.block_size == 8 and sum(stats.block_sizes.values()) == \
+    assert stats.adaptive and stats.block_size == 16 and sum(stats.block_sizes.values()) == \
         stats.steps
-    assert set(stats.costs) == {1, 2, 4, 8} and all(2 in v for v in stats.costs.values())
+    assert set(stats.costs) == {1, 2, 4, 8, 16} and all(2 in v for v in stats.costs.values())
 
 
 def test_sampled_adaptive_run_reports_its_block_sizes():
@@ -198,9 +198,9 @@ def test_sampled_adaptive_run_reports_its_block_sizes():
     again, st2 = engine.generate(_reqs([reqs[0].prompt_ids], 32, temperature=1.0, seed=3))
     assert len(outs[0].token_ids) == 32 == len(again[0].token_ids)
     assert st2.calibration_steps == 0 and set(st2.costs) == set(stats.costs)
-    assert stats.adaptive and set(stats.block_sizes) <= {1, 2, 4, 8}
+    assert stats.adaptive and set(stats.block_sizes) <= {1, 2, 4, 8, 16}
     assert sum(stats.block_sizes.values()) == stats.steps == stats.syncs
-    assert set(stats.costs) == {1, 2, 4, 8} and stats.calibration_steps in (0, 12)  # shared
+    assert set(stats.costs) == {1, 2, 4, 8, 16} and stats.calibration_steps in (0, 15)  # shared
     assert stats.committed == sum(a + 1 for a in range(len(stats.accept_hist))
                                   for _ in range(stats.accept_hist[a]))
 

@@ -186,7 +186,7 @@ def test_greedy_spec_cuts_exactly_like_target_only(pair, name):
 
 def test_adaptive_greedy_cuts_exactly_like_target_only(pair):
     spec, stats = Engine(pair, get_backend("cpu")).generate(_requests())
-    assert stats.adaptive and max(stats.block_sizes) == BLOCK
+    assert stats.adaptive and max(stats.block_sizes) >= BLOCK   # 2 x BLOCK is a candidate too
     assert _outputs(spec) == [reference(CA if q.prompt_ids == A else CB, q.params)
                               for q in _requests()]
 

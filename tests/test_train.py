@@ -317,3 +317,34 @@ def test_gen_mix_is_seeded_and_follows_its_shares():
     for t, p, share in GEN_MIX:
         got = sum(1 for a, b in zip(temps, top_ps) if (a, b) == (t, p)) / 2000
         assert abs(got - share / sum(w for _, _, w in GEN_MIX)) < 0.05
+
+
+def test_given_target_is_loaded_only_with_the_recipes_tokenizer(tmp_path):
+    """``--target DIR``: the draft is distilled for an existing target, loaded in float32 with
+    the draft's taps; a target whose tokenizer is not the one the recipe trains (ids would mean
+    other text) or that has none is refused, naming what to fix."""
+    import dataclasses
+
+    from dflash2rt.models.hf_loader import save_target
+    from dflash2rt.train.recipe import RecipeConfig, given_target, target_dir
+
+    tok = train_tokenizer(_texts(3), 320)
+    cfg = dataclasses.replace(RecipeConfig(), vocab_size=320, target=TINY_TARGET, draft=TINY_DRAFT)
+    tcfg = TargetConfig.from_dict(target_mod.target_config_dict(TINY_TARGET, tok.vocab_size,
+                                                                tok.eos_id))
+    model = TargetModel(tcfg, ())
+    target_mod.init_weights(model, torch.Generator().manual_seed(0), residual_layers=2)
+    save_target(model, None, tmp_path / "t")
+    with pytest.raises(InvalidInputError, match="no tokenizer.json"):
+        given_target(tmp_path / "t", tok, cfg)
+    tok.save(tmp_path / "t")
+    got = given_target(target_dir(str(tmp_path / "t")), tok, cfg)
+    assert got.cfg == tcfg and tuple(got.tap_layer_ids) == TINY_DRAFT.target_layer_ids
+    for a, b in zip(got.parameters(), model.parameters()):
+        assert torch.equal(a, b) and a.dtype == torch.float32
+    train_tokenizer(_texts(2), 320).save(tmp_path / "t")
+    with pytest.raises(InvalidInputError, match="not the one this recipe trains"):
+        given_target(tmp_path / "t", tok, cfg)
+    with pytest.raises(InvalidInputError, match="no-such-pair"):
+        target_dir("no-such-pair")
+    assert target_dir("stdlib-code").name == "target" and target_dir("stdlib-code").is_dir()

@@ -24,6 +24,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gen-prompts", type=int, help="prompts the target continues for distillation")
     p.add_argument("--draft-layers", type=int, help="draft decoder layers")
     p.add_argument("--block-size", type=int, help="draft block size (default 8)")
+    p.add_argument("--target", default=None, metavar="DIR_OR_NAME",
+                   help="distil a draft for this existing target instead of training one: a "
+                        "target directory made by this recipe, or a bundled pair's name "
+                        "(its target/); the tokenizer must be the recipe's")
     p.add_argument("--logit-scale", type=float,
                    help="factor on the trained target's logits in the shipped target (default 2.75; "
                         "1 ships the trained model as is)")
@@ -31,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.recipe import RecipeConfig, run_recipe
+    from ..train.recipe import RecipeConfig, run_recipe, target_dir
 
     cfg = RecipeConfig(seed=args.seed, threads=args.threads)
     if args.minutes is not None:
@@ -43,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
              if v is not None}
     if shape:
         over["draft"] = dataclasses.replace(cfg.draft, **shape)
+    if args.target is not None:
+        target_dir(args.target)                     # an unknown name fails before any work
+        over["target_dir"] = args.target
     cfg = dataclasses.replace(cfg, **over)
     report = run_recipe(args.out, cfg)
     summary = {k: report[k] for k in ("seconds", "total_seconds", "bytes")}

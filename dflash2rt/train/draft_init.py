@@ -16,15 +16,18 @@ from ..models.draft_config import ARCH_V2, DraftConfig
 class DraftShape:
     """One decoder layer over taps of target layers 1, 4 and 7 (of 8); the selector offers K = 16
     candidates per slot (the published drafts' K): a slot's acceptance when sampling is at most
-    the target's mass on them."""
+    the target's mass on them. The MLP is 8x the hidden size and the selector's rank 128 (were
+    512 and 32): on the CPU a step costs its ~300 ops, not its FLOPs, so the width is nearly
+    free at run time, and on the shipped target it took held-out τ at block 8 from 5.54 / 4.06
+    / 3.13 to 5.73 / 4.26 / 3.17 (T = 0 / 0.7 top-p 0.95 / 1) with the argmax hard targets."""
 
     layers: int = 1
-    intermediate: int = 512
+    intermediate: int = 1536
     block_size: int = 8
     target_layer_ids: tuple[int, ...] = (1, 4, 7)
     conv_kernel_size: int = 4
     conv_group_size: int = 16
-    selector_rank: int = 32
+    selector_rank: int = 128
     selector_top_k: int = 16
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None

@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 
 from ..backend import TorchOpsBackend
+from ..errors import InvalidInputError
 from ..models.config import TargetConfig
 from ..models.draft import DraftModel
 from ..models.draft_loader import save_draft
-from ..models.hf_loader import save_target
+from ..models.hf_loader import load_target, save_target
 from ..models.pair import ModelPair, load_pair
 from ..models.target import TargetModel
 from . import corpus as corpus_mod
@@ -27,7 +28,9 @@ from .progress import Progress, fmt_s
 from .target import TargetShape
 from .tokenizer import train_tokenizer
 
-DEFAULT_MINUTES = 50.0   # the default counts on 2 cores: 48 min 44 s for the shipped pair (seed 0)
+# The default counts on 2 cores: 48 min 44 s for the shipped target's run (seed 0, 2026-12-01);
+# 29 min 6 s for a whole run with today's draft shape on a faster day (2026-12-02).
+DEFAULT_MINUTES = 50.0
 
 # Distillation continuations: (temperature, top_p, share of the prompts). Greedy continuations keep
 # τ at T=0; sampled ones show the draft the paths (and the target laws) it meets when sampling.
@@ -71,15 +74,20 @@ class RecipeConfig:
     slot_decay: float = 7.0
     selector_weight: float = 1.0
     soft_weight: float = 1.0         # KL(p_target ‖ q_draft) per slot + the selector's soft K-way KL
-    hard_weight: float = 0.2         # CE on the hard targets (+ hard K-way selector CE)
+    hard_weight: float = 0.5         # CE on the hard targets (+ hard K-way selector CE)
     # The hard targets: the target's argmax after each prefix (what a greedy verifier accepts),
     # on every continuation; False: the continuation's own tokens (sampled ones on sampled
-    # continuations, which teach T = 0 nothing the soft targets do not)
-    hard_argmax: bool = False
+    # continuations, which teach T = 0 nothing the soft targets do not). The shipped draft: on,
+    # weight 0.5.
+    hard_argmax: bool = True
     heldout_prompts: int = 24
     heldout_tokens: tuple[int, int] = (64, 192)
     eval_new_tokens: int = 128
     max_files: int | None = None     # only for tiny test runs
+    # Distil a draft for this existing target (a HF directory, or a bundled pair's name: its
+    # target/) instead of training one: the target stage loads it; its tokenizer must be the
+    # recipe's.
+    target_dir: str | None = None
 
     def scaled(self, minutes: float) -> "RecipeConfig":
         """The same recipe with step and data counts scaled by ``minutes / DEFAULT_MINUTES``."""
@@ -132,6 +140,37 @@ def save_pair(out: Path, target: TargetModel, draft: DraftModel, tok, eos_id: in
     save_draft(copy.deepcopy(draft).to(torch.bfloat16), out / "draft")
 
 
+def target_dir(value: str) -> Path:
+    """A directory as given, else a bundled pair's target/ (InvalidInputError otherwise)."""
+    from ..bundled import bundled_path
+
+    path = Path(value)
+    return path if path.is_dir() else bundled_path(value) / "target"
+
+
+def given_target(directory: Path, tok, cfg: RecipeConfig) -> TargetModel:
+    """The target of ``cfg.target_dir``, float32 with the draft's taps, after checking that its
+    tokenizer is the one the recipe trained (prompts and ids must mean the same text)."""
+    file = directory / "tokenizer.json"
+    if not file.is_file():
+        raise InvalidInputError(f"--target {directory}: no tokenizer.json there (a target "
+                                f"directory of a pair made by this recipe is expected)")
+    if json.loads(file.read_text(encoding="utf-8")) != json.loads(tok.backend.to_str()):
+        raise InvalidInputError(f"--target {directory}: its tokenizer.json is not the one this "
+                                f"recipe trains from the corpus (vocab {cfg.vocab_size}); a draft "
+                                f"distilled here would not match that target's ids")
+    target, _ = load_target(directory, torch.float32, "cpu", cfg.draft.target_layer_ids)
+    return target
+
+
+def weights_sha256(directory: Path) -> dict[str, str]:
+    """sha256 of each safetensors file of a checkpoint directory."""
+    import hashlib
+
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(directory.glob("*.safetensors"))}
+
+
 def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
     """Train and save the pair into ``out``; returns (and writes) ``train_report.json``."""
     log = log or Progress("recipe", 1).log
@@ -158,21 +197,28 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
         f"{len(corpus.heldout)} held-out files ({held.numel()} tokens); vocab {tok.vocab_size}")
     phase("tokenizer")
 
-    tcfg = TargetConfig.from_dict(target_mod.target_config_dict(cfg.target, tok.vocab_size, tok.eos_id))
-    target = TargetModel(tcfg, cfg.draft.target_layer_ids)
-    target_mod.init_weights(target, torch.Generator().manual_seed(cfg.seed), residual_layers=cfg.target.layers)
-    losses = target_mod.train_target(target, stream, cfg.target_steps, cfg.target_batch, cfg.seq_len,
-                                     cfg.target_lr, cfg.seed + 1)
     seq = min(cfg.seq_len, held.numel() - 2)
-    raw_held = target_mod.eval_stats(target, held, 16, seq, cfg.seed + 1)
-    with torch.no_grad():
-        target.lm_head.weight.mul_(cfg.target_logit_scale)
-    round_bf16_(target)
+    if cfg.target_dir is not None:
+        target, losses, raw_held = given_target(target_dir(cfg.target_dir), tok, cfg), [], None
+        tcfg = target.cfg
+    else:
+        tcfg = TargetConfig.from_dict(target_mod.target_config_dict(cfg.target, tok.vocab_size,
+                                                                    tok.eos_id))
+        target = TargetModel(tcfg, cfg.draft.target_layer_ids)
+        target_mod.init_weights(target, torch.Generator().manual_seed(cfg.seed),
+                                residual_layers=cfg.target.layers)
+        losses = target_mod.train_target(target, stream, cfg.target_steps, cfg.target_batch,
+                                         cfg.seq_len, cfg.target_lr, cfg.seed + 1)
+        raw_held = target_mod.eval_stats(target, held, 16, seq, cfg.seed + 1)
+        with torch.no_grad():
+            target.lm_head.weight.mul_(cfg.target_logit_scale)
+        round_bf16_(target)
     shipped_held = target_mod.eval_stats(target, held, 16, seq, cfg.seed + 1)
     held_loss = shipped_held["loss"]
-    log(f"target held-out loss / entropy (nats/token): trained {raw_held['loss']:.3f} / "
-        f"{raw_held['entropy']:.3f}; shipped (logits × {cfg.target_logit_scale:g}) "
-        f"{shipped_held['loss']:.3f} / {shipped_held['entropy']:.3f}")
+    log(f"target held-out loss / entropy (nats/token): " + (
+        f"trained {raw_held['loss']:.3f} / {raw_held['entropy']:.3f}; shipped (logits × "
+        f"{cfg.target_logit_scale:g}) " if raw_held else f"given ({cfg.target_dir}) ")
+        + f"{shipped_held['loss']:.3f} / {shipped_held['entropy']:.3f}")
     phase("target")
 
     backend = TorchOpsBackend("cpu", "cpu", (torch.float32,))
@@ -241,10 +287,14 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
         "torch": torch.__version__, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
         "mask_id": tok.mask_id,
         "target": {"params": sum(p.numel() for p in target.parameters()),
-                   "final_train_loss": sum(losses[-20:]) / len(losses[-20:]),
+                   "final_train_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
                    "heldout_loss": held_loss, "heldout_entropy": shipped_held["entropy"],
-                   "logit_scale": cfg.target_logit_scale, "trained_heldout_loss": raw_held["loss"],
-                   "trained_heldout_entropy": raw_held["entropy"]},
+                   "logit_scale": cfg.target_logit_scale if raw_held else None,
+                   "trained_heldout_loss": raw_held["loss"] if raw_held else None,
+                   "trained_heldout_entropy": raw_held["entropy"] if raw_held else None,
+                   "given": None if cfg.target_dir is None else {
+                       "dir": cfg.target_dir,
+                       "sha256": weights_sha256(target_dir(cfg.target_dir))}},
         "draft": {"params": sum(p.numel() for p in draft.parameters()),
                   "final": {k: sum(h[k] for h in history[-20:]) / len(history[-20:])
                             for k in history[-1]},
