@@ -381,3 +381,40 @@ def test_replica_decides_as_the_call_did_and_learns_nothing():
     s.begin("greedy")
     assert twin.alphas("new", 7) == AdaptiveSchedule(CANDS, COSTS).alphas("new", 7)
     assert s.alphas("new", 7) != twin.alphas("new", 7) and s.cost(8, 1) != 2.0
+
+
+def test_a_spec_step_after_target_only_steps_is_observed_with_its_catch_up(monkeypatch):
+    """The deferred draft context a speculative step catches up after target-only steps is
+    part of what that step costs the schedule (so switching is not free in its table); the
+    run's per-step timing (``step_time``) keeps the step alone."""
+    import time as _time
+
+    from dflash2rt.engine import engine as engine_mod
+
+    class Scripted(AdaptiveSchedule):
+        def __init__(self):
+            super().__init__((1, 4), {1: 1.0, 4: 1.0})
+            self.seen, self.n = [], 0
+
+        def choose(self, rows, remaining=None):
+            self.n += 1
+            return (1, 1, 4)[(self.n - 1) % 3]
+
+        def observe(self, rows, block, accepted, seconds=None):
+            self.seen.append((block, seconds))
+            super().observe(rows, block, accepted, seconds)
+
+    real = engine_mod.steps.catch_up_draft
+
+    def slow(*a, **k):
+        _time.sleep(0.05)
+        return real(*a, **k)
+
+    monkeypatch.setattr(engine_mod.steps, "catch_up_draft", slow)
+    engine = Engine(oracle_pair(4), get_backend("cpu"))
+    engine.schedule = Scripted()
+    _, stats = engine.generate(_reqs([(1, 2, 3)], 12))
+    spec = [sec for b, sec in engine.schedule.seen if b == 4]
+    assert spec and all(sec >= 0.05 for sec in spec)
+    n, total = stats.step_time[4][1]
+    assert total / n < 0.05 and stats.draft_deferred > 0

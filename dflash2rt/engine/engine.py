@@ -189,14 +189,17 @@ class Engine:
                     calibrate(steppers, st, sched, stats, fallbacks, out)   # new buckets only
                     rows, b = st.rows, sched.choose(st.rows, out.remaining(st.rows))
                     # (chosen before the step's noise, from the past only)
+                    caught = 0.0
                     if b > 1 and pending:
                         t0 = time.perf_counter()
                         steps.catch_up_draft(pair, st, pending)        # deferred draft context
-                        stats.time["catch_up"] += time.perf_counter() - t0
+                        caught = time.perf_counter() - t0
+                        stats.time["catch_up"] += caught
                         stats.draft_deferred += pending
                     st, accepted, seconds = decode_step(steppers[b], b, st, stats, out, fallbacks)
                     pending = pending + 1 if b == 1 else 0
-                    sched.observe(rows, b, accepted, seconds)
+                    # the schedule learns what switching back to speculation costs, too
+                    sched.observe(rows, b, accepted, seconds + caught)
                 if sched is not None:
                     sched.end()             # the next call's table follows these steps' times
             except BaseException:

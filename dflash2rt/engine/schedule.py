@@ -44,21 +44,22 @@ it, whatever its backend or graph mode).
 
 The table follows the machine between calls, never within one (and so does the acceptance
 pool): ``begin`` freezes the table a call decides with, ``observe`` collects the seconds its
-decode steps take, and ``end`` folds them in (``track``: each (block, bucket, mode) with at
-least ``MIN_STEPS`` steps in the call moves that share of the way from its entry to the call's
-median step). An entry the call did not run follows the entries it did: it is its calibration
-scaled by the bucket's drift, the geometric mean of observed / calibrated over the entries
-observed so far. So a machine that slows down (or a calibration that caught it in a fast
-moment) stops steering the choice after a call or two: the bundled pair's sampled target-only
-step at batch 1 was calibrated at 10.4 ms and then ran at 14–15 ms, which made the adaptive
-run pick speculation it could not afford. Within a call choices are a deterministic function
-of the frozen table, the pool and the batch's committed outcomes (so every step verifies
-losslessly; ``replica()`` gives another engine the same decisions: eager == graphs); seeded
-sampled output can differ between calls whose tables differ. For seeded runs that repeat
-exactly: a fixed block (``block_size=N``), a fixed table (below) as ``Engine.schedule`` (it
-learns nothing between calls unless given ``track``), or a measured one with ``track=0``
-(``shared_schedule(pair, device, track=0)``). Greedy output never depends on the schedule.
-``RunStats.costs`` reports the table a call decided with.
+decode steps take (a speculative step after target-only steps with the deferred draft context
+it catches up first, so the table learns what switching costs), and ``end`` folds them in
+(``track``: each (block, bucket, mode) with at least ``MIN_STEPS`` steps in the call moves that
+share of the way from its entry to the call's median step). An entry the call did not run
+follows the entries it did: it is its calibration scaled by the bucket's drift, the geometric
+mean of observed / calibrated over the entries observed so far. So a machine that slows down
+(or a calibration that caught it in a fast moment) stops steering the choice after a call or
+two: the bundled pair's sampled target-only step at batch 1 was calibrated at 10.4 ms and then
+ran at 14–15 ms, which made the adaptive run pick speculation it could not afford. Within a
+call choices are a deterministic function of the frozen table, the pool and the batch's
+committed outcomes (so every step verifies losslessly; ``replica()`` gives another engine the
+same decisions: eager == graphs); seeded sampled output can differ between calls whose tables
+differ. For seeded runs that repeat exactly: a fixed block (``block_size=N``), a fixed table
+(below) as ``Engine.schedule`` (it learns nothing between calls unless given ``track``), or a
+measured one with ``track=0`` (``shared_schedule(pair, device, track=0)``). Greedy output never
+depends on the schedule. ``RunStats.costs`` reports the table a call decided with.
 
 API (small and pure-ish; a conformance test can drive it by hand, no clock needed):
 
