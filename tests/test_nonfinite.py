@@ -65,12 +65,14 @@ def test_a_few_nan_codebook_rows_raise_or_decode_correctly(tmp_path):
 
 def test_engine_stays_usable_after_a_bad_request():
     """A NaN embedding row poisons only prompts that hold that token: the request fails with its
-    index named, and the same engine then decodes a clean prompt exactly as a fresh one does."""
+    index named, and the same engine then decodes a clean prompt exactly as a fresh one does
+    (a fixed block: adaptive choices follow a table that learns between calls)."""
     root = bundled_path("stdlib-code")
     pair = load_pair(root / "target", root / "draft")
     good, poisoned = (5, 6, 7, 8), (5, 6, 1999, 8)
     with Engine(pair, get_backend("cpu")) as eng:
-        want = eng.generate([Request(good, SamplingParams(max_new_tokens=12, temperature=1.0))])
+        want = eng.generate([Request(good, SamplingParams(max_new_tokens=12, temperature=1.0))],
+                            block_size=8)
         weight = dict(pair.target.named_parameters())["model.embed_tokens.weight"]
         saved = weight.data[1999].clone()
         try:
@@ -81,7 +83,7 @@ def test_engine_stays_usable_after_a_bad_request():
                                   Request(poisoned, SamplingParams(max_new_tokens=12))],
                                  spec=spec)
             got = eng.generate([Request(good, SamplingParams(max_new_tokens=12,
-                                                             temperature=1.0))])
+                                                             temperature=1.0))], block_size=8)
         finally:
             weight.data[1999] = saved
     assert got[0][0].token_ids == want[0][0].token_ids
