@@ -12,8 +12,8 @@ import torch
 from dflash2rt import get_backend
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.engine.schedule import MIN_STEPS as MIN_STEPS_FOR_TEST
-from dflash2rt.engine.schedule import AdaptiveSchedule, bucket_of, default_candidates
+from dflash2rt.engine.schedule import (MIN_STEPS, POOL_MIN, AdaptiveSchedule, bucket_of,
+                                       default_candidates)
 from dflash2rt.errors import InvalidInputError
 
 from tiny_models import oracle_pair, tiny_pair
@@ -252,8 +252,6 @@ def test_table_follows_observed_steps_between_calls_never_within():
     """``observe`` keeps a call's step seconds; only ``end`` moves the table (``track`` of the
     way to the call's median), for entries with MIN_STEPS steps; an entry the call did not run
     is its calibration times the bucket's drift (observed / calibrated); ``track=0``: frozen."""
-    from dflash2rt.engine.schedule import MIN_STEPS
-
     def calibrated(track):
         s = AdaptiveSchedule((1, 4), reps=1, track=track)
         s.measure(1, 1, 2.0)
@@ -295,7 +293,7 @@ def test_a_slow_target_only_step_turns_the_choice_after_one_call():
     s.measure(4, 1, 2.0)
     s.begin("greedy")
     assert s.choose(["a"]) == 1                      # E[4] = 1.875 over 2.0 < 1 over 1.0
-    for _ in range(MIN_STEPS_FOR_TEST):
+    for _ in range(MIN_STEPS):
         s.observe(["a"], 1, [0], 3.0)
     s.end()
     s.begin("greedy")
@@ -304,7 +302,7 @@ def test_a_slow_target_only_step_turns_the_choice_after_one_call():
     s2.measure(1, 1, 1.0)
     s2.measure(4, 1, 2.0)
     s2.begin("greedy")
-    for _ in range(MIN_STEPS_FOR_TEST):
+    for _ in range(MIN_STEPS):
         s2.observe(["a"], 1, [0], 3.0)
         s2.observe(["a"], 4, [1], 2.5)
     s2.end()
@@ -339,8 +337,6 @@ def test_pooled_acceptance_is_the_prior_of_the_next_calls_requests():
     the next calls' requests: one early rejection no longer makes a new request's deep slots
     look hopeless (the chain alone drops them to the rejected slot's estimate and the rate rule
     shrinks the block). Nothing moves within a call, and ``track=0`` pools nothing."""
-    from dflash2rt.engine.schedule import POOL_MIN
-
     def run(track):
         s = AdaptiveSchedule(CANDS, COSTS, track=track)
         s.begin("greedy")

@@ -78,18 +78,16 @@ fixed table serves both modes).
 from __future__ import annotations
 
 import math
-import statistics
-import weakref
 from typing import Hashable, Mapping, Sequence
 
 from ..errors import InvalidInputError
+from .cost_table import MIN_STEPS, POOL_CAP, POOL_MIN, TRACK, MeasuredTable, shared_table
+
+__all__ = ["AdaptiveSchedule", "MeasuredTable", "MIN_STEPS", "POOL_CAP", "POOL_MIN", "TRACK",
+           "bucket_of", "default_candidates", "shared_schedule", "shared_table"]
 
 
 MODES = ("greedy", "sampled")
-MIN_STEPS = 3       # a call's steps of one (block, bucket) needed to move its table entry
-TRACK = 0.5         # a measured table's default: each call moves an entry halfway to its steps
-POOL_MIN = 8        # reached observations of a slot before the pooled prior replaces the chain
-POOL_CAP = 256.0    # the pooled counts are scaled down past this many observations of slot 1
 TAIL = 4            # finish rule: the last TAIL · block tokens of a row count steps exactly
 
 
@@ -101,26 +99,6 @@ def default_candidates(block: int) -> tuple[int, ...]:
     schedule only takes the larger block where its measured acceptance pays for it."""
     return tuple(sorted({1, block, 2 * block} | {1 << k for k in range(1, block.bit_length())
                                                  if 1 << k < block}))
-
-
-_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # target → draft → device
-
-
-class MeasuredTable:
-    """A measured cost table: calibration samples and the costs observed in decode steps,
-    keyed (block, bucket, mode); shared by the schedules of one pair and device."""
-
-    def __init__(self) -> None:
-        self.samples: dict[tuple[int, int, str], list[float]] = {}
-        self.observed: dict[tuple[int, int, str], float] = {}
-        self.accept: dict[tuple, tuple[list[float], list[float]]] = {}   # (mode, law) → counts
-
-
-def shared_table(pair, device: object) -> MeasuredTable:
-    """The process's one measured table for this model pair (its target and draft modules) on
-    this device."""
-    drafts = _TABLES.setdefault(pair.target, weakref.WeakKeyDictionary())
-    return drafts.setdefault(pair.draft, {}).setdefault(str(device), MeasuredTable())
 
 
 def shared_schedule(pair, device: object, track: float | None = None) -> "AdaptiveSchedule":
@@ -179,11 +157,11 @@ class AdaptiveSchedule:
         self.mode, self.law = mode, law
         self._rows: dict[Hashable, tuple[list[float], list[float]]] = {}   # accepted, reached
         self._only, self._gap = 0, self.probe          # target-only steps in a row, probe gap
-        self._frozen = self._tracked()                 # the table this call decides with
+        # the table and pool this call decides with (a copy of the pool for ``replica``)
+        self._frozen = {} if self.fixed else self.table.costs_now()
+        self._pooled = self.table.accept_copy()
+        self._pool = self._pooled.pool(mode, law)
         self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds
-        self._pooled = {m: (list(a), list(n)) for m, (a, n) in self.table.accept.items()}
-        acc, seen = self._pooled.get((mode, law), ((), ()))
-        self._pool = [a / n if n >= POOL_MIN else None for a, n in zip(acc, seen)]
         self._counts: tuple[list[float], list[float]] = ([], [])    # this call's, per slot
 
     def replica(self) -> "AdaptiveSchedule":
@@ -191,12 +169,10 @@ class AdaptiveSchedule:
         that call's cost table as a fixed one, its acceptance pool, the same parameters,
         ``track=0``. Another engine given it chooses the same blocks from the same outcomes
         (graph replay vs eager, backend vs backend)."""
-        table = MeasuredTable()
-        table.accept = {m: (list(a), list(n)) for m, (a, n) in self._pooled.items()}
         return AdaptiveSchedule(self.candidates, self.costs, prior=self.prior,
                                 prior_weight=self.prior_weight, decay=self.decay,
                                 probe=self.probe, max_probe=self.max_probe, reps=self.reps,
-                                track=0.0, table=table)
+                                track=0.0, table=self._pooled.accept_copy())
 
     def end(self) -> None:
         """The batch is done: fold its decode steps' seconds and its per-slot acceptance
@@ -206,36 +182,9 @@ class AdaptiveSchedule:
         counts, self._counts = self._counts, ([], [])
         if self.track == 0.0:
             return
-        acc, seen = self.table.accept.setdefault((self.mode, self.law), ([], []))
-        for mine, pooled in zip(counts, (acc, seen)):
-            pooled.extend([0.0] * (len(mine) - len(pooled)))
-            for j, c in enumerate(mine):
-                pooled[j] += c
-        if seen and seen[0] > POOL_CAP:
-            scale = POOL_CAP / seen[0]
-            acc[:], seen[:] = [a * scale for a in acc], [n * scale for n in seen]
-        if self.fixed:
-            return
-        for key, secs in sorted(steps.items()):
-            base = self.table.observed.get(key, self._frozen.get(key))
-            if base is None and self._samples.get(key):          # calibrated in this call
-                base = statistics.median(self._samples[key])
-            if len(secs) < MIN_STEPS or base is None:
-                continue
-            self.table.observed[key] = base + self.track * (statistics.median(secs) - base)
-
-    def _tracked(self) -> dict[tuple[int, int, str], float]:
-        """Every calibrated entry's cost now: observed, else calibration × its bucket's drift."""
-        if self.fixed:
-            return {}
-        cal = {k: statistics.median(v) for k, v in self._samples.items() if v}
-        logs: dict[tuple[int, str], list[float]] = {}
-        for (b, k, m), c in self.table.observed.items():
-            if (b, k, m) in cal and cal[b, k, m] > 0 and c > 0:
-                logs.setdefault((k, m), []).append(math.log(c / cal[b, k, m]))
-        drift = {km: math.exp(sum(v) / len(v)) for km, v in logs.items()}
-        return {key: self.table.observed.get(key, c * drift.get((key[1], key[2]), 1.0))
-                for key, c in cal.items()}
+        self.table.fold_accept(self.mode, self.law, counts)
+        if not self.fixed:
+            self.table.fold_costs(steps, self._frozen, self.track)
 
     def alphas(self, row: Hashable, slots: int) -> list[float]:
         """α_1 .. α_slots for ``row``: each slot's counts over ``prior_weight``
@@ -280,8 +229,7 @@ class AdaptiveSchedule:
         key = (block, bucket, self.mode)
         if key in self._frozen:
             return self._frozen[key]
-        s = self._samples.get(key, [])                 # calibrated during this call
-        return statistics.median(s) if s else None
+        return self.table.calibrated(key)              # calibrated during this call
 
     def calibrate(self, bucket: int) -> list[int]:
         """The candidates still to time at ``bucket`` (one step each, then ask again)."""

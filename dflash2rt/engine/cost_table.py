@@ -1,0 +1,95 @@
+"""The adaptive schedule's measured table and how it learns between calls (schedule.py).
+
+One table per process, model pair and device (``shared_table``), keyed (block, bucket, mode):
+``samples`` are the calibration steps' seconds, ``observed`` the costs folded in from decode
+steps after each call (``fold_costs``), ``accept`` the per-slot acceptance counts pooled per
+(mode, law) over calls (``fold_accept``). A schedule reads it once per call (``costs_now``,
+``pool``), so choices within a call never follow it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import weakref
+from typing import Hashable
+
+Key = tuple[int, int, str]           # (block, bucket, mode)
+
+MIN_STEPS = 3       # a call's steps of one (block, bucket) needed to move its table entry
+TRACK = 0.5         # a measured table's default: each call moves an entry halfway to its steps
+POOL_MIN = 8        # reached observations of a slot before the pooled prior replaces the chain
+POOL_CAP = 256.0    # the pooled counts are scaled down past this many observations of slot 1
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # target → draft → device
+
+
+class MeasuredTable:
+    """A measured cost table: calibration samples, the costs observed in decode steps and the
+    pooled acceptance; shared by the schedules of one pair and device."""
+
+    def __init__(self) -> None:
+        self.samples: dict[Key, list[float]] = {}
+        self.observed: dict[Key, float] = {}
+        self.accept: dict[tuple, tuple[list[float], list[float]]] = {}   # (mode, law) → counts
+
+    def calibrated(self, key: Key) -> float | None:
+        """The median of ``key``'s calibration samples (None: not calibrated)."""
+        s = self.samples.get(key)
+        return statistics.median(s) if s else None
+
+    def costs_now(self) -> dict[Key, float]:
+        """Every calibrated entry's cost now: observed, else its calibration × its bucket's
+        drift (the geometric mean of observed / calibrated over the bucket's observed entries)."""
+        cal = {k: c for k in self.samples if (c := self.calibrated(k)) is not None}
+        logs: dict[tuple[int, str], list[float]] = {}
+        for key, c in self.observed.items():
+            if key in cal and cal[key] > 0 and c > 0:
+                logs.setdefault(key[1:], []).append(math.log(c / cal[key]))
+        drift = {km: math.exp(sum(v) / len(v)) for km, v in logs.items()}
+        return {key: self.observed.get(key, c * drift.get(key[1:], 1.0))
+                for key, c in cal.items()}
+
+    def fold_costs(self, steps: dict[Key, list[float]], frozen: dict[Key, float],
+                   track: float) -> None:
+        """A call's step seconds per key (``frozen``: the costs it decided with): each key
+        with ``MIN_STEPS`` steps moves ``track`` of the way to the call's median step."""
+        for key, secs in sorted(steps.items()):
+            base = self.observed.get(key, frozen.get(key))
+            if base is None:                                    # calibrated in this call
+                base = self.calibrated(key)
+            if len(secs) < MIN_STEPS or base is None:
+                continue
+            self.observed[key] = base + track * (statistics.median(secs) - base)
+
+    def pool(self, mode: str, law: Hashable) -> list[float | None]:
+        """The pooled acceptance per slot for (mode, law); None where a slot has fewer than
+        ``POOL_MIN`` observations."""
+        acc, seen = self.accept.get((mode, law), ((), ()))
+        return [a / n if n >= POOL_MIN else None for a, n in zip(acc, seen)]
+
+    def fold_accept(self, mode: str, law: Hashable,
+                    counts: tuple[list[float], list[float]]) -> None:
+        """Add a call's per-slot (accepted, reached) counts to the (mode, law) pool, scaled
+        down so that slot 1 keeps at most ``POOL_CAP`` observations."""
+        acc, seen = self.accept.setdefault((mode, law), ([], []))
+        for mine, pooled in zip(counts, (acc, seen)):
+            pooled.extend([0.0] * (len(mine) - len(pooled)))
+            for j, c in enumerate(mine):
+                pooled[j] += c
+        if seen and seen[0] > POOL_CAP:
+            scale = POOL_CAP / seen[0]
+            acc[:], seen[:] = [a * scale for a in acc], [n * scale for n in seen]
+
+    def accept_copy(self) -> "MeasuredTable":
+        """A new table holding a copy of this one's acceptance pool only."""
+        out = MeasuredTable()
+        out.accept = {k: (list(a), list(n)) for k, (a, n) in self.accept.items()}
+        return out
+
+
+def shared_table(pair, device: object) -> MeasuredTable:
+    """The process's one measured table for this model pair (its target and draft modules) on
+    this device."""
+    drafts = _TABLES.setdefault(pair.target, weakref.WeakKeyDictionary())
+    return drafts.setdefault(pair.draft, {}).setdefault(str(device), MeasuredTable())
