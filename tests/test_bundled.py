@@ -37,6 +37,15 @@ def test_listed_and_unknown_name_lists_available():
         bundled_path("no-such-model")
 
 
+def test_model_dir_takes_a_directory_or_a_bundled_name(tmp_path):
+    from dflash2rt.bundled import model_dir
+
+    assert model_dir(tmp_path) == tmp_path and model_dir(str(tmp_path)) == tmp_path
+    assert model_dir(NAME) == bundled_path(NAME)
+    with pytest.raises(InvalidInputError, match=NAME):
+        model_dir(tmp_path / "missing")
+
+
 def test_loads_as_float32_and_draft_fits_target(pair):
     assert pair.dtype == torch.float32 and pair.tokenizer is not None
     cfg = pair.draft.cfg

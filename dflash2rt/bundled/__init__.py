@@ -25,6 +25,13 @@ def bundled_path(name: str) -> Path:
     return _ROOT / name
 
 
+def model_dir(value: str | Path) -> Path:
+    """``value`` as a directory when it is one, else the bundled pair of that name
+    (InvalidInputError naming the bundled pairs otherwise)."""
+    path = Path(value)
+    return path if path.is_dir() else bundled_path(str(value))
+
+
 def _looks_like_path(name: str) -> bool:
     """A path separator, a leading '.' or '~', or a suffix: meant as a directory, not a name."""
     seps = {"/", os.sep} | ({os.altsep} if os.altsep else set())

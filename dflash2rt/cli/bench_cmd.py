@@ -50,11 +50,9 @@ def run(args: argparse.Namespace) -> int:
     from ..registry import Registry
 
     backend = Registry.discover().select(args.backend).backend
-    path = Path(args.model)
-    if not path.is_dir():
-        from ..bundled import bundled_path
+    from ..bundled import model_dir
 
-        path = bundled_path(args.model)
+    path = model_dir(args.model)
     pair = resolve_model(path, backend.device, DTYPES[args.dtype])
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
     if args.costs:

@@ -92,11 +92,9 @@ class Qualification:
         backend = reg.select(self.backend_name).backend
         self.report["system"] = system.describe(reg, self.backend_name)
         self.save()
-        model_dir = Path(self.model) if Path(self.model).is_dir() else None
-        if model_dir is None:
-            from ..bundled import bundled_path
+        from ..bundled import model_dir as resolve_dir
 
-            model_dir = bundled_path(self.model)
+        model_dir = resolve_dir(self.model)
         pair = resolve_model(model_dir, backend.device)
         engine = Engine(pair, backend)
         prompts = heldout_prompts(model_dir, pair)

@@ -215,7 +215,7 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
         round_bf16_(target)
     shipped_held = target_mod.eval_stats(target, held, 16, seq, cfg.seed + 1)
     held_loss = shipped_held["loss"]
-    log(f"target held-out loss / entropy (nats/token): " + (
+    log("target held-out loss / entropy (nats/token): " + (
         f"trained {raw_held['loss']:.3f} / {raw_held['entropy']:.3f}; shipped (logits × "
         f"{cfg.target_logit_scale:g}) " if raw_held else f"given ({cfg.target_dir}) ")
         + f"{shipped_held['loss']:.3f} / {shipped_held['entropy']:.3f}")
