@@ -22,6 +22,17 @@ def _has_gpu() -> bool:
 if not _has_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).parent))
+# ``@triton.jit`` picks the interpreter when the decorated module is imported, not at launch:
+# import every kernel module now, while TRITON_INTERPRET=1 holds, so that a test which unsets
+# it for a while (monkeypatch.delenv, to exercise a GPU probe) cannot leave this worker with
+# compiled-path kernels that need a driver ("0 active drivers"; it depended on test order).
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is not None:
+        for _mod in ("attention", "conv", "selector", "verify", "watermark", "backend"):
+            importlib.import_module(f"dflash2rt.kernels.{_mod}")
 # pytest-xdist workers (`pytest -n 2`, the README's test command) share the cores: one torch
 # thread each, for them and the subprocesses they start (oversubscribed OpenMP slows torch 10x+).
 if os.environ.get("PYTEST_XDIST_WORKER"):
