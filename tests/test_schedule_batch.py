@@ -1,0 +1,158 @@
+"""The adaptive schedule in a batch: the slowest row's spread, the per-row law cache, the per-mode
+prior weight, and calibration that times each block after one of its own (test_schedule.py has
+the rule itself)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from dflash2rt import get_backend
+from dflash2rt.engine import decode
+from dflash2rt.engine.engine import Engine
+from dflash2rt.engine.request import Request, SamplingParams
+from dflash2rt.engine.schedule import (PRIOR_WEIGHT, AdaptiveSchedule, BlockLaw, finish_spread,
+                                       finish_steps, order_z)
+from dflash2rt.errors import InvalidInputError
+
+from tiny_models import oracle_pair
+
+CANDS = (1, 2, 4, 8)
+
+
+def _steps_to_finish(alphas, block, n, rng):
+    """One draw of the steps a row needs for n tokens at ``block`` (slot j accepted w.p. α_j)."""
+    steps = 0
+    while n > 0:
+        k = 1
+        while k < block and rng.random() < alphas[k - 1]:
+            k += 1
+        n -= k
+        steps += 1
+    return steps
+
+
+def test_order_statistics_of_the_slowest_rows():
+    """Blom's expected normal order statistics: none at batch 1; symmetric, ascending, the
+    largest near the exact E[max] of 2, 4, 8 standard normals (0.5642, 1.0294, 1.4236)."""
+    assert order_z(1) == (0.0,)
+    for rows, top in ((2, 0.5642), (4, 1.0294), (8, 1.4236)):
+        z = order_z(rows)
+        assert len(z) == rows and list(z) == sorted(z)
+        assert z == pytest.approx(tuple(-x for x in reversed(z)))
+        assert z[-1] == pytest.approx(top, abs=0.05)
+
+
+@pytest.mark.parametrize("alphas,block", [([0.6] * 7, 4), ([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3], 8),
+                                          ([0.3] * 7, 2)])
+def test_finish_spread_matches_simulated_rows(alphas, block):
+    """Mean and spread of the steps to finish n tokens against 4,000 simulated rows (the mean
+    within 2%, the standard deviation within 12%: a CLT approximation); target-only: exactly n
+    steps, no spread."""
+    rng, n = random.Random(7), 128
+    draws = [_steps_to_finish(alphas, block, n, rng) for _ in range(4000)]
+    mean, sd = finish_spread(alphas, block, n)
+    assert mean == finish_steps(alphas, block, n)
+    assert mean == pytest.approx(statistics.fmean(draws), rel=0.02)
+    assert sd == pytest.approx(statistics.pstdev(draws), rel=0.12)
+    assert finish_spread(alphas, 1, n) == (float(n), 0.0)
+
+
+def test_block_law_moments():
+    law = BlockLaw([0.6, 0.6, 0.6], 4)
+    assert law.commit == pytest.approx([0.4, 0.24, 0.144, 0.216])
+    assert law.mean == pytest.approx(2.176)
+    assert law.var == pytest.approx(0.4 + 4 * 0.24 + 9 * 0.144 + 16 * 0.216 - 2.176 ** 2)
+    assert [law.steps(n) for n in (1, 2)] == [1.0, pytest.approx(1 + 0.4)]   # 2: P(commit 1)
+
+
+def test_a_batch_waits_for_its_slowest_row():
+    """Eight rows at α 0.6, 128 tokens each, block 4 at twice a target-only step: one row alone
+    finishes in 59 expected steps (118 < 128: speculate); eight rows wait for the slowest
+    (about 59 + 1.42 · 4.1 steps: target-only wins), though the rate rule and each row's mean
+    say block 4."""
+    costs = {1: 1.0, 2: 1.9, 4: 2.0, 8: 3.0}
+    s = AdaptiveSchedule(CANDS, costs, prior=0.6, prior_weight=1e9)
+    s.begin("sampled")
+    rows = list(range(8))
+    assert max(s.scores(rows), key=s.scores(rows).get) == 4
+    assert s.choose(rows[:1], [128]) == 4
+    fin = s.finish_scores(rows, [128] * 8)
+    assert max(fin, key=fin.get) == 1 and s.choose(rows, [128] * 8) == 1
+    assert fin[4] == pytest.approx(1024 / (2.0 * (59 + sum(order_z(8)[-1:]) * 4.14)), rel=0.02)
+
+
+def test_cached_row_laws_follow_each_observation():
+    """Choices reuse a row's law until the row observes a step: then it is rebuilt, so a
+    schedule's finish scores equal a fresh schedule's given the same observations."""
+    costs = {1: 1.0, 2: 1.3, 4: 1.5, 8: 1.9}
+    seq = [[7, 7], [0, 3], [1, 0], [7, 2]]
+    s = AdaptiveSchedule(CANDS, costs)
+    s.begin("sampled")
+    for i, acc in enumerate(seq):
+        s.finish_scores(["a", "b"], [64, 40])                 # fills the cache
+        s.observe(["a", "b"], 8, acc)
+        fresh = AdaptiveSchedule(CANDS, costs)
+        fresh.begin("sampled")
+        for a in seq[:i + 1]:
+            fresh.observe(["a", "b"], 8, a)
+        assert s.finish_scores(["a", "b"], [64, 40]) == fresh.finish_scores(["a", "b"], [64, 40])
+    for _ in range(3):                         # target-only steps observe nothing: same scores
+        before = s.finish_scores(["a", "b"], [30, 30])
+        s.observe(["a", "b"], 1, [0, 0])
+        assert s.finish_scores(["a", "b"], [30, 30]) == before
+
+
+def test_prior_weight_per_mode():
+    """Greedy: one pseudo-observation (a request's own outcomes lead); sampled: four (its
+    coin-flipped outcomes are mostly noise); a number sets both; nonsense is refused."""
+    assert PRIOR_WEIGHT == {"greedy": 1.0, "sampled": 4.0}
+    for mode, want in (("greedy", 0.8 / 2), ("sampled", 0.8 * 4 / 5)):
+        s = AdaptiveSchedule(CANDS, {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.3}, prior=0.8)
+        s.begin(mode)
+        s.observe(["r"], 8, [0])                               # slot 1 rejected once
+        assert s.alpha("r", 1) == pytest.approx(want)
+    one = AdaptiveSchedule(CANDS, {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.3}, prior=0.8, prior_weight=3.0)
+    for mode in ("greedy", "sampled"):
+        one.begin(mode)
+        one.observe(["r"], 8, [0])
+        assert one.alpha("r", 1) == pytest.approx(0.8 * 3 / 4)
+    assert one.replica().prior_weight == 3.0
+    for bad in (0.0, -1.0, {"greedy": 1.0}, {"greedy": 1.0, "sampled": 0.0}):
+        with pytest.raises(InvalidInputError, match="prior_weight"):
+            AdaptiveSchedule(CANDS, prior_weight=bad)
+
+
+def test_calibration_times_each_block_after_one_of_its_own(monkeypatch):
+    """Every timed calibration step follows an untimed step of the same block (a step right
+    after another block runs on the caches that one left); both count as calibration steps."""
+    events: list[tuple[str, int]] = []
+    get = decode.Steppers.__getitem__
+
+    class Recorder:
+        def __init__(self, inner, block):
+            self.inner, self.block = inner, block
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def step(self, *a, **k):
+            events.append(("step", self.block))
+            return self.inner.step(*a, **k)
+
+    monkeypatch.setattr(decode.Steppers, "__getitem__",
+                        lambda self, b: Recorder(get(self, b), b))
+    measure = AdaptiveSchedule.measure
+    monkeypatch.setattr(AdaptiveSchedule, "measure", lambda self, b, k, sec: events.append(
+        ("measure", b)) or measure(self, b, k, sec))
+    engine = Engine(oracle_pair(4), get_backend("cpu"))
+    engine.schedule = AdaptiveSchedule(CANDS, reps=2)
+    req = Request((1, 2, 3), SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=1.0))
+    _, stats = engine.generate([req])
+    timed = [i for i, e in enumerate(events) if e[0] == "measure"]
+    assert len(timed) == 2 * len(CANDS) and stats.calibration_steps == 2 * len(timed)
+    for i in timed:
+        b = events[i][1]
+        assert events[i - 2:i] == [("step", b), ("step", b)]
