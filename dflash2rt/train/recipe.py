@@ -28,9 +28,11 @@ from .progress import Progress, fmt_s
 from .target import TargetShape
 from .tokenizer import train_tokenizer
 
-# The default counts on 2 cores: 48 min 44 s for the shipped target's run (seed 0, 2026-12-01);
-# 29 min 6 s for a whole run with today's draft shape on a faster day (2026-12-02).
-DEFAULT_MINUTES = 50.0
+# The default counts on 2 cores: the shipped target's stage took 18 min 37 s (seed 0,
+# 2026-12-01, a slow day) and 8 min 7 s on 2026-12-02; the shipped draft's run (--target
+# stdlib-code: data 5 min 34 s, draft 19 min 56 s, eval 57 s) 26 min 33 s on 2026-12-02. A
+# whole run: about 35 min on that day (about 64 on the slow one).
+DEFAULT_MINUTES = 35.0
 
 # Distillation continuations: (temperature, top_p, share of the prompts). Greedy continuations keep
 # τ at T=0; sampled ones show the draft the paths (and the target laws) it meets when sampling.
@@ -58,16 +60,17 @@ class RecipeConfig:
     # model at T / scale.
     # The report gives the held-out loss and entropy of both.
     target_logit_scale: float = 2.75
-    gen_prompts: int = 3840
+    gen_prompts: int = 5760
     gen_prompt_tokens: tuple[int, int] = (16, 128)
     gen_new_tokens: int = 128
     gen_mix: tuple[tuple[float, float, float], ...] = GEN_MIX   # (temperature, top_p, share)
     gen_batch: int = 128             # target-only decoding in large batches (3x the tok/s of 32)
-    # 3,840 continuations and 2,500 draft steps: twice the data and 2.5x the steps of the pair
-    # before, which lifted held-out tau at T = 0 from 4.69 to 5.39 (the draft overfitted 1,920).
+    # 5,760 continuations and 4,000 draft steps (from 3,840 and 2,500): held-out tau at block 8
+    # 6.07 / 4.33 / 3.42 at T = 0 / 0.7 / 1, from 5.73 / 4.26 / 3.17 (validation tau at T = 0
+    # was still rising at 2,500 steps; more steps want more data: 1,920 continuations overfitted).
     soft_top: int = 32               # the target's top-M law kept per row for the soft targets
     draft: DraftShape = field(default_factory=DraftShape)
-    draft_steps: int = 2500
+    draft_steps: int = 4000
     draft_seqs_per_step: int = 16
     draft_anchors: int = 24
     draft_lr: float = 1.5e-3
