@@ -359,3 +359,20 @@ def test_bench_temperatures_flag():
     assert parse_temperatures("0,0.7,1") == bm.TEMPERATURES
     assert [t.label for t in parse_temperatures("1")] == ["T=0", "T=1"]
     assert parse_temperatures("0.5:0.9")[1] == bm.Temperature("T=0.5 top-p 0.9", 0.5, 0.9)
+
+
+def test_profiling_rounds_median_and_paired_ratio():
+    """The profiling pass keeps its median round per configuration and every round's step; the
+    sampled / greedy ratio pairs the rounds (drift between rounds cancels) and takes the
+    median, not a ratio of medians."""
+    from dflash2rt.bench.rows import median_pass, step_ratio
+
+    runs = [{"step": s, "tau": t} for s, t in ((3.0, 1.0), (1.0, 2.0), (2.0, 3.0))]
+    assert median_pass(runs) == {"step": 2.0, "tau": 3.0, "rounds_step_s": [3.0, 1.0, 2.0]}
+    assert median_pass(runs[:2])["step"] == 1.0                     # even: the lower one
+    greedy = [{"step": 1.0}, {"step": 2.0}, {"step": 4.0}]          # the machine slows down
+    sampled = [{"step": 1.1}, {"step": 2.4}, {"step": 4.4}]
+    r = step_ratio(sampled, greedy, 1, "T=1", 8)
+    assert r["rounds_ratio"] == pytest.approx([1.1, 1.2, 1.1])
+    assert r["ratio"] == pytest.approx(1.1)
+    assert r["greedy_step_s"] == 2.0 and r["sampled_step_s"] == 2.4

@@ -156,3 +156,27 @@ def test_calibration_times_each_block_after_one_of_its_own(monkeypatch):
     for i in timed:
         b = events[i][1]
         assert events[i - 2:i] == [("step", b), ("step", b)]
+
+
+def test_a_run_of_target_only_steps_keeps_its_choice_without_scoring():
+    """While target-only steps run (estimates unchanged), the choice is kept without scoring
+    until the probe is due or a row leaves; under the rate rule the choices are exactly those
+    of scoring every step."""
+    costs = {1: 1.0, 2: 1.6, 4: 1.8, 8: 2.2}
+    lazy, eager = (AdaptiveSchedule(CANDS, costs, prior=0.05, prior_weight=1e9) for _ in "ab")
+    calls = []
+    scores = lazy.scores
+    lazy.scores = lambda rows: calls.append(len(rows)) or scores(rows)
+    got, want = [], []
+    for _ in range(40):
+        eager._held = None                                    # score every step
+        for s, out in ((lazy, got), (eager, want)):
+            b = s.choose(["r", "q"])
+            out.append(b)
+            s.observe(["r", "q"], b, [0, 0], 0.0)
+    assert got == want and got.count(1) > 30
+    probes = 40 - got.count(1)
+    assert len(calls) == 1 + 2 * probes     # the first choice; each probe's and the one after
+    calls.clear()
+    lazy.choose(["r"])                                # a row left: scored again
+    assert calls == [1]

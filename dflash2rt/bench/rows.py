@@ -85,8 +85,9 @@ def measure_rows(engine: Engine, prompts_by_batch: dict[int, Sequence[Sequence[i
     (prompt i: seed ``SEED + i``, the same for every contender) and generate exactly
     ``max_new`` tokens, EOS ignored. All contenders of a batch size (every temperature) are
     warmed up before any is timed, then timed in ``repeats`` interleaved rounds; after the
-    timed rounds, the profiling pass (:func:`profile_steps`) splits the step cost of each
-    engine contender named in ``profile`` (the sampled / greedy ratio needs ``FIXED``).
+    timed rounds, the profiling pass (:func:`profile_steps`, ``repeats`` interleaved rounds,
+    the median round kept: ``median_pass``) splits the step cost of each engine contender
+    named in ``profile`` (the sampled / greedy ratio needs ``FIXED``: ``step_ratio``).
 
     → ``{"rows": [...], "step_profile": {...}, "compare": {batch: compare()-style dict at the
     first temperature (T = 0)}, "capture_s": {batch: seconds}}``. A row (one per temperature
@@ -116,20 +117,23 @@ def measure_rows(engine: Engine, prompts_by_batch: dict[int, Sequence[Sequence[i
         capture[batch] = sum(x.capture_s for x in m.values())
         prof: dict[tuple[str, str], dict[str, Any]] = {}
         if profile:                          # the profiling pass: after every timed round
-            for t in temperatures:
-                for name, spec, b in (x for x in modes if x[0] in profile):
-                    p = prof[(t.label, name)] = profile_steps(engine, batches[t.label], spec, b)
-                    prof_rows.append({"temperature": t.label, "batch": batch,
-                                      "contender": name, "block_size": b,
-                                      **{k: p[k] for k in (*STEP_PHASES, "step", "steps",
-                                                           "tau", "block_sizes")}})
-            greedy = prof.get((temperatures[0].label, FIXED))
+            passes: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            for _ in range(max(repeats, 1)):        # interleaved rounds, as the timed ones
+                for t in temperatures:
+                    for name, spec, b in (x for x in modes if x[0] in profile):
+                        passes.setdefault((t.label, name), []).append(
+                            profile_steps(engine, batches[t.label], spec, b))
+            for (label, name), runs in passes.items():
+                p = prof[(label, name)] = median_pass(runs)
+                prof_rows.append({"temperature": label, "batch": batch, "contender": name,
+                                  "block_size": dict((x[0], x[2]) for x in modes)[name],
+                                  **{k: p[k] for k in (*STEP_PHASES, "step", "steps", "tau",
+                                                       "block_sizes", "rounds_step_s")}})
+            greedy = passes.get((temperatures[0].label, FIXED))
             for t in temperatures[1:]:
-                if greedy and greedy["step"] > 0 and temperatures[0].temperature == 0:
-                    ratios.append({"batch": batch, "temperature": t.label, "block_size": block,
-                                   "greedy_step_s": greedy["step"],
-                                   "sampled_step_s": prof[(t.label, FIXED)]["step"],
-                                   "ratio": prof[(t.label, FIXED)]["step"] / greedy["step"]})
+                if greedy and temperatures[0].temperature == 0 and (t.label, FIXED) in passes:
+                    ratios.append(step_ratio(passes[(t.label, FIXED)], greedy, batch, t.label,
+                                             block))
         for t in temperatures:
             rows.append(_row(t, batch, prompts, m, prof, block, hf is not None))
             log(_row_line(rows[-1]))
@@ -143,10 +147,33 @@ def measure_rows(engine: Engine, prompts_by_batch: dict[int, Sequence[Sequence[i
     return {"rows": rows, "compare": legacy, "capture_s": capture,
             "step_profile": {"rows": prof_rows, "sampled_over_greedy": ratios,
                              "goal_sampled_over_greedy": SAMPLED_OVER_GREEDY_GOAL,
-                             "method": "a separate untimed pass after the timed rounds: one "
-                                       "generate() per configuration, device synchronised "
-                                       "before and after every step body (graph replay with "
-                                       "graphs) and every step; seconds per decode step"}}
+                             "method": "a separate untimed pass after the timed rounds, in "
+                                       "as many interleaved rounds: one generate() per "
+                                       "configuration a round, device synchronised before "
+                                       "and after every step body (graph replay with graphs) "
+                                       "and every step; seconds per decode step of the median "
+                                       "round; sampled / greedy: the median of the rounds' "
+                                       "ratios"}}
+
+
+def median_pass(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The profiling round whose step cost is the median (the lower one of an even count),
+    with every round's step seconds (``rounds_step_s``)."""
+    ranked = sorted(runs, key=lambda r: r["step"])
+    return {**ranked[(len(ranked) - 1) // 2], "rounds_step_s": [r["step"] for r in runs]}
+
+
+def step_ratio(sampled: Sequence[dict[str, Any]], greedy: Sequence[dict[str, Any]], batch: int,
+               label: str, block: int) -> dict[str, Any]:
+    """Sampled / greedy step cost at one block size: the median over rounds of each round's
+    ratio (the two passes of a round run minutes apart at most, so a machine's drift between
+    rounds cancels), with each round's ratio."""
+    per = [s["step"] / g["step"] for s, g in zip(sampled, greedy) if g["step"] > 0]
+    return {"batch": batch, "temperature": label, "block_size": block,
+            "greedy_step_s": median_pass(greedy)["step"],
+            "sampled_step_s": median_pass(sampled)["step"],
+            "ratio": statistics.median(per) if per else float("nan"),
+            "rounds_ratio": per}
 
 
 def _row(t: Temperature, batch: int, prompts: Sequence[Sequence[int]],

@@ -263,6 +263,7 @@ class AdaptiveSchedule:
         self._rows: dict[Hashable, tuple[list[float], list[float]]] = {}   # accepted, reached
         self._law_cache: dict[Hashable, dict[int, BlockLaw]] = {}          # per row (_laws)
         self._only, self._gap = 0, self.probe          # target-only steps in a row, probe gap
+        self._held: tuple | None = None                # the rows of a run of target-only steps
         # the table and pool this call decides with (a copy of the pool for ``replica``)
         self._frozen = {} if self.fixed else self.table.costs_now()
         self._pooled = self.table.accept_copy()
@@ -420,7 +421,16 @@ class AdaptiveSchedule:
         """The next step's block size: the best score (ties: the smaller block), or a probe of
         the best speculative block after ``probe`` target-only steps in a row. ``remaining``
         (each row's token budget left, host-known): the projected time to finish the batch
-        decides (``finish_scores``) instead of the per-step rate (``scores``)."""
+        decides (``finish_scores``) instead of the per-step rate (``scores``).
+        A run of target-only steps keeps its choice until its probe is due or a row leaves,
+        without scoring: target-only steps observe nothing, so the rows' estimates stand still
+        (the rate rule's scores exactly; the finish rule's budgets shrink by a token a step).
+        At batch 8 scoring took 0.11 ms a step, 2% of a target-only step."""
+        key = tuple(rows)
+        if self._held == key and self._only < self._gap:
+            self._only += 1
+            return 1
+        self._held = None
         if remaining is not None:
             k = bucket_of(len(rows))            # the live bucket must be calibrated
             for b in self.candidates:
@@ -437,6 +447,7 @@ class AdaptiveSchedule:
             return max(spec, key=lambda b: (scores[b], -b))
         if best == 1:
             self._only += 1
+            self._held = key
         else:
             self._only, self._gap = 0, self.probe
         return best
