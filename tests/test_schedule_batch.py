@@ -180,3 +180,50 @@ def test_a_run_of_target_only_steps_keeps_its_choice_without_scoring():
     calls.clear()
     lazy.choose(["r"])                                # a row left: scored again
     assert calls == [1]
+
+
+def _planning_schedule(accept: float, track: float | None = None) -> AdaptiveSchedule:
+    """A measured (learning) schedule whose table is timed at bucket 8 (sampled) and whose pool
+    for law "L" holds 100 observations of slot 1 at ``accept`` (every slot alike)."""
+    s = AdaptiveSchedule(CANDS, reps=1, track=track)
+    s.begin("sampled", "L")
+    for b, sec in ((1, 1.0), (2, 1.9), (4, 2.2), (8, 2.8)):
+        s.measure(b, 8, sec)
+    s.table.fold_accept("sampled", "L", ([100 * accept] * 7, [100.0] * 7))
+    return s
+
+
+def test_plan_runs_whole_calls_target_only_where_speculation_does_not_pay():
+    """From the pool and the table only (earlier calls): target-only calls where the first
+    step would pick target-only, with a speculative call after 1, 2, 4, 8, 8 of them; nothing
+    planned where speculation pays, before anything is pooled or timed, or for schedules
+    that must repeat exactly (track=0, fixed tables)."""
+    s = _planning_schedule(0.1)
+    got = [bool(s.plan(8, [128] * 8, "sampled", "L")) for _ in range(30)]
+    spec_calls = [i for i, g in enumerate(got) if not g]
+    assert got[0] and [j - i - 1 for i, j in zip(spec_calls, spec_calls[1:])] == [2, 4, 8, 8]
+    assert "target-only call" in s.plan(8, [128] * 8, "sampled", "L") + \
+        s.plan(8, [128] * 8, "sampled", "L")
+    assert s.plan(8, [128] * 8, "sampled", "other law") == ""       # nothing pooled for it
+    assert s.plan(3, [128] * 3, "sampled", "L") == ""               # bucket 4 not timed
+    good = _planning_schedule(0.95)
+    assert good.plan(8, [128] * 8, "sampled", "L") == ""
+    assert _planning_schedule(0.1, track=0.0).plan(8, [128] * 8, "sampled", "L") == ""
+    fixed = AdaptiveSchedule(CANDS, {1: 1.0, 2: 1.9, 4: 2.2, 8: 2.8})
+    assert fixed.plan(8, [128] * 8, "sampled", "L") == ""
+
+
+def test_a_planned_target_only_call_reports_itself():
+    """The engine runs a planned call with the target-only stepper and says so in its stats
+    (mode, adaptive, call_plan, block sizes): never silently."""
+    pair = oracle_pair(4)
+    engine = Engine(pair, get_backend("cpu"))
+    engine.schedule = _planning_schedule(0.0)
+    engine.schedule.table.fold_accept("sampled", (1.0, 1.0, 0), ([0.0] * 7, [100.0] * 7))
+    for b, sec in ((1, 1.0), (2, 1.9), (4, 2.2), (8, 2.8)):
+        engine.schedule.measure(b, 1, sec)
+    req = Request((1, 2, 3), SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=1.0))
+    outs, stats = engine.generate([req])
+    assert stats.call_plan.startswith("target-only call") and stats.mode == "target-only"
+    assert stats.adaptive and set(stats.block_sizes) == {1} and len(outs[0].token_ids) == 6
+    assert stats.as_dict()["call_plan"] == stats.call_plan

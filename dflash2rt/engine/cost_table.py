@@ -16,6 +16,7 @@ from typing import Hashable
 
 Key = tuple[int, int, str]           # (block, bucket, mode)
 
+MAX_CALL_GAP = 8    # at most this many target-only calls between speculative ones (plan)
 MIN_STEPS = 3       # a call's steps of one (block, bucket) needed to move its table entry
 TRACK = 0.5         # a measured table's default: each call moves an entry halfway to its steps
 POOL_MIN = 8        # reached observations of a slot before the pooled prior replaces the chain
@@ -32,6 +33,8 @@ class MeasuredTable:
         self.samples: dict[Key, list[float]] = {}
         self.observed: dict[Key, float] = {}
         self.accept: dict[tuple, tuple[list[float], list[float]]] = {}   # (mode, law) → counts
+        # (mode, law, bucket) → (target-only calls since the last speculative one, the gap)
+        self.calls: dict[tuple, tuple[int, int]] = {}
 
     def calibrated(self, key: Key) -> float | None:
         """The median of ``key``'s calibration samples (None: not calibrated)."""

@@ -12,7 +12,7 @@ during a run goes to that run's Fallbacks and ends in its RunStats.
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import torch
 
@@ -37,6 +37,13 @@ from ..watermark.generate import WatermarkBatch
 from ..watermark.sampler import require_fp64
 
 OnTokens = Callable[[int, list[int]], None]
+
+
+def _law(requests: Sequence[Request]) -> Hashable:
+    """What a batch's acceptance depends on besides the pair: its requests' shared
+    (temperature, top_p, top_k), else "mixed" (the schedule's acceptance pool key)."""
+    laws = {(q.params.temperature, q.params.top_p, q.params.top_k) for q in requests}
+    return laws.pop() if len(laws) == 1 else "mixed"
 
 
 class Engine:
@@ -151,9 +158,16 @@ class Engine:
                 f"block_size must be >= 2 for speculative decoding (None: adaptive), got {block}")
         for q in requests:
             q.validate(pair.target.cfg.vocab_size)
+        plan = "" if sched is None else sched.plan(
+            len(requests), [q.params.max_new_tokens for q in requests],
+            "sampled" if any(q.params.temperature > 0 for q in requests) else "greedy",
+            _law(requests))
+        if plan:                             # the whole call target-only (schedule.plan)
+            spec, sched, block = False, None, 1
         stats = RunStats("spec" if spec else "target-only", self.backend.name,
                          str(self.backend.device), block if spec else 1, requests=len(requests),
-                         adaptive=sched is not None, model_pass=self.model_pass,
+                         adaptive=sched is not None or bool(plan), call_plan=plan,
+                         model_pass=self.model_pass,
                          watermarked=watermark is not None)
         fallbacks = Fallbacks(self._standing_fallbacks.reported)    # this run's recorder
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens,
@@ -176,10 +190,8 @@ class Engine:
                 st = drop_finished(st, out)
                 host_masks(st, out, stats)
                 if sched is not None:
-                    laws = {(q.params.temperature, q.params.top_p, q.params.top_k)
-                            for q in requests}
                     sched.begin("sampled" if st.sampling.any_sampled else "greedy",
-                                laws.pop() if len(laws) == 1 else "mixed")
+                                _law(requests))
                 pending = 0          # target-only steps since the last spec step (adaptive)
                 while st.size:
                     if sched is None:

@@ -92,10 +92,11 @@ import statistics
 from typing import Hashable, Mapping, Sequence
 
 from ..errors import InvalidInputError
-from .cost_table import MIN_STEPS, POOL_CAP, POOL_MIN, TRACK, MeasuredTable, shared_table
+from .cost_table import (MAX_CALL_GAP, MIN_STEPS, POOL_CAP, POOL_MIN, TRACK, MeasuredTable,
+                         shared_table)
 
 __all__ = ["AdaptiveSchedule", "MeasuredTable", "MIN_STEPS", "POOL_CAP", "POOL_MIN", "TRACK",
-           "bucket_of", "default_candidates", "expected_of", "finish_spread", "finish_steps",
+           "MAX_CALL_GAP", "bucket_of", "default_candidates", "expected_of", "finish_spread", "finish_steps",
            "order_z", "PRIOR_WEIGHT", "shared_schedule", "shared_table"]
 
 
@@ -270,6 +271,42 @@ class AdaptiveSchedule:
         self._pool = self._pooled.pool(mode, law)
         self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds
         self._counts: tuple[list[float], list[float]] = ([], [])    # this call's, per slot
+
+    def plan(self, rows: int, remaining: Sequence[int], mode: str, law: Hashable = None) -> str:
+        """Before a call's prefill: "" to decode it speculatively (choosing each step), or why
+        it runs as a plain target-only call. Speculation has fixed costs a call pays even if
+        every step it takes is target-only: the prefill builds the draft's context of every
+        prompt, target-only steps keep that context, and each probe re-scores every row (at
+        T = 1, batch 8 on the bundled pair: ×0.91–0.95 target-only where target-only steps were
+        360 of 375). So a learning schedule (``track`` > 0) whose pooled acceptance for this
+        (mode, law) and cost table at this bucket say that speculation does not pay at the
+        call's first step (``finish_scores`` of fresh requests) runs the call target-only;
+        every (gap + 1)-th such call speculates anyway, so the pool keeps learning (the gap
+        doubles up to ``MAX_CALL_GAP`` while speculation keeps losing; it resets once it wins).
+        Like vLLM's speculative_disable_by_batch_size, a decision about whole calls, made from
+        earlier calls only: every step stays lossless. Fixed tables and ``track=0`` never plan
+        (their calls must repeat exactly)."""
+        if self.track == 0.0 or self.fixed or rows < 1:
+            return ""
+        self.begin(mode, law)
+        k, key = bucket_of(rows), (mode, law, bucket_of(rows))
+        if not self._pool or self._pool[0] is None \
+                or any(self.cost(b, k) is None for b in self.candidates):
+            return ""                        # nothing pooled or timed yet: speculate, learn
+        scores = self.finish_scores(list(range(rows)), remaining)
+        best = max(self.candidates, key=lambda b: (scores[b], -b))
+        if best != 1:
+            self.table.calls.pop(key, None)
+            return ""
+        skipped, gap = self.table.calls.get(key, (0, 1))
+        if skipped >= gap:                   # a speculative call keeps the pool current
+            self.table.calls[key] = (0, min(2 * gap, MAX_CALL_GAP))
+            return ""
+        self.table.calls[key] = (skipped + 1, gap)
+        spec = max((b for b in self.candidates if b > 1), key=lambda b: (scores[b], -b))
+        return (f"target-only call: at bucket {k} ({mode}) the pooled acceptance and measured "
+                f"costs project {scores[1]:.4g} tokens/s target-only against {scores[spec]:.4g} "
+                f"at block {spec}; a speculative call after {gap - skipped - 1} more")
 
     def replica(self) -> "AdaptiveSchedule":
         """A schedule that decides as this one's current (or last) call did and learns nothing:

@@ -15,6 +15,8 @@ class RunStats:
     block_size: int                # adaptive: the largest candidate (the cache's block room)
     requests: int = 0
     adaptive: bool = False         # block size chosen per step (engine/schedule.py)
+    # adaptive: why the schedule ran this whole call target-only ("": it speculated)
+    call_plan: str = ""
     block_sizes: dict[int, int] = field(default_factory=dict)  # block → steps (1: target-only)
     costs: dict[int, dict[int, float]] = field(default_factory=dict)  # block → bucket → seconds
     # block → bucket → [steps, seconds] of this run's real decode steps (capture excluded):
