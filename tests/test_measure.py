@@ -148,6 +148,7 @@ def test_run_bench_smoke_with_aliases(model_dir):
         ad = r["contenders"]["adaptive"]
         assert set(ad["observed_step_s"]) == set(ad["block_sizes"])
         assert set(ad["observed_step_s"]) <= set(ad["cost_table_s"])
+        assert 0 <= ad["target_only_calls"] <= ad["calls"] == 1      # one timed call a row
         for c in r["contenders"].values():
             assert c["tokens_per_s"] > 0 and c["tau"] >= 1
             assert set(bm.STEP_PHASES) <= set(c["step_split_s"])

@@ -227,3 +227,19 @@ def test_a_planned_target_only_call_reports_itself():
     assert stats.call_plan.startswith("target-only call") and stats.mode == "target-only"
     assert stats.adaptive and set(stats.block_sizes) == {1} and len(outs[0].token_ids) == 6
     assert stats.as_dict()["call_plan"] == stats.call_plan
+    assert stats.costs[1][1] == 1.0 and stats.costs[8][8] == 2.8     # the table it decided with
+
+
+def test_plan_needs_speculation_to_win_by_its_margin():
+    """A call speculates only if its first step projects PLAN_MARGIN x the target-only rate:
+    the step costs leave out what a speculative call pays besides its steps."""
+    from dflash2rt.engine.schedule import PLAN_MARGIN
+
+    assert PLAN_MARGIN > 1.0
+    s = _planning_schedule(0.7)                      # block 4 projects x1.04 target-only
+    s.begin("sampled", "L")
+    sc = s.finish_scores(list(range(8)), [128] * 8)
+    best_spec = max(v for b, v in sc.items() if b > 1)
+    want_plan = best_spec <= PLAN_MARGIN * sc[1]
+    assert bool(s.plan(8, [128] * 8, "sampled", "L")) == want_plan
+    assert best_spec > sc[1] and want_plan          # wins per step, not by the margin

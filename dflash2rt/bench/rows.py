@@ -194,6 +194,9 @@ def _row(t: Temperature, batch: int, prompts: Sequence[Sequence[int]],
             if name == ADAPTIVE and x.stats:    # what the schedule predicted per step
                 d["cost_table_s"] = {str(b): {str(k): c for k, c in per.items()}
                                      for b, per in x.stats[-1].costs.items()}
+                # generate() calls of the timed rounds the schedule ran target-only (plan)
+                d["target_only_calls"] = sum(1 for st in x.stats if st.call_plan)
+                d["calls"] = len(x.stats)
         if name == FIXED:
             d["block_size"] = block
         d.update(capture_s=x.capture_s, warmup_s=x.warmup_s, fallbacks=list(x.fallbacks))

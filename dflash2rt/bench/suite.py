@@ -160,8 +160,10 @@ def rows_table(res: dict[str, Any]) -> str:
         if r.get("greedy_equal") is False:
             cells += f"  greedy spec != target-only: {r.get('mismatched_prompts')}"
         lines.append(cells)
-    blocks = [f"{r['temperature']}, b{r['batch']}: {r['contenders'][ADAPTIVE]['block_sizes']}"
-              for r in rows if ADAPTIVE in r["contenders"]]
+    blocks = [f"{r['temperature']}, b{r['batch']}: {a['block_sizes']}"
+              + (f" ({a['target_only_calls']} of {a['calls']} calls planned target-only)"
+                 if a.get("target_only_calls") else "")
+              for r in rows if (a := r["contenders"].get(ADAPTIVE))]
     if blocks:
         lines.append("adaptive blocks chosen (block size: steps): " + "; ".join(blocks))
     return "\n".join(lines)

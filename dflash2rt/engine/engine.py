@@ -162,6 +162,7 @@ class Engine:
             len(requests), [q.params.max_new_tokens for q in requests],
             "sampled" if any(q.params.temperature > 0 for q in requests) else "greedy",
             _law(requests))
+        decided = sched                      # the schedule whose table this call decided with
         if plan:                             # the whole call target-only (schedule.plan)
             spec, sched, block = False, None, 1
         stats = RunStats("spec" if spec else "target-only", self.backend.name,
@@ -221,8 +222,8 @@ class Engine:
                 stats.capture_s = steppers.capture_s()
                 stats.graphs = steppers.graphs()
                 stats.fallbacks = list(fallbacks.reported)
-                if sched is not None:
-                    for (b, k), c in sched.costs.items():
+                if decided is not None:
+                    for (b, k), c in decided.costs.items():
                         stats.costs.setdefault(b, {})[k] = c
         stats.wall_s = time.perf_counter() - start
         stats.generated = sum(len(o.token_ids) for o in out.outputs)

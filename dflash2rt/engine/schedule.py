@@ -96,8 +96,9 @@ from .cost_table import (MAX_CALL_GAP, MIN_STEPS, POOL_CAP, POOL_MIN, TRACK, Mea
                          shared_table)
 
 __all__ = ["AdaptiveSchedule", "MeasuredTable", "MIN_STEPS", "POOL_CAP", "POOL_MIN", "TRACK",
-           "MAX_CALL_GAP", "bucket_of", "default_candidates", "expected_of", "finish_spread", "finish_steps",
-           "order_z", "PRIOR_WEIGHT", "shared_schedule", "shared_table"]
+           "MAX_CALL_GAP", "bucket_of", "default_candidates", "expected_of", "finish_spread",
+           "finish_steps", "order_z", "PLAN_MARGIN", "PRIOR_WEIGHT", "shared_schedule",
+           "shared_table"]
 
 
 MODES = ("greedy", "sampled")
@@ -109,6 +110,12 @@ MODES = ("greedy", "sampled")
 # ×1.27 vs ×1.40 at T = 1 (weight 1 at T = 1 fell back to target-only after chance rejections:
 # 411 of 1,254 steps, against 33 with weight 4).
 PRIOR_WEIGHT = {"greedy": 1.0, "sampled": 4.0}
+# ``plan``: a call speculates only if its first step projects this × the target-only rate. The
+# step-cost table leaves out what a speculative call pays besides its steps: at T = 1, batch 8
+# on the bundled pair the draft context of the prompts added 20 ms to a 750 ms call's prefill
+# (2.7 %) and the schedule's bookkeeping 8-22 ms; a call projected 1.4 % faster than target-only
+# ran 4-9 % slower (1,443-1,511 against 1,564-1,594 tok/s).
+PLAN_MARGIN = 1.05
 TAIL = 4            # finish rule: the last TAIL · block tokens of a row count steps exactly
 
 
@@ -280,7 +287,9 @@ class AdaptiveSchedule:
         T = 1, batch 8 on the bundled pair: ×0.91–0.95 target-only where target-only steps were
         360 of 375). So a learning schedule (``track`` > 0) whose pooled acceptance for this
         (mode, law) and cost table at this bucket say that speculation does not pay at the
-        call's first step (``finish_scores`` of fresh requests) runs the call target-only;
+        call's first step (``finish_scores`` of fresh requests; speculation must project
+        ``PLAN_MARGIN`` × the target-only rate, since the step costs leave out the fixed costs
+        above) runs the call target-only;
         every (gap + 1)-th such call speculates anyway, so the pool keeps learning (the gap
         doubles up to ``MAX_CALL_GAP`` while speculation keeps losing; it resets once it wins).
         Like vLLM's speculative_disable_by_batch_size, a decision about whole calls, made from
@@ -294,8 +303,8 @@ class AdaptiveSchedule:
                 or any(self.cost(b, k) is None for b in self.candidates):
             return ""                        # nothing pooled or timed yet: speculate, learn
         scores = self.finish_scores(list(range(rows)), remaining)
-        best = max(self.candidates, key=lambda b: (scores[b], -b))
-        if best != 1:
+        spec = max((b for b in self.candidates if b > 1), key=lambda b: (scores[b], -b))
+        if scores[spec] > PLAN_MARGIN * scores[1]:
             self.table.calls.pop(key, None)
             return ""
         skipped, gap = self.table.calls.get(key, (0, 1))
@@ -303,7 +312,6 @@ class AdaptiveSchedule:
             self.table.calls[key] = (0, min(2 * gap, MAX_CALL_GAP))
             return ""
         self.table.calls[key] = (skipped + 1, gap)
-        spec = max((b for b in self.candidates if b > 1), key=lambda b: (scores[b], -b))
         return (f"target-only call: at bucket {k} ({mode}) the pooled acceptance and measured "
                 f"costs project {scores[1]:.4g} tokens/s target-only against {scores[spec]:.4g} "
                 f"at block {spec}; a speculative call after {gap - skipped - 1} more")
