@@ -193,24 +193,30 @@ def _planning_schedule(accept: float, track: float | None = None) -> AdaptiveSch
     return s
 
 
+def _plan(s: AdaptiveSchedule, rows: int, law: str) -> str:
+    """A sampled call of ``rows`` requests, 128 tokens each, under ``law``: begin, then plan."""
+    s.begin("sampled", law)
+    return s.plan(rows, [128] * rows)
+
+
 def test_plan_runs_whole_calls_target_only_where_speculation_does_not_pay():
     """From the pool and the table only (earlier calls): target-only calls where the first
     step would pick target-only, with a speculative call after 1, 2, 4, 8, 8 of them; nothing
     planned where speculation pays, before anything is pooled or timed, or for schedules
     that must repeat exactly (track=0, fixed tables)."""
     s = _planning_schedule(0.1)
-    got = [bool(s.plan(8, [128] * 8, "sampled", "L")) for _ in range(30)]
+    got = [bool(_plan(s, 8, "L")) for _ in range(30)]
     spec_calls = [i for i, g in enumerate(got) if not g]
     assert got[0] and [j - i - 1 for i, j in zip(spec_calls, spec_calls[1:])] == [2, 4, 8, 8]
-    assert "target-only call" in s.plan(8, [128] * 8, "sampled", "L") + \
-        s.plan(8, [128] * 8, "sampled", "L")
-    assert s.plan(8, [128] * 8, "sampled", "other law") == ""       # nothing pooled for it
-    assert s.plan(3, [128] * 3, "sampled", "L") == ""               # bucket 4 not timed
+    assert "target-only call" in _plan(s, 8, "L") + \
+        _plan(s, 8, "L")
+    assert _plan(s, 8, "other law") == ""       # nothing pooled for it
+    assert _plan(s, 3, "L") == ""               # bucket 4 not timed
     good = _planning_schedule(0.95)
-    assert good.plan(8, [128] * 8, "sampled", "L") == ""
-    assert _planning_schedule(0.1, track=0.0).plan(8, [128] * 8, "sampled", "L") == ""
+    assert _plan(good, 8, "L") == ""
+    assert _plan(_planning_schedule(0.1, track=0.0), 8, "L") == ""
     fixed = AdaptiveSchedule(CANDS, {1: 1.0, 2: 1.9, 4: 2.2, 8: 2.8})
-    assert fixed.plan(8, [128] * 8, "sampled", "L") == ""
+    assert _plan(fixed, 8, "L") == ""
 
 
 def test_a_planned_target_only_call_reports_itself():
@@ -241,5 +247,5 @@ def test_plan_needs_speculation_to_win_by_its_margin():
     sc = s.finish_scores(list(range(8)), [128] * 8)
     best_spec = max(v for b, v in sc.items() if b > 1)
     want_plan = best_spec <= PLAN_MARGIN * sc[1]
-    assert bool(s.plan(8, [128] * 8, "sampled", "L")) == want_plan
+    assert bool(_plan(s, 8, "L")) == want_plan
     assert best_spec > sc[1] and want_plan          # wins per step, not by the margin

@@ -158,10 +158,11 @@ class Engine:
                 f"block_size must be >= 2 for speculative decoding (None: adaptive), got {block}")
         for q in requests:
             q.validate(pair.target.cfg.vocab_size)
+        if sched is not None:                # this call's schedule state (begin), then its plan
+            sched.begin("sampled" if any(q.params.temperature > 0 for q in requests)
+                        else "greedy", _law(requests))     # as SamplingBatch.any_sampled
         plan = "" if sched is None else sched.plan(
-            len(requests), [q.params.max_new_tokens for q in requests],
-            "sampled" if any(q.params.temperature > 0 for q in requests) else "greedy",
-            _law(requests))
+            len(requests), [q.params.max_new_tokens for q in requests])
         decided = sched                      # the schedule whose table this call decided with
         if plan:                             # the whole call target-only (schedule.plan)
             spec, sched, block = False, None, 1
@@ -190,9 +191,6 @@ class Engine:
                 stats.time["prefill"] = time.perf_counter() - start
                 st = drop_finished(st, out)
                 host_masks(st, out, stats)
-                if sched is not None:
-                    sched.begin("sampled" if st.sampling.any_sampled else "greedy",
-                                _law(requests))
                 pending = 0          # target-only steps since the last spec step (adaptive)
                 while st.size:
                     if sched is None:

@@ -279,8 +279,8 @@ class AdaptiveSchedule:
         self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds
         self._counts: tuple[list[float], list[float]] = ([], [])    # this call's, per slot
 
-    def plan(self, rows: int, remaining: Sequence[int], mode: str, law: Hashable = None) -> str:
-        """Before a call's prefill: "" to decode it speculatively (choosing each step), or why
+    def plan(self, rows: int, remaining: Sequence[int]) -> str:
+        """After ``begin``, before the call's prefill: "" to decode it speculatively (choosing each step), or why
         it runs as a plain target-only call. Speculation has fixed costs a call pays even if
         every step it takes is target-only: the prefill builds the draft's context of every
         prompt, target-only steps keep that context, and each probe re-scores every row (at
@@ -297,8 +297,8 @@ class AdaptiveSchedule:
         (their calls must repeat exactly)."""
         if self.track == 0.0 or self.fixed or rows < 1:
             return ""
-        self.begin(mode, law)
-        k, key = bucket_of(rows), (mode, law, bucket_of(rows))
+        mode, k = self.mode, bucket_of(rows)
+        key = (mode, self.law, k)
         if not self._pool or self._pool[0] is None \
                 or any(self.cost(b, k) is None for b in self.candidates):
             return ""                        # nothing pooled or timed yet: speculate, learn
