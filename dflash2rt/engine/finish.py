@@ -1,0 +1,96 @@
+"""The steps a request needs to finish its tokens, from its slots' acceptance estimates: the
+arithmetic of the adaptive schedule's finish rule (schedule.py).
+
+A step at block b commits X tokens, X = k with P(commit k) = Π_{i<k} α_i · (1 − α_k) (k < b,
+all b drafts accepted: X = b); ``BlockLaw`` holds that law, E[X] and Var[X]; ``finish_steps`` the
+expected steps for a row's last n tokens (exactly for the last ``TAIL`` · b); ``finish_spread``
+adds their standard deviation (renewal CLT); ``order_z`` places a batch's rows at the expected
+order statistics, since a batch waits for its slowest row.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+import statistics
+from typing import Sequence
+
+TAIL = 4            # finish rule: the last TAIL · block tokens of a row count steps exactly
+
+
+def expected_of(alphas: Sequence[float], block: int) -> float:
+    """E[committed tokens | block] from the slots' α: 1 + Σ_j Π_{i≤j} α_i (j < block)."""
+    total, run = 1.0, 1.0
+    for a in alphas[:block - 1]:
+        run *= a
+        total += run
+    return total
+
+
+class BlockLaw:
+    """What one row's slot estimates imply at one block size: P(commit k) for k = 1 .. block,
+    E[X] and Var[X] of the tokens X a step commits, and (built as far as asked) the exact
+    expected steps S(m) to finish the last m ≤ ``TAIL`` · block tokens."""
+
+    __slots__ = ("block", "commit", "mean", "var", "_tail")
+
+    def __init__(self, alphas: Sequence[float], block: int) -> None:
+        self.block = block
+        commit, run = [], 1.0                            # P(commit k), k = 1 .. block
+        for k in range(1, block):
+            commit.append(run * (1.0 - alphas[k - 1]))
+            run *= alphas[k - 1]
+        commit.append(run)
+        self.commit = commit
+        self.mean = expected_of(alphas, block)
+        e1 = sum(k * p for k, p in enumerate(commit, 1))
+        e2 = sum(k * k * p for k, p in enumerate(commit, 1))
+        self.var = max(e2 - e1 * e1, 0.0)
+        self._tail: list[float] | None = None
+
+    def steps(self, n: int) -> float:
+        """Expected steps for the last ``n`` tokens (``finish_steps``)."""
+        if n > TAIL * self.block:
+            return float(math.ceil(n / self.mean))
+        if self._tail is None:
+            self._tail = [0.0]
+        commit, steps = self.commit, self._tail
+        for m in range(len(steps), n + 1):           # extended as far as asked
+            k = min(self.block, m - 1)         # S(m - k), k = 1 .. k: steps[m-1] .. steps[m-k]
+            steps.append(1.0 + sum(map(operator.mul, commit[:k], reversed(steps[m - k:m]))))
+        return steps[n]
+
+    def spread(self, n: int) -> tuple[float, float]:
+        """(mean, standard deviation) of the steps for the last ``n`` tokens (``finish_spread``)."""
+        if self.block < 2:
+            return float(n), 0.0
+        return self.steps(n), math.sqrt(n * self.var / self.mean ** 3)
+
+
+def finish_steps(alphas: Sequence[float], block: int, n: int) -> float:
+    """Steps a row needs for its last ``n`` tokens if every step used ``block`` (slots' α:
+    ``alphas``, at least ``block`` − 1 of them): ⌈n / E[block]⌉ while n is large; for the
+    last ``TAIL`` · block tokens the expected count exactly,
+    S(n) = 1 + Σ_k P(commit k)·S(n − k) (a step commits min(k, n); S(0) = 0, so only k < n
+    add), so that a block that may finish the row in one step is not ranked like one that
+    cannot."""
+    return BlockLaw(alphas, block).steps(n)
+
+
+def finish_spread(alphas: Sequence[float], block: int, n: int) -> tuple[float, float]:
+    """(mean, standard deviation) of the steps a row needs for its last ``n`` tokens at
+    ``block``: the mean ``finish_steps``; the spread by the renewal CLT, √(n·Var[X] / E[X]³)
+    with X the tokens one step commits (0 for target-only steps, which commit exactly one)."""
+    return BlockLaw(alphas, block).spread(n)
+
+
+@functools.lru_cache(maxsize=64)
+def order_z(rows: int) -> tuple[float, ...]:
+    """The expected order statistics of ``rows`` standard normals, ascending (Blom's
+    approximation; (0.0,) for one row): the batch waits for its slowest row, and a row's
+    steps to finish are random, so the last row to finish needs more steps than the mean."""
+    if rows < 2:
+        return (0.0,) * rows
+    nd = statistics.NormalDist()
+    return tuple(nd.inv_cdf((i - 0.375) / (rows + 0.25)) for i in range(1, rows + 1))
