@@ -63,7 +63,9 @@ def test_flags_are_packed_once_with_distinct_bits():
 def test_engines_sharing_a_backend_keep_their_run_fallbacks_apart():
     """Engine A's graphs are refused (it runs them eagerly, and says so in each of its runs);
     engine B, on the same backend and run from inside A's run (its on_tokens), captures fine:
-    B never reports A's fallbacks, and A's run keeps its own after B's run ended."""
+    B never reports A's fallbacks, and A's run keeps its own after B's run ended. (A fixed
+    block: an adaptive call may be planned target-only from timings, which would take
+    other graphs.)"""
     pair, adapter = tiny_pair("dflash2", block=4), ReplayAdapter()
     backend = _backend(adapter)
     backend.report_fallback("standing: example")
@@ -72,16 +74,16 @@ def test_engines_sharing_a_backend_keep_their_run_fallbacks_apart():
 
     def run_b_first(i, ids):
         if not inner:
-            inner.append(b.generate(_reqs((0.0,) * 3))[1])
+            inner.append(b.generate(_reqs((0.0,) * 3), block_size=4)[1])
             adapter.fail = True                   # A's captures (its steps come later) fail
 
-    _, a_stats = a.generate(_reqs((0.0,) * 3), on_tokens=run_b_first)
+    _, a_stats = a.generate(_reqs((0.0,) * 3), block_size=4, on_tokens=run_b_first)
     assert inner[0].fallbacks == ["standing: example"]
     assert a_stats.fallbacks[0] == "standing: example"
     assert any("refuses to capture" in f for f in a_stats.fallbacks[1:])
     adapter.fail = False
-    _, b_again = b.generate(_reqs((0.0,) * 3))
-    _, a_again = a.generate(_reqs((0.0,) * 3))
+    _, b_again = b.generate(_reqs((0.0,) * 3), block_size=4)
+    _, a_again = a.generate(_reqs((0.0,) * 3), block_size=4)
     assert b_again.fallbacks == ["standing: example"]
     assert any("refuses to capture" in f for f in a_again.fallbacks)   # its kept eager buckets
     assert backend.standing_fallbacks == ("standing: example",)

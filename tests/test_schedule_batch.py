@@ -249,3 +249,65 @@ def test_plan_needs_speculation_to_win_by_its_margin():
     want_plan = best_spec <= PLAN_MARGIN * sc[1]
     assert bool(_plan(s, 8, "L")) == want_plan
     assert best_spec > sc[1] and want_plan          # wins per step, not by the margin
+
+
+def _spec_call(s: AdaptiveSchedule, rate_share: float) -> str:
+    """A sampled call of 8 requests under law "L" that speculates at block 4 and makes
+    ``rate_share`` of the rate ``project`` gave it: its plan, then its steps, then end."""
+    plan = _plan(s, 8, "L")
+    if not plan:
+        _, rate, _ = s.project(8, [128] * 8)
+        rows = list(range(8))
+        s.observe(rows, 4, [1] * 8, 8 * 128 / rate / rate_share)   # one step's seconds
+        s.end(8 * 128)
+    return plan
+
+
+def test_plan_scales_projections_by_what_speculative_calls_realized():
+    """Speculative calls that make less than their projection (ragged finishes, switches)
+    teach the plan: a call of that (mode, law, bucket) runs target-only once the projection
+    scaled by the tracked realized share falls under the margin (the message says the
+    share), probes still come after 1, 2, ... target-only calls; calls that make their
+    projection keep speculating; other laws and buckets are not touched."""
+    from dflash2rt.engine.schedule import PLAN_MARGIN
+
+    s = _planning_schedule(0.8)
+    s.begin("sampled", "L")
+    spec, rate, tonly = s.project(8, [128] * 8)
+    assert spec > 1 and rate > 1.2 * tonly              # speculation projects a clear win
+    key = ("sampled", "L", 8)
+    assert _spec_call(s, 1.0) == "" and s.table.realized[key] == pytest.approx(1.0)
+    assert _spec_call(s, 1.0) == ""
+    decisions = []
+    for _ in range(8):
+        share = s.table.realized[key]
+        pays = share * rate > PLAN_MARGIN * tonly
+        plan = _spec_call(s, 0.5)
+        decisions.append((pays, plan))
+        if pays:
+            assert plan == ""
+        elif plan:
+            assert "target-only call" in plan and f"x{share:.3g} as earlier" in plan
+    assert s.table.realized[key] < 0.7                  # folded halfway per speculative call
+    assert decisions[0] == (True, "") and not any(pays for pays, _ in decisions[1:])
+    assert [bool(p) for _, p in decisions[1:]] == [True, False, True, True, False, True, True]
+    assert set(s.table.realized) == {key}
+    fresh = _planning_schedule(0.8)                     # no realized record: speculates
+    assert _plan(fresh, 8, "L") == ""
+
+
+def test_realized_rate_needs_a_projection_and_track():
+    """Nothing is folded before a projection exists (nothing pooled), for target-only calls,
+    or under track=0; a non-finite ratio is ignored."""
+    s = AdaptiveSchedule(CANDS, reps=1)
+    s.begin("sampled", "L")
+    assert s.plan(8, [128] * 8) == ""                  # nothing pooled or timed
+    s.observe(list(range(8)), 1, [0] * 8, 0.01)
+    s.end(8)
+    assert s.table.realized == {}
+    frozen = _planning_schedule(0.8, track=0.0)
+    _spec_call(frozen, 0.5)
+    assert frozen.table.realized == {}
+    s.table.fold_realized(("k",), float("nan"), 0.5)
+    s.table.fold_realized(("k",), 0.0, 0.5)
+    assert s.table.realized == {}

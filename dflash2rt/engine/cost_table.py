@@ -35,6 +35,9 @@ class MeasuredTable:
         self.accept: dict[tuple, tuple[list[float], list[float]]] = {}   # (mode, law) → counts
         # (mode, law, bucket) → (target-only calls since the last speculative one, the gap)
         self.calls: dict[tuple, tuple[int, int]] = {}
+        # (mode, law, bucket) → a speculative call's decode rate over the rate its plan
+        # projected, tracked over calls (``fold_realized``)
+        self.realized: dict[tuple, float] = {}
 
     def calibrated(self, key: Key) -> float | None:
         """The median of ``key``'s calibration samples (None: not calibrated)."""
@@ -64,6 +67,14 @@ class MeasuredTable:
             if len(secs) < MIN_STEPS or base is None:
                 continue
             self.observed[key] = base + track * (statistics.median(secs) - base)
+
+    def fold_realized(self, key: tuple, ratio: float, track: float) -> None:
+        """A speculative call's realized / projected decode rate: ``key``'s entry moves
+        ``track`` of the way to it (the first call sets it)."""
+        if not (math.isfinite(ratio) and ratio > 0):
+            return
+        was = self.realized.get(key)
+        self.realized[key] = ratio if was is None else was + track * (ratio - was)
 
     def pool(self, mode: str, law: Hashable) -> list[float | None]:
         """The pooled acceptance per slot for (mode, law); None where a slot has fewer than

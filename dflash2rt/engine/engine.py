@@ -211,8 +211,8 @@ class Engine:
                     pending = pending + 1 if b == 1 else 0
                     # the schedule learns what switching back to speculation costs, too
                     sched.observe(rows, b, accepted, seconds + caught)
-                if sched is not None:
-                    sched.end()             # the next call's table follows these steps' times
+                if sched is not None:       # the next call's table follows these steps
+                    sched.end(sum(len(o.token_ids) for o in out.outputs) - len(requests))
             except BaseException:
                 self.close()              # release graphs now, outside any capture
                 raise

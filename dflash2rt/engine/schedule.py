@@ -197,6 +197,8 @@ class AdaptiveSchedule:
         self._pool = self._pooled.pool(mode, law)
         self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds
         self._counts: tuple[list[float], list[float]] = ([], [])    # this call's, per slot
+        self._made = [0.0, 0.0]        # this call's decode tokens (observed) and seconds
+        self._planned: tuple | None = None       # (key, rows, budgets) of a speculative plan
 
     def plan(self, rows: int, remaining: Sequence[int]) -> str:
         """After ``begin``, before the call's prefill: "" to decode it speculatively (choosing each step), or why
@@ -206,9 +208,12 @@ class AdaptiveSchedule:
         T = 1, batch 8 on the bundled pair: ×0.91–0.95 target-only where target-only steps were
         360 of 375). So a learning schedule (``track`` > 0) whose pooled acceptance for this
         (mode, law) and cost table at this bucket say that speculation does not pay at the
-        call's first step (``finish_scores`` of fresh requests; speculation must project
-        ``PLAN_MARGIN`` × the target-only rate, since the step costs leave out the fixed costs
-        above) runs the call target-only;
+        call's first step (``project``: ``finish_scores`` of fresh requests, the speculative
+        rate scaled by what earlier speculative calls of this (mode, law, bucket) realized
+        against their projection (``end``): at T = 1, batch 8 on the bundled pair they made
+        ×0.78–0.88 of it, the ragged finish and switches costing more than the finish rule
+        sees); speculation must project ``PLAN_MARGIN`` × the target-only rate, since the step
+        costs leave out the fixed costs above) runs the call target-only;
         every (gap + 1)-th such call speculates anyway, so the pool keeps learning (the gap
         doubles up to ``MAX_CALL_GAP`` while speculation keeps losing; it resets once it wins).
         Like vLLM's speculative_disable_by_batch_size, a decision about whole calls, made from
@@ -218,12 +223,13 @@ class AdaptiveSchedule:
             return ""
         mode, k = self.mode, bucket_of(rows)
         key = (mode, self.law, k)
-        if not self._pool or self._pool[0] is None \
-                or any(self.cost(b, k) is None for b in self.candidates):
+        self._planned = (key, rows, list(remaining))     # ``end`` compares what it made
+        projected = self.project(rows, remaining)
+        if projected is None:
             return ""                        # nothing pooled or timed yet: speculate, learn
-        scores = self.finish_scores(list(range(rows)), remaining)
-        spec = max((b for b in self.candidates if b > 1), key=lambda b: (scores[b], -b))
-        if scores[spec] > PLAN_MARGIN * scores[1]:
+        spec, rate, target_only = projected
+        real = self.table.realized.get(key, 1.0)
+        if real * rate > PLAN_MARGIN * target_only:
             self.table.calls.pop(key, None)
             return ""
         skipped, gap = self.table.calls.get(key, (0, 1))
@@ -231,9 +237,24 @@ class AdaptiveSchedule:
             self.table.calls[key] = (0, min(2 * gap, MAX_CALL_GAP))
             return ""
         self.table.calls[key] = (skipped + 1, gap)
+        self._planned = None
         return (f"target-only call: at bucket {k} ({mode}) the pooled acceptance and measured "
-                f"costs project {scores[1]:.4g} tokens/s target-only against {scores[spec]:.4g} "
-                f"at block {spec}; a speculative call after {gap - skipped - 1} more")
+                f"costs project {target_only:.4g} tokens/s target-only against {rate:.4g} "
+                f"at block {spec}, x{real:.3g} as earlier speculative calls realized; "
+                f"a speculative call after {gap - skipped - 1} more")
+
+    def project(self, rows: int, remaining: Sequence[int]) -> tuple[int, float, float] | None:
+        """A call's first-step projection for ``rows`` fresh requests with these budgets, from
+        the pool and table it decides with: (best speculative block, its tokens/s, the
+        target-only tokens/s) by ``finish_scores``; None before anything is pooled for the
+        call's (mode, law) or while a candidate is untimed at its bucket."""
+        k = bucket_of(rows)
+        if not self._pool or self._pool[0] is None or self.candidates[-1] < 2 \
+                or any(self.cost(b, k) is None for b in self.candidates):
+            return None
+        scores = self.finish_scores([object() for _ in range(rows)], remaining)
+        spec = max((b for b in self.candidates if b > 1), key=lambda b: (scores[b], -b))
+        return spec, scores[spec], scores[1]
 
     def replica(self) -> "AdaptiveSchedule":
         """A schedule that decides as this one's current (or last) call did and learns nothing:
@@ -245,17 +266,28 @@ class AdaptiveSchedule:
                                 probe=self.probe, max_probe=self.max_probe, reps=self.reps,
                                 track=0.0, table=self._pooled.accept_copy())
 
-    def end(self) -> None:
+    def end(self, tokens: int | None = None) -> None:
         """The batch is done: fold its decode steps' seconds and its per-slot acceptance
         counts into the shared table (module docstring; ``track=0``: neither); choices of the
-        next ``begin`` see them, this call's never did."""
+        next ``begin`` see them, this call's never did. A call that ``plan`` let speculate
+        also folds its decode rate (``tokens`` emitted by its decode steps, else the tokens
+        its steps committed, over their seconds) over the rate ``project`` gives for it now
+        that every cost it needed is timed: what ``plan`` scales the next projections by."""
         steps, self._steps = self._steps, {}
         counts, self._counts = self._counts, ([], [])
+        made, self._made = self._made, [0.0, 0.0]
+        planned, self._planned = self._planned, None
         if self.track == 0.0:
             return
         self.table.fold_accept(self.mode, self.law, counts)
         if not self.fixed:
             self.table.fold_costs(steps, self._frozen, self.track)
+        if planned is not None and made[1] > 0:
+            key, rows, remaining = planned
+            projected = self.project(rows, remaining)
+            if projected is not None:
+                n = made[0] if tokens is None else tokens
+                self.table.fold_realized(key, n / made[1] / projected[1], self.track)
 
     def alphas(self, row: Hashable, slots: int) -> list[float]:
         """α_1 .. α_slots for ``row``: each slot's counts over ``prior_weight`` (this mode's)
@@ -424,6 +456,8 @@ class AdaptiveSchedule:
         if seconds is not None:
             self._steps.setdefault((block, bucket_of(len(rows)), self.mode), []).append(
                 float(seconds))
+            self._made[0] += sum(accepted) + len(rows)
+            self._made[1] += float(seconds)
         if block < 2:
             return
         gamma = max(self.candidates) - 1
