@@ -17,6 +17,7 @@ from typing import Hashable
 Key = tuple[int, int, str]           # (block, bucket, mode)
 
 MAX_CALL_GAP = 8    # at most this many target-only calls between speculative ones (plan)
+FIRST_CALL_GAP = 2  # target-only calls before the first speculative probe (then 4, 8, 8, ...)
 MIN_STEPS = 3       # a call's steps of one (block, bucket) needed to move its table entry
 TRACK = 0.5         # a measured table's default: each call moves an entry halfway to its steps
 POOL_MIN = 8        # reached observations of a slot before the pooled prior replaces the chain

@@ -88,12 +88,12 @@ from __future__ import annotations
 from typing import Hashable, Mapping, Sequence
 
 from ..errors import InvalidInputError
-from .cost_table import (MAX_CALL_GAP, MIN_STEPS, POOL_CAP, POOL_MIN, TRACK, MeasuredTable,
+from .cost_table import (FIRST_CALL_GAP, MAX_CALL_GAP, MIN_STEPS, POOL_CAP, POOL_MIN, TRACK, MeasuredTable,
                          shared_table)
 from .finish import TAIL, BlockLaw, expected_of, finish_spread, finish_steps, order_z
 
 __all__ = ["AdaptiveSchedule", "BlockLaw", "MeasuredTable", "MIN_STEPS", "POOL_CAP", "POOL_MIN",
-           "TAIL", "TRACK", "MAX_CALL_GAP", "bucket_of", "default_candidates", "expected_of", "finish_spread",
+           "TAIL", "TRACK", "FIRST_CALL_GAP", "MAX_CALL_GAP", "bucket_of", "default_candidates", "expected_of", "finish_spread",
            "finish_steps", "order_z", "PLAN_MARGIN", "PRIOR_WEIGHT", "shared_schedule",
            "shared_table"]
 
@@ -215,7 +215,9 @@ class AdaptiveSchedule:
         sees); speculation must project ``PLAN_MARGIN`` × the target-only rate, since the step
         costs leave out the fixed costs above) runs the call target-only;
         every (gap + 1)-th such call speculates anyway, so the pool keeps learning (the gap
-        doubles up to ``MAX_CALL_GAP`` while speculation keeps losing; it resets once it wins).
+        starts at ``FIRST_CALL_GAP`` and doubles up to ``MAX_CALL_GAP`` while speculation keeps
+        losing; it resets once it wins: a probe right after the call that taught the plan to
+        stop would re-measure what that call just measured).
         Like vLLM's speculative_disable_by_batch_size, a decision about whole calls, made from
         earlier calls only: every step stays lossless. Fixed tables and ``track=0`` never plan
         (their calls must repeat exactly)."""
@@ -232,7 +234,7 @@ class AdaptiveSchedule:
         if real * rate > PLAN_MARGIN * target_only:
             self.table.calls.pop(key, None)
             return ""
-        skipped, gap = self.table.calls.get(key, (0, 1))
+        skipped, gap = self.table.calls.get(key, (0, FIRST_CALL_GAP))
         if skipped >= gap:                   # a speculative call keeps the pool current
             self.table.calls[key] = (0, min(2 * gap, MAX_CALL_GAP))
             return ""
