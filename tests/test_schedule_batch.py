@@ -252,47 +252,57 @@ def test_plan_needs_speculation_to_win_by_its_margin():
     assert best_spec > sc[1] and want_plan          # wins per step, not by the margin
 
 
-def _spec_call(s: AdaptiveSchedule, rate_share: float) -> str:
-    """A sampled call of 8 requests under law "L" that speculates at block 4 and makes
-    ``rate_share`` of the rate ``project`` gave it: its plan, then its steps, then end."""
+def _call(s: AdaptiveSchedule, spec_share: float, only_share: float = 1.0) -> str:
+    """A sampled call of 8 requests under law "L": its plan, then (speculative) one step of
+    block 4, then ``end`` with wall seconds at which the call made ``spec_share`` of the
+    rate ``project`` gave speculation (a planned target-only call: ``only_share`` of the
+    target-only rate)."""
     plan = _plan(s, 8, "L")
+    _, rate, tonly = s.project(8, [128] * 8)
     if not plan:
-        _, rate, _ = s.project(8, [128] * 8)
-        rows = list(range(8))
-        s.observe(rows, 4, [1] * 8, 8 * 128 / rate / rate_share)   # one step's seconds
-        s.end(8 * 128)
+        s.observe(list(range(8)), 4, [1] * 8, 0.001)
+    share, base = (only_share, tonly) if plan else (spec_share, rate)
+    s.end(8 * 128, 8 * 128 / base / share)
     return plan
 
 
-def test_plan_scales_projections_by_what_speculative_calls_realized():
-    """Speculative calls that make less than their projection (ragged finishes, switches)
-    teach the plan: a call of that (mode, law, bucket) runs target-only once the projection
-    scaled by the tracked realized share falls under the margin (the message says the
-    share), probes still come after 2, 4, ... target-only calls; calls that make their
-    projection keep speculating; other laws and buckets are not touched."""
+def test_plan_scales_projections_by_what_planned_calls_realized():
+    """Planned calls teach the plan what each mode realizes against its projection (whole
+    calls timed): a call of that (mode, law, bucket) runs target-only once speculation's
+    scaled projection falls under the margin over target-only's scaled one (the message
+    says both shares), with probes after 2, 4, ... target-only calls; calls that make their
+    projection keep speculating; target-only calls that realize less bring speculation back;
+    other laws and buckets are not touched."""
     from dflash2rt.engine.schedule import PLAN_MARGIN
 
     s = _planning_schedule(0.8)
     s.begin("sampled", "L")
     spec, rate, tonly = s.project(8, [128] * 8)
     assert spec > 1 and rate > 1.2 * tonly              # speculation projects a clear win
-    key = ("sampled", "L", 8)
-    assert _spec_call(s, 1.0) == "" and s.table.realized[key] == pytest.approx(1.0)
-    assert _spec_call(s, 1.0) == ""
+    key, only = ("sampled", "L", 8, "spec"), ("sampled", "L", 8, "target-only")
+    assert _call(s, 1.0) == "" and s.table.realized[key] == pytest.approx(1.0)
+    assert _call(s, 1.0) == ""
     decisions = []
     for _ in range(8):
-        share = s.table.realized[key]
-        pays = share * rate > PLAN_MARGIN * tonly
-        plan = _spec_call(s, 0.5)
+        shares = s.table.realized[key], s.table.realized.get(only, 1.0)
+        pays = shares[0] * rate > PLAN_MARGIN * shares[1] * tonly
+        plan = _call(s, 0.5, 0.95)
         decisions.append((pays, plan))
         if pays:
             assert plan == ""
         elif plan:
-            assert "target-only call" in plan and f"x{share:.3g} as earlier" in plan
+            assert "target-only call" in plan and \
+                f"x{shares[1]:.3g} and x{shares[0]:.3g} of their projections" in plan
     assert s.table.realized[key] < 0.7                  # folded halfway per speculative call
+    assert s.table.realized[only] == pytest.approx(0.95)
     assert decisions[0] == (True, "") and not any(pays for pays, _ in decisions[1:])
     assert [bool(p) for _, p in decisions[1:]] == [True, True, False, True, True, True, True]
-    assert set(s.table.realized) == {key}
+    assert set(s.table.realized) == {key, only}
+    for _ in range(4):                                  # target-only calls realize a third
+        _call(s, 0.5, 0.3)
+    shares = s.table.realized[key], s.table.realized[only]
+    assert shares[1] < 0.5 and shares[0] * rate > PLAN_MARGIN * shares[1] * tonly
+    assert _plan(s, 8, "L") == ""
     fresh = _planning_schedule(0.8)                     # no realized record: speculates
     assert _plan(fresh, 8, "L") == ""
 
@@ -307,7 +317,9 @@ def test_realized_rate_needs_a_projection_and_track():
     s.end(8)
     assert s.table.realized == {}
     frozen = _planning_schedule(0.8, track=0.0)
-    _spec_call(frozen, 0.5)
+    frozen.begin("sampled", "L")
+    frozen.plan(8, [128] * 8)
+    frozen.end(8, 1.0)
     assert frozen.table.realized == {}
     s.table.fold_realized(("k",), float("nan"), 0.5)
     s.table.fold_realized(("k",), 0.0, 0.5)

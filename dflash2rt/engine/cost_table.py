@@ -36,8 +36,8 @@ class MeasuredTable:
         self.accept: dict[tuple, tuple[list[float], list[float]]] = {}   # (mode, law) → counts
         # (mode, law, bucket) → (target-only calls since the last speculative one, the gap)
         self.calls: dict[tuple, tuple[int, int]] = {}
-        # (mode, law, bucket) → a speculative call's decode rate over the rate its plan
-        # projected, tracked over calls (``fold_realized``)
+        # (mode, law, bucket, "spec" | "target-only") → planned calls' realized rate over
+        # the rate projected for them, tracked over calls (``fold_realized``)
         self.realized: dict[tuple, float] = {}
 
     def calibrated(self, key: Key) -> float | None:

@@ -211,8 +211,9 @@ class Engine:
                     pending = pending + 1 if b == 1 else 0
                     # the schedule learns what switching back to speculation costs, too
                     sched.observe(rows, b, accepted, seconds + caught)
-                if sched is not None:       # the next call's table follows these steps
-                    sched.end(sum(len(o.token_ids) for o in out.outputs) - len(requests))
+                if decided is not None:     # the next call's table follows this call
+                    decided.end(sum(len(o.token_ids) for o in out.outputs),
+                                time.perf_counter() - start - stats.calibration_s)
             except BaseException:
                 self.close()              # release graphs now, outside any capture
                 raise

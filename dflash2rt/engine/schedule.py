@@ -198,7 +198,7 @@ class AdaptiveSchedule:
         self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds
         self._counts: tuple[list[float], list[float]] = ([], [])    # this call's, per slot
         self._made = [0.0, 0.0]        # this call's decode tokens (observed) and seconds
-        self._planned: tuple | None = None       # (key, rows, budgets) of a speculative plan
+        self._planned: tuple | None = None       # (key, rows, budgets, speculated): plan's
 
     def plan(self, rows: int, remaining: Sequence[int]) -> str:
         """After ``begin``, before the call's prefill: "" to decode it speculatively (choosing each step), or why
@@ -208,12 +208,13 @@ class AdaptiveSchedule:
         T = 1, batch 8 on the bundled pair: ×0.91–0.95 target-only where target-only steps were
         360 of 375). So a learning schedule (``track`` > 0) whose pooled acceptance for this
         (mode, law) and cost table at this bucket say that speculation does not pay at the
-        call's first step (``project``: ``finish_scores`` of fresh requests, the speculative
-        rate scaled by what earlier speculative calls of this (mode, law, bucket) realized
-        against their projection (``end``): at T = 1, batch 8 on the bundled pair they made
-        ×0.78–0.88 of it, the ragged finish and switches costing more than the finish rule
-        sees); speculation must project ``PLAN_MARGIN`` × the target-only rate, since the step
-        costs leave out the fixed costs above) runs the call target-only;
+        call's first step (``project``: ``finish_scores`` of fresh requests, each mode's rate
+        scaled by what earlier planned calls of this (mode, law, bucket) in that mode realized
+        against their projection, whole calls timed (``end``): the fixed costs above, and a
+        target-only step calibrated between other blocks' steps at 6.1–6.8 ms that runs at 5 ms
+        in a run of them, at T = 1, batch 8 on the bundled pair; speculation must still
+        project ``PLAN_MARGIN`` × the target-only rate: the rounds of a machine this noisy
+        spread by more than that) runs the call target-only;
         every (gap + 1)-th such call speculates anyway, so the pool keeps learning (the gap
         starts at ``FIRST_CALL_GAP`` and doubles up to ``MAX_CALL_GAP`` while speculation keeps
         losing; it resets once it wins: a probe right after the call that taught the plan to
@@ -225,13 +226,14 @@ class AdaptiveSchedule:
             return ""
         mode, k = self.mode, bucket_of(rows)
         key = (mode, self.law, k)
-        self._planned = (key, rows, list(remaining))     # ``end`` compares what it made
+        self._planned = (key, rows, list(remaining), True)    # ``end`` compares what it made
         projected = self.project(rows, remaining)
         if projected is None:
             return ""                        # nothing pooled or timed yet: speculate, learn
         spec, rate, target_only = projected
-        real = self.table.realized.get(key, 1.0)
-        if real * rate > PLAN_MARGIN * target_only:
+        real_spec = self.table.realized.get((*key, "spec"), 1.0)
+        real_only = self.table.realized.get((*key, "target-only"), 1.0)
+        if real_spec * rate > PLAN_MARGIN * real_only * target_only:
             self.table.calls.pop(key, None)
             return ""
         skipped, gap = self.table.calls.get(key, (0, FIRST_CALL_GAP))
@@ -239,11 +241,11 @@ class AdaptiveSchedule:
             self.table.calls[key] = (0, min(2 * gap, MAX_CALL_GAP))
             return ""
         self.table.calls[key] = (skipped + 1, gap)
-        self._planned = None
+        self._planned = (key, rows, list(remaining), False)
         return (f"target-only call: at bucket {k} ({mode}) the pooled acceptance and measured "
                 f"costs project {target_only:.4g} tokens/s target-only against {rate:.4g} "
-                f"at block {spec}, x{real:.3g} as earlier speculative calls realized; "
-                f"a speculative call after {gap - skipped - 1} more")
+                f"at block {spec}, calls realizing x{real_only:.3g} and x{real_spec:.3g} of "
+                f"their projections; a speculative call after {gap - skipped - 1} more")
 
     def project(self, rows: int, remaining: Sequence[int]) -> tuple[int, float, float] | None:
         """A call's first-step projection for ``rows`` fresh requests with these budgets, from
@@ -268,13 +270,15 @@ class AdaptiveSchedule:
                                 probe=self.probe, max_probe=self.max_probe, reps=self.reps,
                                 track=0.0, table=self._pooled.accept_copy())
 
-    def end(self, tokens: int | None = None) -> None:
+    def end(self, tokens: int | None = None, seconds: float | None = None) -> None:
         """The batch is done: fold its decode steps' seconds and its per-slot acceptance
         counts into the shared table (module docstring; ``track=0``: neither); choices of the
-        next ``begin`` see them, this call's never did. A call that ``plan`` let speculate
-        also folds its decode rate (``tokens`` emitted by its decode steps, else the tokens
-        its steps committed, over their seconds) over the rate ``project`` gives for it now
-        that every cost it needed is timed: what ``plan`` scales the next projections by."""
+        next ``begin`` see them, this call's never did. A planned call (speculative, or run
+        target-only by ``plan``: the engine ends those too) also folds its realized rate
+        (``tokens`` over ``seconds``: the engine gives the call's tokens and wall seconds,
+        prefill and host work included, calibration excluded; else the tokens its decode
+        steps committed over their seconds) over the rate ``project`` gives its mode now that
+        every cost it needed is timed: what ``plan`` scales the next projections by."""
         steps, self._steps = self._steps, {}
         counts, self._counts = self._counts, ([], [])
         made, self._made = self._made, [0.0, 0.0]
@@ -284,12 +288,15 @@ class AdaptiveSchedule:
         self.table.fold_accept(self.mode, self.law, counts)
         if not self.fixed:
             self.table.fold_costs(steps, self._frozen, self.track)
-        if planned is not None and made[1] > 0:
-            key, rows, remaining = planned
+        secs = made[1] if seconds is None else seconds
+        if planned is not None and secs > 0:
+            key, rows, remaining, speculated = planned
             projected = self.project(rows, remaining)
             if projected is not None:
-                n = made[0] if tokens is None else tokens
-                self.table.fold_realized(key, n / made[1] / projected[1], self.track)
+                rate = (made[0] if tokens is None else tokens) / secs
+                mode = "spec" if speculated else "target-only"
+                self.table.fold_realized((*key, mode), rate / projected[1 if speculated else 2],
+                                         self.track)
 
     def alphas(self, row: Hashable, slots: int) -> list[float]:
         """α_1 .. α_slots for ``row``: each slot's counts over ``prior_weight`` (this mode's)
