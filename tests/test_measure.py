@@ -5,6 +5,7 @@ capture stays out of timed seconds, and the deprecated ``ar`` JSON keys equal th
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -377,3 +378,16 @@ def test_profiling_rounds_median_and_paired_ratio():
     assert r["rounds_ratio"] == pytest.approx([1.1, 1.2, 1.1])
     assert r["ratio"] == pytest.approx(1.1)
     assert r["greedy_step_s"] == 2.0 and r["sampled_step_s"] == 2.4
+
+
+def test_speedup_pairs_the_interleaved_rounds():
+    """× target-only is the median of each round's ratio: a round that runs slow for every
+    contender leaves it alone, where the ratio of the medians pairs one contender's slow
+    round with another's fast one; unequal round counts pair the first rounds."""
+    tonly, adaptive = [1513.0, 1373.0, 1486.0], [1490.0, 1384.0, 1334.0]
+    got = bench_rows.paired_ratio(adaptive, tonly)
+    assert got == pytest.approx(1490.0 / 1513.0)
+    assert statistics.median(adaptive) / statistics.median(tonly) < 0.94 < got
+    assert bench_rows.paired_ratio([2.0, 4.0], [1.0, 2.0, 3.0]) == 2.0
+    assert bench_rows.paired_ratio([], []) is None
+    assert bench_rows.paired_ratio([1.0], [0.0]) is None

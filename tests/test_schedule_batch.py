@@ -324,3 +324,30 @@ def test_realized_rate_needs_a_projection_and_track():
     s.table.fold_realized(("k",), float("nan"), 0.5)
     s.table.fold_realized(("k",), 0.0, 0.5)
     assert s.table.realized == {}
+
+
+def test_block_law_family_equals_each_law_bit_for_bit():
+    """The laws built in one pass over the slots equal each block's own construction exactly
+    (commit law, mean, variance, tail steps and spread), random chains included."""
+    rng = random.Random(7)
+    for _ in range(500):
+        alphas = [rng.random() for _ in range(15)] if rng.random() < 0.9 else [1.0] * 15
+        blocks = sorted(rng.sample([1, 2, 3, 4, 8, 16], rng.randint(1, 6)))
+        for b, law in BlockLaw.family(alphas, blocks).items():
+            ref, n = BlockLaw(alphas, b), rng.randint(1, 160)
+            assert (law.block, law.commit, law.mean, law.var) == \
+                (ref.block, ref.commit, ref.mean, ref.var)
+            assert (law.steps(n), law.spread(n)) == (ref.steps(n), ref.spread(n))
+
+
+def test_a_replica_plans_every_call_as_the_call_it_copies():
+    """Another engine compared with this one (graphs vs eager, backend vs backend) must run
+    the same kind of call: a replica returns the copied call's plan, target-only or not."""
+    s = _planning_schedule(0.1)
+    plans = [_plan(s, 8, "L") for _ in range(3)]      # target-only, target-only, a probe
+    assert plans[0] and plans[1] and plans[2] == ""
+    r = s.replica()
+    assert _plan(r, 8, "L") == "" and _plan(r, 1, "other") == ""
+    _plan(s, 8, "L")
+    r = s.replica()
+    assert _plan(r, 8, "L") == s.last_plan != "" and _plan(r, 3, "M") == s.last_plan

@@ -92,8 +92,9 @@ def measure_rows(engine: Engine, prompts_by_batch: dict[int, Sequence[Sequence[i
     → ``{"rows": [...], "step_profile": {...}, "compare": {batch: compare()-style dict at the
     first temperature (T = 0)}, "capture_s": {batch: seconds}}``. A row (one per temperature
     × batch): ``temperature`` (label), ``temperature_value``, ``top_p``, ``batch``,
-    ``prompts``, ``tokens``, ``seeds``, ``contenders`` (name → tokens_per_s, tau, steps,
-    speedup_vs_target_only, block_sizes, step_split_s, ...), and at T = 0 ``greedy_equal`` /
+    ``prompts``, ``tokens``, ``seeds``, ``contenders`` (name → tokens_per_s: the median
+    round; speedup_vs_target_only: ``paired_ratio``, the median of the rounds' ratios;
+    speedup_of_medians; tau, steps, block_sizes, step_split_s, ...), and at T = 0 ``greedy_equal`` /
     ``mismatched_prompts`` (speculative == target-only, for every prompt)."""
     rows: list[dict[str, Any]] = []
     prof_rows: list[dict[str, Any]] = []
@@ -185,7 +186,8 @@ def _row(t: Temperature, batch: int, prompts: Sequence[Sequence[int]],
     for name in (*ENGINE_CONTENDERS, *((HF,) if with_hf else ())):
         x = m[_key(t, name)]
         d: dict[str, Any] = {"tokens_per_s": x.tokens_per_s, "rounds_tokens_per_s": x.rates,
-                             "speedup_vs_target_only": x.tokens_per_s / base if base else None}
+                             "speedup_vs_target_only": paired_ratio(x.rates, tonly.rates),
+                             "speedup_of_medians": x.tokens_per_s / base if base else None}
         if name != HF:
             d.update(tau=x.tau, steps=x.steps,
                      block_sizes={str(k): v for k, v in x.block_sizes.items()},
@@ -216,6 +218,16 @@ def _row(t: Temperature, batch: int, prompts: Sequence[Sequence[int]],
         if with_hf:
             row["hf_equal"] = m[_key(t, HF)].outputs == tonly.outputs
     return row
+
+
+def paired_ratio(rates: Sequence[float], base: Sequence[float]) -> float | None:
+    """× target-only from interleaved rounds: the median over rounds of each round's rate over
+    the target-only rate of the same round (the rounds pair the contenders under one state of
+    the machine; a round that ran slow for everyone leaves the ratio alone, whereas the ratio
+    of the medians can pair one contender's slow round with another's fast one). None without
+    rounds."""
+    per = [r / b for r, b in zip(rates, base) if b > 0]
+    return statistics.median(per) if per else None
 
 
 def _row_line(row: dict[str, Any]) -> str:

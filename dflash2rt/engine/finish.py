@@ -49,6 +49,36 @@ class BlockLaw:
         self.var = max(e2 - e1 * e1, 0.0)
         self._tail: list[float] | None = None
 
+    @classmethod
+    def family(cls, alphas: Sequence[float], blocks: Sequence[int]) -> dict[int, "BlockLaw"]:
+        """``BlockLaw(alphas, b)`` for every b in ``blocks`` from one pass over the slots: the
+        laws of smaller blocks are prefixes of the largest one's (the same sums in the same
+        order, so each law is bit-equal to its own construction; the schedule builds them for
+        every row after every speculative step)."""
+        top = max(blocks)
+        commit, runs, means, s1, s2 = [], [1.0], [1.0], [0.0], [0.0]
+        run, total, e1, e2 = 1.0, 1.0, 0.0, 0.0
+        for k in range(1, top):
+            p = run * (1.0 - alphas[k - 1])
+            commit.append(p)
+            e1 += k * p
+            e2 += k * k * p
+            s1.append(e1)
+            s2.append(e2)
+            run *= alphas[k - 1]
+            runs.append(run)
+            total += run
+            means.append(total)
+        out = {}
+        for b in blocks:
+            law = cls.__new__(cls)
+            law.block, law.commit, law.mean, law._tail = b, commit[:b - 1] + [runs[b - 1]], \
+                means[b - 1], None
+            m1, m2 = s1[b - 1] + b * runs[b - 1], s2[b - 1] + b * b * runs[b - 1]
+            law.var = max(m2 - m1 * m1, 0.0)
+            out[b] = law
+        return out
+
     def steps(self, n: int) -> float:
         """Expected steps for the last ``n`` tokens (``finish_steps``)."""
         if n > TAIL * self.block:

@@ -171,6 +171,8 @@ class AdaptiveSchedule:
         self.track = float(track)
         self.fixed = costs is not None
         self._fixed = dict(costs or {})
+        self.last_plan = ""                  # what ``plan`` said for the current (last) call
+        self._replay_plan: str | None = None  # a replica's: the copied call's plan
         # measured seconds per (block, bucket, mode); ``table``: one shared with others
         self.table = MeasuredTable() if table is None else table
         self._samples = self.table.samples
@@ -222,6 +224,12 @@ class AdaptiveSchedule:
         Like vLLM's speculative_disable_by_batch_size, a decision about whole calls, made from
         earlier calls only: every step stays lossless. Fixed tables and ``track=0`` never plan
         (their calls must repeat exactly)."""
+        if self._replay_plan is not None:    # a replica: the plan of the call it copies
+            return self._replay_plan
+        self.last_plan = self._plan(rows, remaining)
+        return self.last_plan
+
+    def _plan(self, rows: int, remaining: Sequence[int]) -> str:
         if self.track == 0.0 or self.fixed or rows < 1:
             return ""
         mode, k = self.mode, bucket_of(rows)
@@ -263,12 +271,15 @@ class AdaptiveSchedule:
     def replica(self) -> "AdaptiveSchedule":
         """A schedule that decides as this one's current (or last) call did and learns nothing:
         that call's cost table as a fixed one, its acceptance pool, the same parameters,
-        ``track=0``. Another engine given it chooses the same blocks from the same outcomes
-        (graph replay vs eager, backend vs backend)."""
-        return AdaptiveSchedule(self.candidates, self.costs, prior=self.prior,
-                                prior_weight=self.prior_weight, decay=self.decay,
-                                probe=self.probe, max_probe=self.max_probe, reps=self.reps,
-                                track=0.0, table=self._pooled.accept_copy())
+        ``track=0``, and that call's plan (every call of the replica is planned as that one
+        was). Another engine given it chooses the same blocks from the same outcomes (graph
+        replay vs eager, backend vs backend)."""
+        out = AdaptiveSchedule(self.candidates, self.costs, prior=self.prior,
+                               prior_weight=self.prior_weight, decay=self.decay,
+                               probe=self.probe, max_probe=self.max_probe, reps=self.reps,
+                               track=0.0, table=self._pooled.accept_copy())
+        out._replay_plan = self.last_plan
+        return out
 
     def end(self, tokens: int | None = None, seconds: float | None = None) -> None:
         """The batch is done: fold its decode steps' seconds and its per-slot acceptance
@@ -402,7 +413,7 @@ class AdaptiveSchedule:
         laws = self._law_cache.get(row)
         if laws is None:
             chain = self.alphas(row, max(self.candidates) - 1)
-            laws = self._law_cache[row] = {b: BlockLaw(chain, b) for b in self.candidates}
+            laws = self._law_cache[row] = BlockLaw.family(chain, self.candidates)
         return laws
 
     def steps_to_finish(self, row: Hashable, block: int, n: int) -> float:
