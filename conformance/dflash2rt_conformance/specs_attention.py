@@ -63,6 +63,11 @@ ATTENTION_CASES = [
                   keys=1000, tier="exhaustive"),
     AttentionCase(name="random_ranges_t17_gqa2_L200", r=3, t=17, n_kv=2, group=2, hd=48,
                   keys=200, ranges="random", tier="exhaustive"),
+    # long contexts (each request's keys >= 4 MiB in float32): the torch op's grouped path
+    AttentionCase(name="decode_qwen3_heads_L2048_long", r=2, t=1, n_kv=8, group=2, hd=128,
+                  keys=2048, tier="exhaustive"),
+    AttentionCase(name="verify_t9_qwen3_heads_L1100_long", r=2, t=9, n_kv=8, group=2, hd=128,
+                  keys=1100, ranges="random", tier="exhaustive"),
 ]
 
 

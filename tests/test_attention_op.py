@@ -1,0 +1,63 @@
+"""The attention op's grouped path (a step's few rows over a long context) against the float64
+reference, and the op's choice between it and SDPA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dflash2rt.ops.attention as A
+
+
+def _case(r, t, nh, nkv, hd, n_keys, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cap = n_keys + 5
+    # head-major storage seen position-major, as the KV cache keeps it
+    k = torch.randn(r, nkv, cap, hd, generator=g).transpose(1, 2)[:, :n_keys].to(dtype)
+    v = torch.randn(r, nkv, cap, hd, generator=g).transpose(1, 2)[:, :n_keys].to(dtype)
+    q = torch.randn(r, nh, t, hd, generator=g).transpose(1, 2).to(dtype)   # not contiguous
+    hi = torch.randint(1, n_keys + 1, (r, t), generator=g)
+    lo = (hi - torch.randint(1, n_keys + 1, (r, t), generator=g)).clamp(min=0)
+    return q, k, v, lo, hi
+
+
+@pytest.mark.parametrize("nh,nkv", [(4, 4), (8, 2), (16, 8), (8, 1)])
+@pytest.mark.parametrize("t", [1, 9, 17])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5),
+                                       (torch.bfloat16, 3e-2)])
+def test_grouped_attention_matches_the_float64_reference(nh, nkv, t, dtype, tol):
+    """Ragged key ranges per row (lo..hi), GQA ratios 1-8, decode and verify rows, non-contiguous
+    queries, cache views: the grouped products equal softmax(q·kᵀ)·v over each row's range."""
+    q, k, v, lo, hi = _case(3, t, nh, nkv, 32, 70, dtype, seed=nh * 100 + t)
+    got = A.grouped_attention(q, k, v, lo, hi, 0.2)
+    ref = A.attend(q.double(), k.double(), v.double(), A.range_mask(lo, hi, 70), 0.2)
+    assert got.dtype == dtype and got.shape == q.shape
+    assert torch.allclose(got.double(), ref, atol=tol, rtol=tol)
+
+
+def test_grouped_attention_is_per_head_and_per_row():
+    """Each query head reads its own KV head (h // (nh / n_kv)) and each row only its range:
+    changing a key outside a row's range, or another KV head's values, leaves it alone."""
+    q, k, v, lo, hi = _case(2, 4, 8, 2, 16, 40, torch.float64, seed=3)
+    lo[:], hi[:] = 10, 20
+    base = A.grouped_attention(q, k, v, lo, hi, 0.3)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 25:] += 5.0                        # outside every row's range
+    v2[:, :, 1] += 1.0                       # KV head 1: query heads 4..7 only
+    got = A.grouped_attention(q, k2, v2, lo, hi, 0.3)
+    assert torch.equal(got[:, :, :4], base[:, :, :4])
+    assert not torch.allclose(got[:, :, 4:], base[:, :, 4:])
+
+
+def test_attention_runs_grouped_only_for_few_rows_over_long_contexts(monkeypatch):
+    calls = []
+    grouped = A.grouped_attention
+    monkeypatch.setattr(A, "grouped_attention",
+                        lambda *a: calls.append(a[0].shape[1]) or grouped(*a))
+    per_key = 8 * 128 * 4                              # bytes per key of 8 fp32 heads of 128
+    long = A.GROUPED_MIN_BYTES // per_key
+    for t, n_keys in ((1, long), (A.GROUPED_ROWS, long), (A.GROUPED_ROWS + 1, long + 40),
+                      (1, long - 1)):
+        q, k, v, lo, hi = _case(1, t, 8, 8, 128, n_keys, torch.float32)
+        A.attention(q, k, v, lo, hi, 0.1)
+    assert calls == [1, A.GROUPED_ROWS]
