@@ -100,3 +100,25 @@ def test_layers_below_the_size_floor_stay_on_f_linear(monkeypatch):
         assert said.startswith("linears: oneDNN packed (2 layers")
     assert not hasattr(mods[2], packed.PACK_ATTR)
     assert mods[2].forward.__func__ is nn.Linear.forward
+
+
+@needs_onednn
+def test_one_row_reads_the_dense_weight_more_rows_the_packed_one(monkeypatch):
+    """A single row (batch-1 decode) is a matrix-vector product, which MKL's F.linear reads
+    faster than oneDNN's packed weight; two rows and more run packed. Same values either way."""
+    m = _layers()[0]
+    packed.pack_linears([m])
+    seen = []
+
+    class Spy:
+        @staticmethod
+        def linear(*a):
+            seen.append(a[0].shape)
+            return F.linear(*a)
+
+    monkeypatch.setattr(packed, "F", Spy)
+    with torch.inference_mode():
+        for shape in ((1, 48), (1, 1, 48), (2, 48), (1, 9, 48), (48,)):
+            x = torch.randn(*shape)
+            torch.testing.assert_close(m(x), F.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-5)
+    assert seen == [(1, 48), (1, 1, 48), (48,)]
