@@ -13,8 +13,8 @@ from dflash2rt import get_backend
 from dflash2rt.engine import decode
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.engine.schedule import (PRIOR_WEIGHT, AdaptiveSchedule, BlockLaw, finish_spread,
-                                       finish_steps, order_z)
+from dflash2rt.engine.schedule import (PRIOR_WEIGHT, AdaptiveSchedule, BlockLaw, expected_of,
+                                       finish_spread, finish_steps, order_z)
 from dflash2rt.errors import InvalidInputError
 
 from tiny_models import oracle_pair
@@ -326,9 +326,23 @@ def test_realized_rate_needs_a_projection_and_track():
     assert s.table.realized == {}
 
 
+def _law_by_definition(alphas, b):
+    """P(commit k) = Π_{i<k} α_i · (1 − α_k), the rest on k = b; E[X] as ``expected_of``;
+    Var[X] = Σ k²P(k) − (Σ k·P(k))², every sum in the order of k."""
+    commit, run = [], 1.0
+    for k in range(1, b):
+        commit.append(run * (1.0 - alphas[k - 1]))
+        run *= alphas[k - 1]
+    commit.append(run)
+    e1 = sum(k * p for k, p in enumerate(commit, 1))
+    e2 = sum(k * k * p for k, p in enumerate(commit, 1))
+    return commit, expected_of(alphas, b), max(e2 - e1 * e1, 0.0)
+
+
 def test_block_law_family_equals_each_law_bit_for_bit():
-    """The laws built in one pass over the slots equal each block's own construction exactly
-    (commit law, mean, variance, tail steps and spread), random chains included."""
+    """The laws built in one pass over the slots, alone or as a family, equal the law's
+    definition exactly (commit law, mean, variance), and a family's tail steps and spread
+    equal each block's own law's; random chains included."""
     rng = random.Random(7)
     for _ in range(500):
         alphas = [rng.random() for _ in range(15)] if rng.random() < 0.9 else [1.0] * 15
@@ -336,7 +350,7 @@ def test_block_law_family_equals_each_law_bit_for_bit():
         for b, law in BlockLaw.family(alphas, blocks).items():
             ref, n = BlockLaw(alphas, b), rng.randint(1, 160)
             assert (law.block, law.commit, law.mean, law.var) == \
-                (ref.block, ref.commit, ref.mean, ref.var)
+                (ref.block, ref.commit, ref.mean, ref.var) == (b, *_law_by_definition(alphas, b))
             assert (law.steps(n), law.spread(n)) == (ref.steps(n), ref.spread(n))
 
 

@@ -169,7 +169,7 @@ def step_ratio(sampled: Sequence[dict[str, Any]], greedy: Sequence[dict[str, Any
     """Sampled / greedy step cost at one block size: the median over rounds of each round's
     ratio (the two passes of a round run minutes apart at most, so a machine's drift between
     rounds cancels), with each round's ratio."""
-    per = [s["step"] / g["step"] for s, g in zip(sampled, greedy) if g["step"] > 0]
+    per = _round_ratios([s["step"] for s in sampled], [g["step"] for g in greedy])
     return {"batch": batch, "temperature": label, "block_size": block,
             "greedy_step_s": median_pass(greedy)["step"],
             "sampled_step_s": median_pass(sampled)["step"],
@@ -226,8 +226,13 @@ def paired_ratio(rates: Sequence[float], base: Sequence[float]) -> float | None:
     the machine; a round that ran slow for everyone leaves the ratio alone, whereas the ratio
     of the medians can pair one contender's slow round with another's fast one). None without
     rounds."""
-    per = [r / b for r, b in zip(rates, base) if b > 0]
+    per = _round_ratios(rates, base)
     return statistics.median(per) if per else None
+
+
+def _round_ratios(values: Sequence[float], base: Sequence[float]) -> list[float]:
+    """Each round's value over the same round's base (rounds whose base is 0 left out)."""
+    return [v / b for v, b in zip(values, base) if b > 0]
 
 
 def _row_line(row: dict[str, Any]) -> str:

@@ -4,8 +4,8 @@ Why: a decode step is a handful of rows through every weight matrix. torch's def
 ``F.linear`` (MKL sgemm) re-packs the weight on every call for small row counts, so a verify
 pass (9 rows) through Qwen3-0.6B's 151,936 x 1,024 LM head took 262-330 ms against 75 ms
 packed (this 2-core machine, one process, side by side; one decode row then measured 63-70 ms
-against 35-47 ms, but see below). oneDNN's packed format is what ``torch.compile``'s CPU freezing pass uses
-(``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``).
+against 35-47 ms, but see below). oneDNN's packed format is what ``torch.compile``'s CPU
+freezing pass uses (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``).
 
 The pass keeps every module's dense weight (training, ``state_dict``, other devices and the
 tied embedding's lookup still read it) and adds a packed copy next to it: the run stats say

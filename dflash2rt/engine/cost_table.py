@@ -26,6 +26,11 @@ POOL_CAP = 256.0    # the pooled counts are scaled down past this many observati
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # target → draft → device
 
 
+def bucket_of(rows: int) -> int:
+    """The cost table's batch bucket: the next power of two ≥ rows (the graph buckets)."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
 class MeasuredTable:
     """A measured cost table: calibration samples, the costs observed in decode steps and the
     pooled acceptance; shared by the schedules of one pair and device."""

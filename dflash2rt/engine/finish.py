@@ -36,47 +36,17 @@ class BlockLaw:
     __slots__ = ("block", "commit", "mean", "var", "_tail")
 
     def __init__(self, alphas: Sequence[float], block: int) -> None:
-        self.block = block
-        commit, run = [], 1.0                            # P(commit k), k = 1 .. block
-        for k in range(1, block):
-            commit.append(run * (1.0 - alphas[k - 1]))
-            run *= alphas[k - 1]
-        commit.append(run)
-        self.commit = commit
-        self.mean = expected_of(alphas, block)
-        e1 = sum(k * p for k, p in enumerate(commit, 1))
-        e2 = sum(k * k * p for k, p in enumerate(commit, 1))
-        self.var = max(e2 - e1 * e1, 0.0)
+        self.block, self.commit, self.mean, self.var = _moments(alphas, (block,))[0]
         self._tail: list[float] | None = None
 
     @classmethod
     def family(cls, alphas: Sequence[float], blocks: Sequence[int]) -> dict[int, "BlockLaw"]:
-        """``BlockLaw(alphas, b)`` for every b in ``blocks`` from one pass over the slots: the
-        laws of smaller blocks are prefixes of the largest one's (the same sums in the same
-        order, so each law is bit-equal to its own construction; the schedule builds them for
-        every row after every speculative step)."""
-        top = max(blocks)
-        commit, runs, means, s1, s2 = [], [1.0], [1.0], [0.0], [0.0]
-        run, total, e1, e2 = 1.0, 1.0, 0.0, 0.0
-        for k in range(1, top):
-            p = run * (1.0 - alphas[k - 1])
-            commit.append(p)
-            e1 += k * p
-            e2 += k * k * p
-            s1.append(e1)
-            s2.append(e2)
-            run *= alphas[k - 1]
-            runs.append(run)
-            total += run
-            means.append(total)
+        """``BlockLaw(alphas, b)`` for every b in ``blocks`` from one pass over the slots (the
+        schedule builds them for every row after every speculative step)."""
         out = {}
-        for b in blocks:
-            law = cls.__new__(cls)
-            law.block, law.commit, law.mean, law._tail = b, commit[:b - 1] + [runs[b - 1]], \
-                means[b - 1], None
-            m1, m2 = s1[b - 1] + b * runs[b - 1], s2[b - 1] + b * b * runs[b - 1]
-            law.var = max(m2 - m1 * m1, 0.0)
-            out[b] = law
+        for b, commit, mean, var in _moments(alphas, blocks):
+            law = out[b] = cls.__new__(cls)
+            law.block, law.commit, law.mean, law.var, law._tail = b, commit, mean, var, None
         return out
 
     def steps(self, n: int) -> float:
@@ -96,6 +66,32 @@ class BlockLaw:
         if self.block < 2:
             return float(n), 0.0
         return self.steps(n), math.sqrt(n * self.var / self.mean ** 3)
+
+
+def _moments(alphas: Sequence[float], blocks: Sequence[int]
+             ) -> list[tuple[int, list[float], float, float]]:
+    """(block, P(commit k) for k = 1 .. block, E[X], Var[X]) per block, from one pass over the
+    slots: a smaller block's law is a prefix of the largest one's with the rest of the mass on
+    its last entry. E[X] is summed as ``expected_of`` sums it, Σ k·P(k) and Σ k²·P(k) in the
+    order of k, so each block's law does not depend on the other blocks asked for."""
+    commit, runs, means, s1, s2 = [], [1.0], [1.0], [0.0], [0.0]
+    run, total, e1, e2 = 1.0, 1.0, 0.0, 0.0
+    for k in range(1, max(blocks)):
+        p = run * (1.0 - alphas[k - 1])
+        commit.append(p)
+        e1 += k * p
+        e2 += k * k * p
+        s1.append(e1)
+        s2.append(e2)
+        run *= alphas[k - 1]
+        runs.append(run)
+        total += run
+        means.append(total)
+    out = []
+    for b in blocks:
+        m1, m2 = s1[b - 1] + b * runs[b - 1], s2[b - 1] + b * b * runs[b - 1]
+        out.append((b, commit[:b - 1] + [runs[b - 1]], means[b - 1], max(m2 - m1 * m1, 0.0)))
+    return out
 
 
 def finish_steps(alphas: Sequence[float], block: int, n: int) -> float:

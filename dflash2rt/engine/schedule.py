@@ -88,14 +88,15 @@ from __future__ import annotations
 from typing import Hashable, Mapping, Sequence
 
 from ..errors import InvalidInputError
-from .cost_table import (FIRST_CALL_GAP, MAX_CALL_GAP, MIN_STEPS, POOL_CAP, POOL_MIN, TRACK, MeasuredTable,
-                         shared_table)
+from .call_plan import PLAN_MARGIN, CallPlan
+from .cost_table import (FIRST_CALL_GAP, MAX_CALL_GAP, MIN_STEPS, POOL_CAP, POOL_MIN, TRACK,
+                         MeasuredTable, bucket_of, shared_table)
 from .finish import TAIL, BlockLaw, expected_of, finish_spread, finish_steps, order_z
 
-__all__ = ["AdaptiveSchedule", "BlockLaw", "MeasuredTable", "MIN_STEPS", "POOL_CAP", "POOL_MIN",
-           "TAIL", "TRACK", "FIRST_CALL_GAP", "MAX_CALL_GAP", "bucket_of", "default_candidates", "expected_of", "finish_spread",
-           "finish_steps", "order_z", "PLAN_MARGIN", "PRIOR_WEIGHT", "shared_schedule",
-           "shared_table"]
+__all__ = ["AdaptiveSchedule", "BlockLaw", "MeasuredTable", "FIRST_CALL_GAP", "MAX_CALL_GAP",
+           "MIN_STEPS", "PLAN_MARGIN", "POOL_CAP", "POOL_MIN", "PRIOR_WEIGHT", "TAIL", "TRACK",
+           "bucket_of", "default_candidates", "expected_of", "finish_spread", "finish_steps",
+           "order_z", "shared_schedule", "shared_table"]
 
 
 MODES = ("greedy", "sampled")
@@ -107,12 +108,6 @@ MODES = ("greedy", "sampled")
 # ×1.27 vs ×1.40 at T = 1 (weight 1 at T = 1 fell back to target-only after chance rejections:
 # 411 of 1,254 steps, against 33 with weight 4).
 PRIOR_WEIGHT = {"greedy": 1.0, "sampled": 4.0}
-# ``plan``: a call speculates only if its first step projects this × the target-only rate. The
-# step-cost table leaves out what a speculative call pays besides its steps: at T = 1, batch 8
-# on the bundled pair the draft context of the prompts added 20 ms to a 750 ms call's prefill
-# (2.7 %) and the schedule's bookkeeping 8-22 ms; a call projected 1.4 % faster than target-only
-# ran 4-9 % slower (1,443-1,511 against 1,564-1,594 tok/s).
-PLAN_MARGIN = 1.05
 
 
 def default_candidates(block: int) -> tuple[int, ...]:
@@ -136,12 +131,7 @@ def shared_schedule(pair, device: object, track: float | None = None) -> "Adapti
                             table=shared_table(pair, device))
 
 
-def bucket_of(rows: int) -> int:
-    """The cost table's batch bucket: the next power of two ≥ rows (the graph buckets)."""
-    return 1 << max(rows - 1, 0).bit_length()
-
-
-class AdaptiveSchedule:
+class AdaptiveSchedule(CallPlan):
     """Per-request acceptance estimates (reset by ``begin``) and a cost table (fixed, or
     measured by calibration and tracked between calls, possibly shared: ``table``);
     ``choose`` / ``observe`` / ``end``."""
@@ -202,72 +192,6 @@ class AdaptiveSchedule:
         self._made = [0.0, 0.0]        # this call's decode tokens (observed) and seconds
         self._planned: tuple | None = None       # (key, rows, budgets, speculated): plan's
 
-    def plan(self, rows: int, remaining: Sequence[int]) -> str:
-        """After ``begin``, before the call's prefill: "" to decode it speculatively (choosing each step), or why
-        it runs as a plain target-only call. Speculation has fixed costs a call pays even if
-        every step it takes is target-only: the prefill builds the draft's context of every
-        prompt, target-only steps keep that context, and each probe re-scores every row (at
-        T = 1, batch 8 on the bundled pair: ×0.91–0.95 target-only where target-only steps were
-        360 of 375). So a learning schedule (``track`` > 0) whose pooled acceptance for this
-        (mode, law) and cost table at this bucket say that speculation does not pay at the
-        call's first step (``project``: ``finish_scores`` of fresh requests, each mode's rate
-        scaled by what earlier planned calls of this (mode, law, bucket) in that mode realized
-        against their projection, whole calls timed (``end``): the fixed costs above, and a
-        target-only step calibrated between other blocks' steps at 6.1–6.8 ms that runs at 5 ms
-        in a run of them, at T = 1, batch 8 on the bundled pair; speculation must still
-        project ``PLAN_MARGIN`` × the target-only rate: the rounds of a machine this noisy
-        spread by more than that) runs the call target-only;
-        every (gap + 1)-th such call speculates anyway, so the pool keeps learning (the gap
-        starts at ``FIRST_CALL_GAP`` and doubles up to ``MAX_CALL_GAP`` while speculation keeps
-        losing; it resets once it wins: a probe right after the call that taught the plan to
-        stop would re-measure what that call just measured).
-        Like vLLM's speculative_disable_by_batch_size, a decision about whole calls, made from
-        earlier calls only: every step stays lossless. Fixed tables and ``track=0`` never plan
-        (their calls must repeat exactly)."""
-        if self._replay_plan is not None:    # a replica: the plan of the call it copies
-            return self._replay_plan
-        self.last_plan = self._plan(rows, remaining)
-        return self.last_plan
-
-    def _plan(self, rows: int, remaining: Sequence[int]) -> str:
-        if self.track == 0.0 or self.fixed or rows < 1:
-            return ""
-        mode, k = self.mode, bucket_of(rows)
-        key = (mode, self.law, k)
-        self._planned = (key, rows, list(remaining), True)    # ``end`` compares what it made
-        projected = self.project(rows, remaining)
-        if projected is None:
-            return ""                        # nothing pooled or timed yet: speculate, learn
-        spec, rate, target_only = projected
-        real_spec = self.table.realized.get((*key, "spec"), 1.0)
-        real_only = self.table.realized.get((*key, "target-only"), 1.0)
-        if real_spec * rate > PLAN_MARGIN * real_only * target_only:
-            self.table.calls.pop(key, None)
-            return ""
-        skipped, gap = self.table.calls.get(key, (0, FIRST_CALL_GAP))
-        if skipped >= gap:                   # a speculative call keeps the pool current
-            self.table.calls[key] = (0, min(2 * gap, MAX_CALL_GAP))
-            return ""
-        self.table.calls[key] = (skipped + 1, gap)
-        self._planned = (key, rows, list(remaining), False)
-        return (f"target-only call: at bucket {k} ({mode}) the pooled acceptance and measured "
-                f"costs project {target_only:.4g} tokens/s target-only against {rate:.4g} "
-                f"at block {spec}, calls realizing x{real_only:.3g} and x{real_spec:.3g} of "
-                f"their projections; a speculative call after {gap - skipped - 1} more")
-
-    def project(self, rows: int, remaining: Sequence[int]) -> tuple[int, float, float] | None:
-        """A call's first-step projection for ``rows`` fresh requests with these budgets, from
-        the pool and table it decides with: (best speculative block, its tokens/s, the
-        target-only tokens/s) by ``finish_scores``; None before anything is pooled for the
-        call's (mode, law) or while a candidate is untimed at its bucket."""
-        k = bucket_of(rows)
-        if not self._pool or self._pool[0] is None or self.candidates[-1] < 2 \
-                or any(self.cost(b, k) is None for b in self.candidates):
-            return None
-        scores = self.finish_scores([object() for _ in range(rows)], remaining)
-        spec = max((b for b in self.candidates if b > 1), key=lambda b: (scores[b], -b))
-        return spec, scores[spec], scores[1]
-
     def replica(self) -> "AdaptiveSchedule":
         """A schedule that decides as this one's current (or last) call did and learns nothing:
         that call's cost table as a fixed one, its acceptance pool, the same parameters,
@@ -299,15 +223,8 @@ class AdaptiveSchedule:
         self.table.fold_accept(self.mode, self.law, counts)
         if not self.fixed:
             self.table.fold_costs(steps, self._frozen, self.track)
-        secs = made[1] if seconds is None else seconds
-        if planned is not None and secs > 0:
-            key, rows, remaining, speculated = planned
-            projected = self.project(rows, remaining)
-            if projected is not None:
-                rate = (made[0] if tokens is None else tokens) / secs
-                mode = "spec" if speculated else "target-only"
-                self.table.fold_realized((*key, mode), rate / projected[1 if speculated else 2],
-                                         self.track)
+        self._fold_plan(planned, made[0] if tokens is None else tokens,
+                        made[1] if seconds is None else seconds)
 
     def alphas(self, row: Hashable, slots: int) -> list[float]:
         """α_1 .. α_slots for ``row``: each slot's counts over ``prior_weight`` (this mode's)
@@ -375,13 +292,19 @@ class AdaptiveSchedule:
     # ---- decisions ---------------------------------------------------------------------------
     def scores(self, rows: Sequence[Hashable]) -> dict[int, float]:
         """Σ_rows E_r[b] / cost(b, bucket) per candidate."""
-        k = bucket_of(len(rows))
+        costs = self._calibrated(bucket_of(len(rows)))
+        return {b: sum(self.expected(r, b) for r in rows) / max(c, 1e-12)
+                for b, c in costs.items()}
+
+    def _calibrated(self, bucket: int) -> dict[int, float]:
+        """Every candidate's cost at ``bucket``; InvalidInputError while one is not known."""
         out = {}
         for b in self.candidates:
-            c = self.cost(b, k)
+            c = self.cost(b, bucket)
             if c is None:
-                raise InvalidInputError(f"no cost for block {b} at bucket {k}: calibrate first")
-            out[b] = sum(self.expected(r, b) for r in rows) / max(c, 1e-12)
+                raise InvalidInputError(f"no cost for block {b} at bucket {bucket}: "
+                                        "calibrate first")
+            out[b] = c
         return out
 
     def finish_scores(self, rows: Sequence[Hashable], remaining: Sequence[int]
@@ -448,11 +371,7 @@ class AdaptiveSchedule:
             return 1
         self._held = None
         if remaining is not None:
-            k = bucket_of(len(rows))            # the live bucket must be calibrated
-            for b in self.candidates:
-                if self.cost(b, k) is None:
-                    raise InvalidInputError(f"no cost for block {b} at bucket {k}: "
-                                            "calibrate first")
+            self._calibrated(bucket_of(len(rows)))     # the live bucket must be calibrated
             scores = self.finish_scores(rows, remaining)
         else:
             scores = self.scores(rows)

@@ -35,18 +35,30 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     [R, Tq, Tk]. A query row whose mask is all False gets the uniform average of every key
     (finite, never NaN), so it cannot poison other rows. Returns [R, Tq, nh, hd] in q's dtype.
     """
+    _check(q, k, v, "attend")
     nh, n_kv = q.shape[2], k.shape[2]
-    if nh % n_kv or k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]:
-        raise InvalidInputError(f"attend: incompatible q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                                f"v {tuple(v.shape)}")
     if mask.dtype != torch.bool:
         raise InvalidInputError(f"attend: mask must be bool, got {mask.dtype}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    mask = mask | ~mask.any(dim=-1, keepdim=True)                 # empty rows: every key
+    mask = _visible(mask)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
         attn_mask=mask.unsqueeze(-3), scale=scale, enable_gqa=nh != n_kv)  # [R, nh, Tq, hd]
     return out.transpose(1, 2)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op: str) -> None:
+    """q [R, T, nh, hd] against k, v [R, L, n_kv, hd]: nh a multiple of n_kv, equal k and v."""
+    if q.shape[2] % k.shape[2] or k.shape != v.shape or q.shape[-1] != k.shape[-1] \
+            or q.shape[0] != k.shape[0]:
+        raise InvalidInputError(f"{op}: incompatible q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                                f"v {tuple(v.shape)}")
+
+
+def _visible(mask: torch.Tensor) -> torch.Tensor:
+    """The keys each query row attends: ``mask``, or every key for a row whose mask is all
+    False (finite, never NaN: such a row cannot poison the others)."""
+    return mask | ~mask.any(dim=-1, keepdim=True)
 
 
 def range_mask(lo: torch.Tensor, hi: torch.Tensor, n_keys: int) -> torch.Tensor:
@@ -84,21 +96,18 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: tor
     the nh / n_kv query heads of a KV head and the T rows stacked as one [T·g, hd] operand
     against that head's [L, hd] keys, read in place (a head-major cache: each head's rows
     contiguous), then the softmax and the product with its values. Decode attention is a
-    matrix–vector product per head; SDPA's CPU kernel ran it at 2.4 ms a layer for 0.9 ms of
-    bytes (Qwen3-0.6B shapes, 2k context). Softmax in float32 for half types."""
+    matrix–vector product per head, which SDPA's CPU kernel reads more slowly (see
+    ``GROUPED_MIN_BYTES``). Softmax in float32 for half types."""
+    _check(q, k, v, "attention")
     r, t, nh, hd = q.shape
     n_keys, n_kv = k.shape[1], k.shape[2]
-    if nh % n_kv or k.shape != v.shape or hd != k.shape[-1] or r != k.shape[0]:
-        raise InvalidInputError(f"attention: incompatible q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                                f"v {tuple(v.shape)}")
     g = nh // n_kv
     qg = q.reshape(r, t, n_kv, g, hd).permute(0, 2, 1, 3, 4).reshape(r, n_kv, t * g, hd)
     kh, vh = k.transpose(1, 2), v.transpose(1, 2)                       # [R, n_kv, L, hd]
     s = torch.matmul(qg, kh.transpose(-1, -2))                          # [R, n_kv, T·g, L]
     if s.dtype in (torch.float16, torch.bfloat16):
         s = s.float()
-    mask = range_mask(lo, hi, n_keys)                                   # [R, T, L]
-    mask = mask | ~mask.any(dim=-1, keepdim=True)             # an empty row: every key (attend)
+    mask = _visible(range_mask(lo, hi, n_keys))                         # [R, T, L]
     mask = mask.unsqueeze(2).expand(r, t, g, n_keys).reshape(r, 1, t * g, n_keys)
     p = torch.softmax(s.mul_(scale).masked_fill_(~mask, float("-inf")), dim=-1)
     out = torch.matmul(p.to(v.dtype), vh)                               # [R, n_kv, T·g, hd]
