@@ -99,10 +99,13 @@ def _costs(args: argparse.Namespace, pair, backend, log, path) -> int:
             raise SystemExit(f"--costs compares with transformers, which is unavailable ({why}); "
                              "pass --no-hf to measure ours alone")
         hf = HFGreedy(path / "target", pair.dtype, backend.device)
+        shared = hf.share_weights(pair.target)      # one copy: the same memory for both
+        log(f"transformers reads our {shared} weight tensors (shared, not copied)")
     res = measure_costs(pair, backend, blocks=[int(b) for b in args.blocks.split(",")],
                         contexts=[int(c) for c in args.contexts.split(",")],
                         batches=[int(b) for b in args.batches.split(",")], tau=tau,
                         tau_block=tau_block, reps=args.reps, hf=hf, log=log)
+    res["transformers_weights"] = None if hf is None else f"shared: {shared} tensors"
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2) if args.json else projected_table(res))
