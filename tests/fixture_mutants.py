@@ -166,6 +166,25 @@ def _verify_coin_from_draw(wm, logits, sel, sampling, noise, has_fp64=None):
 wm_generate.verify_marked = _verify_coin_from_draw
 '''
 
+_WM_ACCEPT_IGNORES_Q = '''
+from dflash2rt.watermark import generate as wm_generate
+
+
+def _verify_accept_without_q(wm, logits, sel, sampling, noise, has_fp64=None):
+    """verify_marked whose keyed coins are divided by the draft token's q: the rule
+    coin · q(d) < p(d) becomes coin < p(d) (accepts with probability p(d), not
+    min(1, p(d) / q(d))); the keyed walk, residual and bonus draws are untouched."""
+    marks = wm.marks(sel.draft)
+    q_d = (sel.q * (sel.candidates == sel.draft.unsqueeze(-1))).sum(-1)
+    keyed = marks.noise(noise)
+    noise = dataclasses.replace(keyed, accept=keyed.accept / q_d.clamp(min=1e-30))
+    return ops_verify.verify(logits, sel.draft, sel.candidates, sel.q, sampling, noise, False,
+                             has_fp64, marks=marks)
+
+
+wm_generate.verify_marked = _verify_accept_without_q
+'''
+
 MUTANTS = {
     # ops.sampling.target_probs keeps the token whose mass ahead equals top_p (`<=`): every
     # path through it (target_probs, sample_next, verify) keeps one token too many.
@@ -272,6 +291,8 @@ def _conv(x, base, delta, block_size):
     "wm-one-key": (_WM_ONE_KEY, "    pass\n"),
     # Issue 17: the acceptance coin reuses the draft draw's keyed value.
     "wm-coin-reuses-draw": (_WM_COIN_FROM_DRAW, "    pass\n"),
+    # Issue 17: the keyed acceptance compares the coin with p(d) alone (q(d) left out).
+    "wm-accept-ignores-q": ("import dataclasses\n" + _WM_ACCEPT_IGNORES_Q, "    pass\n"),
     # Issue 18: every verify row masked with row 0's constraint state (the committed one).
     "constraint-row0-everywhere": (_CONSTRAINT_ROW0, "    pass\n"),
     # The acceptance coin is read from the walk stream (it differs from the accept stream).

@@ -39,6 +39,8 @@ KILLS = {  # mutant: (-k selection, failure heads that must appear)
                                  "[L4 watermark-exact case=T1]"]),
     "wm-coin-reuses-draw": ("watermark", ["[L4 watermark case=T1 slot=",
                                           "[L4 watermark-exact case=T1]"]),
+    "wm-accept-ignores-q": ("watermark", ["[L4 watermark-lattice case=T1",
+                                          "[L4 watermark-lattice case=T0.7-topp0.95"]),
     "constraint-row0-everywhere": ("constraint", [
         "[L1 constraint case=every_row_moves]", "[L3 constraint case=constraint-unmasked-V4-",
         "[L3 constraint case=constraint-masked-V4-"]),

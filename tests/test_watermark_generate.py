@@ -16,7 +16,7 @@ from dflash2rt import get_backend
 from dflash2rt.api import run
 from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.engine.engine import Engine
-from dflash2rt.engine.graphed import EAGER_WATERMARK, WATERMARK_OPS
+from dflash2rt.engine.graphed import WATERMARK_OPS
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.registry import Registry
@@ -103,15 +103,48 @@ def test_kernel_backend_whose_watermark_is_torch_ops_reports_it():
     assert WATERMARK_OPS not in stats.fallbacks
 
 
-def test_graph_backend_runs_watermarked_steps_eagerly_and_reports_it():
+def test_graph_backend_replays_watermarked_steps():
+    """Watermarked steps are captured: the key words and the state (window, record, count)
+    are static inputs, so replays over them give the eager engine's tokens, for both modes
+    and a batch that shrinks across buckets; nothing runs eagerly."""
     pair = tiny_pair("dflash2", block=4, seed=3)
     be = TorchOpsBackend("cpu-graphs", "cpu", (torch.float32, torch.float64))
-    be.graph_adapter = ReplayAdapter()
-    got, stats = Engine(pair, be).generate(_reqs(1.0, n=10), block_size=4, watermark=KEY)
-    want, _ = Engine(pair, get_backend("cpu")).generate(_reqs(1.0, n=10), block_size=4,
-                                                         watermark=KEY)
-    assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert EAGER_WATERMARK in stats.fallbacks
+    adapter = ReplayAdapter()
+    be.graph_adapter = adapter
+    engine = Engine(pair, be)
+    for spec in (True, False):
+        reqs = _reqs(1.0, n=10) + _reqs(0.7, n=3)
+        got, stats = engine.generate(reqs, spec=spec, block_size=4 if spec else None,
+                                     watermark=KEY)
+        want, _ = Engine(pair, get_backend("cpu")).generate(
+            reqs, spec=spec, block_size=4 if spec else None, watermark=KEY)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        assert not stats.fallbacks, stats.fallbacks
+        runs = [c for g in stats.graphs.values() for c in g.values()]
+        assert sum(c["replays"] for c in runs) > 0 and sum(c["eager"] for c in runs) == 0
+    assert adapter.replays > 0
+
+
+def test_one_graph_serves_every_key():
+    """A second key replays the graphs captured under the first (the key is an input, not a
+    constant of the capture) and gives that key's eager tokens, not the first key's."""
+    pair = tiny_pair("dflash2", block=4, seed=3)
+    be = TorchOpsBackend("cpu-graphs", "cpu", (torch.float32, torch.float64))
+    adapter = ReplayAdapter()
+    be.graph_adapter = adapter
+    engine = Engine(pair, be)
+    other = WatermarkKey.from_bytes(bytes(range(1, 33)))
+    outs = {}
+    for key in (KEY, other):
+        got, _ = engine.generate(_reqs(1.0, n=10), block_size=4, watermark=key)
+        want, _ = Engine(pair, get_backend("cpu")).generate(_reqs(1.0, n=10), block_size=4,
+                                                             watermark=key)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        outs[key.fingerprint] = [o.token_ids for o in got]
+    assert len({str(v) for v in outs.values()}) == 2
+    captures = adapter.captures
+    engine.generate(_reqs(1.0, n=10), block_size=4, watermark=KEY)
+    assert adapter.captures == captures          # nothing captured again for a known key
 
 
 def test_repeated_contexts_use_the_ordinary_uniforms():

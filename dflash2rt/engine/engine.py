@@ -33,7 +33,7 @@ from .state import BatchState, new_state
 from .step import StepBodies, pack_flags, raise_flags
 from .stats import RunStats
 from ..watermark import DEFAULT_CONTEXT_WIDTH, WatermarkKey
-from ..watermark.generate import WatermarkBatch
+from ..watermark.generate import WatermarkBatch, capacity_for
 from ..watermark.sampler import require_fp64
 
 OnTokens = Callable[[int, list[int]], None]
@@ -126,7 +126,7 @@ class Engine:
                    block: int = 1) -> BatchState:
         wm = None if watermark is None else WatermarkBatch.build(
             watermark, [q.prompt_ids for q in requests],
-            max(q.params.max_new_tokens for q in requests) + block + 1,
+            capacity_for(max(q.params.max_new_tokens for q in requests) + block + 1),
             DEFAULT_CONTEXT_WIDTH, self.backend.device)
         return new_state(requests, target, draft, self.backend.device,
                          self.pair.target.cfg.vocab_size, wm)

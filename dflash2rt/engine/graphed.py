@@ -20,6 +20,7 @@ from ..backend import TORCH_OPS
 from ..graphs.adapter import GraphAdapter
 from ..graphs.runner import GraphRunner
 from . import steps
+from ..watermark import generate as wm_generate
 from .state import BatchState
 from .step import NOISE, StepBodies, StepOut, Tensors, live_inputs
 
@@ -32,8 +33,6 @@ _PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.
 GraphStats = dict[str, dict[int, dict[str, Any]]]     # graph name → bucket → counters
 EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs or constraints run "
                "eagerly (graphs do not take their state as inputs)")
-EAGER_WATERMARK = ("watermarked steps run eagerly (graphs do not take the watermark's state as "
-                   "inputs)")
 CONSTRAINT_WALK_OPS = ("constrained steps walk the selector with torch ops (the walk's "
                        "constraint mask has no kernel)")
 WATERMARK_OPS = ("watermarked steps select and verify with torch ops (this backend's kernels do "
@@ -46,7 +45,9 @@ class Stepper:
     the cache rows the batch holds, timed per body); with one, runners are kept across
     generate() calls and what runs eagerly is reported to the ``report`` of the current run.
     A batch that is ``eager_only`` (logit processors, min-p, logprobs: state the graphs do not
-    take as inputs) runs its bodies eagerly over the same caches, and that is reported."""
+    take as inputs) runs its bodies eagerly over the same caches, and that is reported. A
+    watermarked batch replays graphs of its own (its key words and state are static inputs,
+    sized by the window width and record capacity)."""
 
     def __init__(self, bodies: StepBodies, adapter: GraphAdapter | None) -> None:
         self.bodies, self.adapter = bodies, adapter
@@ -73,13 +74,14 @@ class Stepper:
     def _run(self, kind: str, st: BatchState, inp: Tensors, report: Callable[[str], None],
              clock: dict[str, float]) -> Tensors:
         sampled = st.sampling.any_sampled
-        if self.adapter is not None and not st.eager_only:
-            return self._runner(kind, sampled).run(inp, report)
         if st.wm is not None and kind != "target-only":      # select_marked / verify_marked
             impl = self.bodies.backend.implementation
             if impl.get("watermark", TORCH_OPS) == TORCH_OPS \
                     and any(impl.get(op) != TORCH_OPS for op in ("select", "verify")):
                 report(WATERMARK_OPS)
+        if self.adapter is not None and not st.eager_only:
+            marked = None if st.wm is None else st.wm.shape
+            return self._runner(kind, sampled, marked).run(inp, report)
         if st.constraint is not None and kind == "draft" \
                 and self.bodies.backend.implementation.get("select") != TORCH_OPS:
             report(CONSTRAINT_WALK_OPS)
@@ -87,26 +89,34 @@ class Stepper:
             if st.procs is not None or st.sampling.min_p is not None \
                     or st.constraint is not None:
                 report(EAGER_PROCS)
-            if st.wm is not None:
-                report(EAGER_WATERMARK)
         start = time.perf_counter()
         out = self._body(kind)(inp, sampled, max(st.host_lens), host=st)   # host facts too
         clock["draft" if kind == "draft" else "verify"] += time.perf_counter() - start
         return out
 
-    def _runner(self, kind: str, sampled: bool) -> GraphRunner:
-        key = (kind, sampled)
+    def _runner(self, kind: str, sampled: bool, marked: tuple[int, int] | None) -> GraphRunner:
+        """The runner of one body and sampling mode; ``marked``: a watermarked batch's
+        (window width, record capacity), which size its state's static inputs."""
+        key = (kind, sampled, marked)
         if key not in self.runners:
             self.runners[key] = GraphRunner(
-                self.adapter, BUCKETS, functools.partial(self._static_inputs, kind),
+                self.adapter, BUCKETS, functools.partial(self._static_inputs, kind, marked),
                 functools.partial(self._body(kind), sampled=sampled, ctx_len=None),
-                self._pads(kind), name=f"{kind} {'sampled' if sampled else 'greedy'}")
+                self._pads(kind, marked),
+                name=f"{kind} {'sampled' if sampled else 'greedy'}"
+                     + (" watermarked" if marked else ""))
         return self.runners[key]
 
-    def _static_inputs(self, kind: str, size: int) -> Tensors:
-        """A bucket's static inputs: every row's parameters, and for verify the draft's outputs."""
+    def _static_inputs(self, kind: str, marked: tuple[int, int] | None, size: int) -> Tensors:
+        """A bucket's static inputs: every row's parameters, for verify the draft's outputs,
+        and for a watermarked batch its key words, window, record and count."""
         dev = self.bodies.storage[0].device
         out = {n: torch.full((size,), v, dtype=d, device=dev) for n, (d, v) in _PARAMS.items()}
+        if marked is not None:
+            width, capacity = marked
+            out.update({n: torch.full(shape, wm_generate.PADS[n], dtype=torch.int64, device=dev)
+                        for n, shape in zip(wm_generate.INPUTS, ((size, 9), (size, width),
+                                                                 (size, capacity), (size,)))})
         if kind == "verify":
             g, k = self.bodies.block - 1, steps.selector_params(self.bodies.pair).top_k
             out.update(draft=torch.zeros(size, g, dtype=torch.int64, device=dev),
@@ -119,9 +129,11 @@ class Stepper:
         return out
 
     @staticmethod
-    def _pads(kind: str) -> dict[str, Any]:
+    def _pads(kind: str, marked: tuple[int, int] | None = None) -> dict[str, Any]:
         """Each static input's inert value for padded rows."""
         pads = {n: v for n, (_, v) in _PARAMS.items()}
+        if marked is not None:
+            pads.update(wm_generate.PADS)
         if kind == "verify":
             pads.update(draft=0, cand=0, q=0.0, draft_bad=False, lattice_bad=False,
                         **{n: 0.5 for n in NOISE})

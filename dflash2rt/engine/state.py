@@ -69,9 +69,9 @@ class BatchState:
     @property
     def eager_only(self) -> bool:
         """Whether the batch needs what captured graphs do not take as inputs (logit
-        processors, min-p, logprobs, a watermark, constraints): its steps then run eagerly, and
-        that is reported."""
-        return self.procs is not None or self.sampling.min_p is not None or self.wm is not None \
+        processors, min-p, logprobs, constraints): its steps then run eagerly, and that is
+        reported. A watermark's state is a graph input (``WatermarkBatch.inputs``)."""
+        return self.procs is not None or self.sampling.min_p is not None \
             or self.constraint is not None
 
 

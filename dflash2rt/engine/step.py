@@ -24,6 +24,7 @@ from ..models.kv_cache import KVCache
 from ..models.pair import ModelPair
 from ..ops.batch import BlockNoise, SamplingBatch
 from ..ops.selector import SelectorOut
+from ..watermark.generate import WatermarkBatch
 from . import steps
 from .state import BatchState
 
@@ -89,7 +90,8 @@ def live_inputs(st: BatchState) -> Tensors:
     return {"anchor": st.anchor, "lens": st.lens, "seed": st.seed, "key": st.key,
             "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
             "greedy": s.greedy,
-            "live": torch.ones(st.size, dtype=torch.bool, device=st.lens.device)}
+            "live": torch.ones(st.size, dtype=torch.bool, device=st.lens.device),
+            **({} if st.wm is None else st.wm.inputs())}       # watermark: key words, state
 
 
 class StepBodies:
@@ -107,14 +109,16 @@ class StepBodies:
         """The body's batch state from its inputs; ``host`` (every eager run): that batch's
         sampling parameters with their host facts (which rows need top-k / top-p / min-p, so
         the ops skip the work no row needs) and its logit processors. Graph bodies (``host``
-        None) know no host fact and do every row's work."""
+        None) know no host fact and do every row's work; a watermarked batch's state and key
+        words come from the inputs too (``WatermarkBatch.of_inputs``)."""
         r = inp["anchor"].shape[0]
         sampling = SamplingBatch(inp["temperature"], inp["top_k"], inp["top_p"], inp["greedy"],
                                  any_sampled=sampled) if host is None else host.sampling
         return BatchState(*self.storage, inp["lens"], inp["anchor"], inp["seed"], inp["key"],
                           sampling, [0] * r, list(range(r)),
                           None if host is None else host.procs,
-                          None if host is None else host.wm,
+                          host.wm if host is not None else
+                          WatermarkBatch.of_inputs(inp) if "wm_used" in inp else None,
                           None if host is None else host.constraint)
 
     def draft(self, inp: Tensors, sampled: bool, ctx_len: int | None,

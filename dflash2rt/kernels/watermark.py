@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..watermark.keys import SubKey
+from ..watermark.keys import SubKey, SubKeyWords
 from ..watermark.values import CONTEXT_KEY
 
 FP_FUSION = {"enable_fp_fusion": False}      # launch option of every kernel calling neg_log
@@ -28,8 +28,11 @@ _EXP_CLEAR = tl.constexpr(~(0x7FF << 52))      # float64 bits without the expone
 _HALF_EXP = tl.constexpr(1022 << 52)           # exponent field of [1/2, 1)
 
 
-def subkey_words(sub: SubKey, device: torch.device | str) -> torch.Tensor:
-    """[3] int64 (k0, k1, word): a subkey as a kernel input (a tensor, so graphs can hold it)."""
+def subkey_words(sub: SubKey | SubKeyWords, device: torch.device | str) -> torch.Tensor:
+    """[3] int64 (k0, k1, word): a subkey as a kernel input (a tensor, so graphs can hold it;
+    a ``SubKeyWords`` already is one: a captured step's input, used as it is)."""
+    if isinstance(sub, SubKeyWords):
+        return sub.words.to(device=device, dtype=torch.int64).contiguous()
     return torch.tensor([sub.k0, sub.k1, sub.word], dtype=torch.int64, device=device)
 
 

@@ -29,7 +29,7 @@ import torch
 
 from ..ops import selector, verify
 from ..ops.batch import BlockNoise, SamplingBatch
-from .keys import WatermarkKey
+from .keys import KeyWords, WatermarkKey, words_of
 from .sampler import coin, draw_dense, draw_sparse
 from .values import context_hash
 
@@ -78,18 +78,36 @@ class Walk:
         return pos, use & (drawn < 0)
 
 
+CAPACITY_STEP = 256     # record capacities round up to this: later calls fit the same graphs
+INPUTS = ("wm_words", "wm_window", "wm_record", "wm_used")   # a step body's watermark inputs
+PADS = {"wm_words": 0, "wm_window": -1, "wm_record": 0, "wm_used": 0}   # inert padded rows
+
+
+def capacity_for(positions: int) -> int:
+    """The record capacity for ``positions`` committed positions, rounded up to the step."""
+    return -(-max(positions, 1) // CAPACITY_STEP) * CAPACITY_STEP
+
+
 @dataclass
 class WatermarkBatch:
     """One batch's watermark state (device): ``window`` [R, h] the last h committed tokens (-1
     before the start), ``record`` [R, M] the contexts of the committed generated positions in
-    order, ``used`` [R] how many of them there are. The key is never printed (its repr is a
-    fingerprint) and is not part of any stats."""
+    order, ``used`` [R] how many of them there are, ``words`` [R, 9] the key's subkey words
+    (``keys.words_of``; every row the same: the graph input the key is read from). The key is
+    never printed (its repr is a fingerprint, or no bits at all) and is not part of any stats.
+    ``key``: the ``WatermarkKey``, or in a captured step the ``KeyWords`` of ``words``."""
 
-    key: WatermarkKey
+    key: "WatermarkKey | KeyWords"
     width: int
     window: torch.Tensor
     record: torch.Tensor
     used: torch.Tensor
+    words: torch.Tensor | None = None      # None: made from the key
+
+    def __post_init__(self) -> None:
+        if self.words is None:
+            r = self.used.shape[0]
+            self.words = words_of(self.key, self.used.device).expand(r, 9).contiguous()
 
     @staticmethod
     def build(key: WatermarkKey, prompts: Sequence[Sequence[int]], capacity: int,
@@ -107,7 +125,25 @@ class WatermarkBatch:
 
     def take(self, idx: Sequence[int]) -> "WatermarkBatch":
         t = torch.tensor(list(idx), dtype=torch.int64, device=self.used.device)
-        return WatermarkBatch(self.key, self.width, self.window[t], self.record[t], self.used[t])
+        return WatermarkBatch(self.key, self.width, self.window[t], self.record[t], self.used[t],
+                              self.words[t])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(window width, record capacity): what a captured step's static inputs are sized by."""
+        return self.width, self.record.shape[1]
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """The state as a step body's inputs (``INPUTS``), per row."""
+        return dict(zip(INPUTS, (self.words, self.window, self.record, self.used)))
+
+    @staticmethod
+    def of_inputs(inp: dict[str, torch.Tensor]) -> "WatermarkBatch":
+        """The batch a step body reads from its inputs: the key from row 0's words (every live
+        row holds the batch's key, and row 0 is always live), nothing from the host."""
+        words, window = inp["wm_words"], inp["wm_window"]
+        return WatermarkBatch(KeyWords(words[0]), window.shape[1], window, inp["wm_record"],
+                              inp["wm_used"], words)
 
     def contexts(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [R, T] following the window → [R, T + 1]: column s is the context of the

@@ -19,6 +19,8 @@ import os
 import secrets
 from pathlib import Path
 
+import torch
+
 from ..errors import InvalidInputError
 
 SECRET_BYTES = 32
@@ -155,3 +157,57 @@ class WatermarkKey:
 
     def __reduce__(self):
         raise TypeError("WatermarkKey is a secret and is not pickled; pass the key file path")
+
+
+class SubKeyWords:
+    """One subkey's words (k0, k1, word) as 0-d int64 tensors of a device tensor: what a
+    captured step reads from its inputs, so that one graph serves every key (a Python int
+    would be baked into the graph at capture). Same attributes as ``SubKey``; its repr names
+    the domain, never the bits."""
+
+    __slots__ = ("name", "words")
+
+    def __init__(self, name: str, words: torch.Tensor) -> None:
+        self.name, self.words = name, words                # [3] int64: k0, k1, word
+
+    @property
+    def k0(self) -> torch.Tensor:
+        return self.words[0]
+
+    @property
+    def k1(self) -> torch.Tensor:
+        return self.words[1]
+
+    @property
+    def word(self) -> torch.Tensor:
+        return self.words[2]
+
+    def __repr__(self) -> str:
+        return f"SubKeyWords({self.name})"
+
+    __str__ = __repr__
+
+
+class KeyWords:
+    """A key's three subkeys from one int64 tensor [9] (``words_of``): ``draft`` / ``target``
+    / ``coin`` as ``WatermarkKey`` has them. Built by a graph body from its static inputs; it
+    is never printed (its repr holds no bits) and never part of any stats."""
+
+    __slots__ = ("draft", "target", "coin")
+
+    def __init__(self, words: torch.Tensor) -> None:
+        self.draft, self.target, self.coin = (SubKeyWords(n, words[i:i + 3])
+                                              for n, i in ((DRAFT, 0), (TARGET, 3), (COIN, 6)))
+
+    def __repr__(self) -> str:
+        return "KeyWords(<secret>)"
+
+    __str__ = __repr__
+
+
+def words_of(key: "WatermarkKey | KeyWords", device: torch.device | str) -> torch.Tensor:
+    """int64 [9]: the draft, target and coin subkeys' (k0, k1, word) on ``device``."""
+    if isinstance(key, KeyWords):
+        return torch.cat([key.draft.words, key.target.words, key.coin.words]).to(device)
+    return torch.tensor([w for s in (key.draft, key.target, key.coin)
+                         for w in (s.k0, s.k1, s.word)], dtype=torch.int64, device=device)

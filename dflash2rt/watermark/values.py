@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..ops.rng import bits_to_uniform, philox4x32, philox_np
-from .keys import SubKey
+from .keys import SubKey, SubKeyWords
 
 _M32 = 0xFFFFFFFF
 CONTEXT_KEY = (0x6A09E667, 0x3C6EF372)        # public: the context hash is unkeyed
@@ -30,17 +30,28 @@ LN2 = 0.6931471805599453
 SERIES = tuple(1.0 / (2 * j + 1) for j in range(18))   # 2·atanh(s) = 2s·Σ s^2j/(2j+1), s ≤ 1/3
 
 
-def _philox(counter: tuple[torch.Tensor, ...], key: tuple[int, int]) -> tuple[torch.Tensor, ...]:
-    """Philox-4x32-10 of broadcast int64 uint32 words; exact NumPy on CPU, limbs elsewhere."""
+Word = "int | torch.Tensor"      # a uint32 key word: a Python int, or a 0-d int64 tensor
+
+
+def _philox(counter: tuple[torch.Tensor, ...], key: tuple[Word, Word]) -> tuple[torch.Tensor, ...]:
+    """Philox-4x32-10 of broadcast int64 uint32 words; exact NumPy on CPU, limbs elsewhere.
+    Key words may be tensors (``keys.SubKeyWords``: graph inputs), read on the host only on
+    the CPU (which captures no graphs)."""
     counter = torch.broadcast_tensors(*counter)
     device = counter[0].device
     if use_numpy(device):
         words = philox_np(tuple(c.contiguous().numpy() for c in counter),
-                          (np.full(counter[0].shape, key[0], np.uint64),
-                           np.full(counter[0].shape, key[1], np.uint64)))
+                          (np.full(counter[0].shape, int(key[0]), np.uint64),
+                           np.full(counter[0].shape, int(key[1]), np.uint64)))
         return tuple(torch.from_numpy(np.asarray(w, dtype=np.int64)) for w in words)
-    k = tuple(torch.full_like(counter[0], key[i]) for i in (0, 1))
-    return philox4x32(counter, k)
+    return philox4x32(counter, (_fill(counter[0], key[0]), _fill(counter[0], key[1])))
+
+
+def _fill(like: torch.Tensor, word: Word) -> torch.Tensor:
+    """``like``'s shape filled with ``word`` (an int, or a 0-d tensor: broadcast, no sync)."""
+    if isinstance(word, torch.Tensor):
+        return word.to(device=like.device, dtype=torch.int64).expand_as(like)
+    return torch.full_like(like, word)
 
 
 def use_numpy(device: torch.device) -> bool:
@@ -87,15 +98,17 @@ def windows(tokens: torch.Tensor, width: int) -> torch.Tensor:
     return padded.unfold(0, width, 1)[:tokens.shape[0]]
 
 
-def keyed_bits(sub: SubKey, ctx: torch.Tensor, token: torch.Tensor | int) -> torch.Tensor:
+def keyed_bits(sub: SubKey | SubKeyWords, ctx: torch.Tensor, token: torch.Tensor | int
+               ) -> torch.Tensor:
     """32 keyed bits (int64 in [0, 2³²)) per broadcast (context hash, token id)."""
     ctx = torch.as_tensor(ctx, dtype=torch.int64)
     token = torch.as_tensor(token, dtype=torch.int64, device=ctx.device)
     lo, hi = split64(ctx)
-    return _philox((lo, hi, token & _M32, torch.full_like(lo, sub.word)), (sub.k0, sub.k1))[0]
+    return _philox((lo, hi, token & _M32, _fill(lo, sub.word)), (sub.k0, sub.k1))[0]
 
 
-def keyed_uniforms(sub: SubKey, ctx: torch.Tensor, token: torch.Tensor | int) -> torch.Tensor:
+def keyed_uniforms(sub: SubKey | SubKeyWords, ctx: torch.Tensor, token: torch.Tensor | int
+                   ) -> torch.Tensor:
     """float32 values (2k + 1)·2⁻²⁴ ∈ (0, 1) per broadcast (context hash, token id)."""
     return bits_to_uniform(keyed_bits(sub, ctx, token))
 

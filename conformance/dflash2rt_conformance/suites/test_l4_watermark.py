@@ -19,6 +19,9 @@ float64 reference's keyed step.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import itertools
 import zlib
 
 import numpy as np
@@ -78,9 +81,10 @@ def watermarked_step(backend, key: WatermarkKey, windows: np.ndarray, draft_logi
 
 
 def reference_step(key: WatermarkKey, windows: np.ndarray, draft_logits, target_logits,
-                   temp: float, top_p: float):
+                   temp: float, top_p: float, coins: np.ndarray | None = None):
     """The float64 NumPy watermarked step (fresh contexts): walk by draw_sparse (A) over the
-    top-K softmax, coin (C) · q(d) < p(d), residual / bonus by draw_dense (B)."""
+    top-K softmax, coin (C) · q(d) < p(d), residual / bonus by draw_dense (B). ``coins``
+    [R, γ]: acceptance coins in place of the keyed ones (the lattice check)."""
     t32, tp32 = float(np.float32(temp)), float(np.float32(top_p))
     p = target_probs(np.float32(target_logits).astype(np.float64)[None], np.array([t32]),
                      np.array([0]), np.array([tp32]))[0]                    # [γ+1, V]
@@ -100,7 +104,7 @@ def reference_step(key: WatermarkKey, windows: np.ndarray, draft_logits, target_
                 break
             pos = ref.draw_sparse(_triple(key.draft), c, cand[j][None], q[j][None])[0]
             d = int(cand[j, pos])
-            u = float(ref.coin(_triple(key.coin), c)[0])
+            u = float(ref.coin(_triple(key.coin), c)[0]) if coins is None else coins[i, j]
             if u * q[j, pos] < p[j, d]:
                 tok_out[i, j] = d
                 seq.append(d)
@@ -182,3 +186,70 @@ def test_watermarked_step_equals_reference(case, backend, results, sizes):
             f"reference: accept {got[0][bad[:3]].tolist()} vs {want[0][bad[:3]].tolist()}, " \
             f"tokens {got[1][bad[:3]].tolist()} vs {want[1][bad[:3]].tolist()}"
     results.metric("L4", f"watermark exact {case}", dict(rows=4 * rows, mismatched=mismatched))
+
+
+@contextlib.contextmanager
+def injected_coins(coins: torch.Tensor):
+    """Every ``Marks.noise`` (what select / verify_marked of every backend call for the keyed
+    acceptance coins) takes ``coins`` [R, γ] at its fresh slots instead of subkey C's values:
+    the rest of the keyed step (walk, residual and bonus draws) is the backend's own."""
+    keyed = wmgen.Marks.noise
+
+    def noise(self, n):
+        g = n.accept.shape[1]
+        c = coins.to(device=n.accept.device, dtype=n.accept.dtype)
+        return dataclasses.replace(n, accept=torch.where(self.fresh[:, :g], c, n.accept))
+
+    wmgen.Marks.noise = noise
+    try:
+        yield
+    finally:
+        wmgen.Marks.noise = keyed
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_keyed_acceptance_on_a_coin_lattice(case, backend, results, sizes):
+    """The keyed acceptance, exactly, as L2 / L3 check the plain one: one context (so one keyed
+    draft path and one keyed residual / bonus draw per slot), acceptance coins injected on the
+    lattice (2k + 1) / 2N in every slot (all N^γ combinations). Each row's accept length and
+    tokens equal the float64 reference's with the same coins, so the accept-length law over the
+    lattice is the reference's exactly (TV 0); it differs from the analytic chain law
+    Π α_j · (1 − α_a) (α_j = min(1, p_j(d_j) / q_j(d_j))) only by the lattice's resolution."""
+    if not backend.has_fp64:
+        pytest.skip(f"backend {backend.name} has no float64 (the watermark raises there)")
+    temp, top_p = CASES[case]
+    # Tables (searched once over salts) whose lattice both accepts and rejects in every slot
+    # in both cases: the target's logits are the draft's plus 1.5 × noise.
+    draft_logits, target_logits = _tables("wm-lattice-38")
+    target_logits[:GAMMA] = draft_logits + 1.5 * target_logits[:GAMMA]
+    n = 8 if sizes.l4_samples is None else 4
+    grid = (2 * np.arange(n) + 1) / (2 * n)                                 # exact in float32
+    coins = np.array(list(itertools.product(grid, repeat=GAMMA)))         # [N^γ, γ]
+    key = WatermarkKey(np.random.default_rng(7200).bytes(32))
+    windows = np.repeat(_windows(300, 1), len(coins), 0)
+    with injected_coins(torch.tensor(coins, dtype=torch.float32)):
+        got = watermarked_step(backend, key, windows, draft_logits, target_logits, temp, top_p)
+    want = reference_step(key, windows, draft_logits, target_logits, temp, top_p, coins)
+    bad = np.flatnonzero((got[0] != want[0]) | (got[1] != want[1]).any(1))
+    assert not len(bad), \
+        f"[L4 watermark-lattice case={case}] coins {coins[bad[:3]].tolist()}: accept " \
+        f"{got[0][bad[:3]].tolist()} vs the reference's {want[0][bad[:3]].tolist()}, tokens " \
+        f"{got[1][bad[:3]].tolist()} vs {want[1][bad[:3]].tolist()}"
+    for j in range(GAMMA):              # acceptance is a threshold in slot j's coin
+        reach = got[0] >= j
+        took, left = coins[reach & (got[0] > j), j], coins[reach & (got[0] == j), j]
+        assert not (len(took) and len(left) and took.max() >= left.min()), \
+            f"[L4 watermark-lattice case={case} slot={j}] coin {left.min()} rejected but " \
+            f"coin {took.max()} accepted: not a rule coin · q(d) < p(d)"
+    law = np.bincount(got[0], minlength=GAMMA + 1) / len(coins)
+    ref_law = np.bincount(want[0], minlength=GAMMA + 1) / len(coins)
+    summary = dict(rows=len(coins), lattice=n, accept_len_law=law.round(5).tolist(),
+                   tv_vs_reference=float(0.5 * np.abs(law - ref_law).sum()),
+                   implementation=backend.implementation.get("watermark"))
+    results.metric("L4", f"watermark lattice {case}", summary)
+    print(f"L4 watermark lattice {case}: {summary}")
+    for j in range(GAMMA):
+        assert (got[0] > j).any() and (got[0] == j).any(), \
+            f"[L4 watermark-lattice case={case} slot={j}] the lattice never both accepts and " \
+            f"rejects there (accept lengths {sorted(set(got[0].tolist()))}): it tests nothing"
+
