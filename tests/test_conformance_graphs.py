@@ -14,7 +14,7 @@ from fixture_graphs import install_graph_backend
 pytest_plugins = ["pytester"]
 
 TESTS = ("across_buckets", "after_pool_reuse", "mixed_greedy_and_sampled", "target_only",
-         "kept_graphs")
+         "kept_graphs", "watermarked_replay")
 
 
 @pytest.fixture
@@ -40,11 +40,11 @@ def graphs_level(pytester, monkeypatch, tmp_path):
 
 def test_correct_graphs_pass_with_replay_counts(graphs_level):
     ret, out, rep = graphs_level("replay")
-    assert ret == 0 and "5 passed" in out, out[-3000:]
+    assert ret == 0 and f"{len(TESTS)} passed" in out, out[-3000:]
     level = rep["levels"]["graphs"]
-    assert level["result"] == "pass" and level["passed"] == 5
+    assert level["result"] == "pass" and level["passed"] == len(TESTS)
     counts = {k: v for k, v in level["metrics"].items() if k.startswith("replays in ")}
-    assert len(counts) == 5 and all(any(t in k for k in counts) for t in TESTS), counts
+    assert len(counts) == len(TESTS) and all(any(t in k for k in counts) for t in TESTS), counts
     for name, c in counts.items():
         assert c["total"] > 0 and c["total"] == sum(v for k, v in c.items() if k != "total")
     buckets = counts["replays in test_replay_equals_eager_across_buckets"]
@@ -54,18 +54,22 @@ def test_correct_graphs_pass_with_replay_counts(graphs_level):
         assert buckets[f"verify sampled @{size}"] > 0, buckets
     assert any(k.startswith("target-only") for k in counts[
         "replays in test_target_only_replay_equals_eager"])
+    marked = counts["replays in test_watermarked_replay_equals_eager"]
+    for graph in ("draft sampled watermarked", "verify sampled watermarked",
+                  "target-only sampled watermarked"):
+        assert any(k.startswith(graph) for k in marked), marked
 
 
 def test_refused_capture_fails_the_level_naming_the_refusal(graphs_level):
     """Before: a refused capture ran eagerly and every test compared eager with eager."""
     ret, out, rep = graphs_level("refuse")
     assert ret == 1, out[-3000:]
-    assert "5 failed" in out, out[-3000:]
+    assert f"{len(TESTS)} failed" in out, out[-3000:]
     assert "graph mode did not replay every bucket it used" in out
     assert "fake-graph: capture refused by the fixture driver" in out
     assert "[graphs case=bucket-1]" in out and "[graphs case=kept-3x10-spec]" in out
     level = rep["levels"]["graphs"]
-    assert level["result"] == "fail" and level["failed"] == 5
+    assert level["result"] == "fail" and level["failed"] == len(TESTS)
     assert all("capture refused" in t.get("message", "") for t in level["tests"])
 
 

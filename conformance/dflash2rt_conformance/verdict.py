@@ -39,7 +39,8 @@ MINIMUM = {
                   # 4 reference schedules + the engine's AdaptiveSchedule (float32) and the
                   # peeking-schedule sharpness check
     "L4": 3,      # greedy batch 3 and batch 1, the sampled law of the first tokens
-    "graphs": 5,  # all but the second-stream test (skipped on devices without streams)
+    "graphs": 5,  # all but the second-stream test (skipped on devices without streams) and
+                  # the watermarked one (skipped without float64: the watermark raises there)
 }
 EXECUTED = ("passed", "failed", "xfailed", "xpassed")
 

@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from ..backend import Backend
 from ..models.pair import ModelPair
 from .engine import Engine
+from ..watermark import WatermarkKey
 from .request import Request
 
 
@@ -20,7 +21,7 @@ def eager_twin(backend: Backend) -> Backend:
 
 
 def graph_vs_eager(pair: ModelPair, backend: Backend, make_requests: Callable[[], Sequence[Request]],
-                   spec: bool = True) -> dict[str, Any]:
+                   spec: bool = True, watermark: WatermarkKey | None = None) -> dict[str, Any]:
     """One engine per mode runs the requests twice: the first call warms up and captures, the
     second replays the graphs the first captured (its capture time is 0 when they were kept);
     the second call's tokens and step latency are compared. ``graph_replays`` counts that call's
@@ -28,14 +29,15 @@ def graph_vs_eager(pair: ModelPair, backend: Backend, make_requests: Callable[[]
     a replay that differed from eager): "equal" proves replay == eager only with replays and
     no eager buckets. Adaptive runs: the eager engine takes a replica of the schedule the graph
     engine's second call decided with (its cost table and acceptance pool), so both choose the
-    same block sizes (a table each could choose differently, schedule.py)."""
+    same block sizes (a table each could choose differently, schedule.py). ``watermark``: a
+    key both engines mark with."""
     row: dict[str, Any] = {"mode": "spec" if spec else "target-only"}
     tokens, used, table = {}, {}, None
     for name, be in (("graph", backend), ("eager", eager_twin(backend))):
         with Engine(pair, be) as engine:
             engine.schedule = table
-            _, first = engine.generate(make_requests(), spec=spec)
-            outs, stats = engine.generate(make_requests(), spec=spec)
+            _, first = engine.generate(make_requests(), spec=spec, watermark=watermark)
+            outs, stats = engine.generate(make_requests(), spec=spec, watermark=watermark)
             if table is None and engine.schedule is not None:   # the table the call used
                 table = engine.schedule.replica()
         used.update(stats.graphs)                        # the eager twin's is empty

@@ -30,6 +30,7 @@ from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.graphed import BUCKETS
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.engine.schedule import shared_schedule
+from dflash2rt.watermark import WatermarkKey
 from dflash2rt_conformance import models
 
 pytestmark = pytest.mark.dflash2rt_level("graphs")
@@ -102,10 +103,11 @@ def _requests(n, sampled=lambda i: i % 2 == 1, new=10):
         key=i) for i in range(n)]
 
 
-def _run(pair, backend, reqs, spec=True, proof=None, case=""):
+def _run(pair, backend, reqs, spec=True, proof=None, case="", watermark=None, engine=None):
     """Tokens and accept histogram of one run; with ``proof``, a graph-mode run that must
     replay every bucket it uses."""
-    outs, stats = _engine(pair, backend).generate(reqs, spec=spec)
+    outs, stats = (engine or _engine(pair, backend)).generate(reqs, spec=spec,
+                                                               watermark=watermark)
     if proof is not None:
         proof.check(stats, case)
     return [o.token_ids for o in outs], list(stats.accept_hist)
@@ -118,9 +120,9 @@ def _engine(pair, backend) -> Engine:
     return engine
 
 
-def _eager(pair, backend, graphs, reqs, spec=True):
+def _eager(pair, backend, graphs, reqs, spec=True, watermark=None):
     with graphs.eager():
-        return _run(pair, backend, reqs, spec)
+        return _run(pair, backend, reqs, spec, watermark=watermark)
 
 
 def test_replay_equals_eager_across_buckets(graphs, pair, backend, proof):
@@ -180,3 +182,21 @@ def test_kept_graphs_replay_equals_eager_in_later_calls(graphs, pair, backend, p
             got = [o.token_ids for o in outs], list(stats.accept_hist)
             assert got == _eager(pair, backend, graphs, _requests(n, new=new), spec), \
                 f"[graphs case={case}] replay with kept graphs differs from eager"
+
+
+def test_watermarked_replay_equals_eager(graphs, pair, backend, proof):
+    """Watermarked steps are captured too: the key's words and the watermark's state (window,
+    record, count) are graph inputs. One engine replays the same graphs under two keys, in
+    both modes, on mixed greedy / sampled batches; each run equals eager under its own key."""
+    if not backend.has_fp64:
+        pytest.skip(f"backend {backend.name} has no float64 (the watermark raises there)")
+    keys = [WatermarkKey(bytes(range(i, i + 32))) for i in (0, 1)]
+    with _engine(pair, backend) as engine:
+        for key, spec, n in ((keys[0], True, 5), (keys[1], True, 5), (keys[0], False, 3),
+                             (keys[1], True, 2)):
+            reqs = _requests(n, lambda i: i % 3 != 0)
+            case = f"watermark-{keys.index(key)}-{'spec' if spec else 'target-only'}-{n}"
+            got = _run(pair, backend, reqs, spec, proof, case, key, engine)
+            assert got == _eager(pair, backend, graphs, reqs, spec, key), \
+                f"[graphs case={case}] replay differs from eager"
+
