@@ -64,14 +64,13 @@ def _pack(m: nn.Linear) -> None:
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-        return F.linear(x, self.weight, self.bias)          # autograd: the dense weight
+    if x.numel() == x.shape[-1] or x.dtype != self.weight.dtype \
+            or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+        return F.linear(x, self.weight, self.bias)   # one row (see above), a dtype error, autograd
     packed, key = getattr(self, PACK_ATTR)
     if key != _key(self.weight):                            # updated in place / replaced
         _pack(self)
         packed = getattr(self, PACK_ATTR)[0]
-    if x.dtype != self.weight.dtype or x.numel() == x.shape[-1]:
-        return F.linear(x, self.weight, self.bias)          # a dtype error, or one row (below)
     bias = None if self.bias is None else self.bias.detach()
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
