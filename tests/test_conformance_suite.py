@@ -132,7 +132,7 @@ def test_cpu_run_header_and_junit_json_markdown_reports(suite, tmp_path):
     assert ops[("noise.walk", "float32")]["kind"] == "exact"
     assert ops[("verify.tokens", "bfloat16")]["passed"]
     assert rep["levels"]["L1"]["result"] == "pass" and rep["levels"]["L2"]["result"] == "pass"
-    assert rep["levels"]["graphs"]["skipped"] == 6
+    assert rep["levels"]["graphs"]["skipped"] == 7
     assert any(k.startswith("TV backend vs reference") for k in rep["levels"]["L2"]["metrics"])
     assert md.read_text().startswith("# dflash2rt conformance: backend `cpu` — **PASS**")
 
@@ -257,4 +257,4 @@ def test_graph_conformance_with_fake_graphs(pytester, monkeypatch, tmp_path, sta
     if stale:
         assert res.ret == 1 and "[graphs case=" in out, out[-3000:]
     else:
-        assert res.ret == 0 and "5 passed" in out, out[-3000:]
+        assert res.ret == 0 and "6 passed" in out, out[-3000:]
