@@ -16,6 +16,8 @@ library ``log`` does not), so the float64 NumPy reference reproduces it bit for 
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 
@@ -100,10 +102,13 @@ def windows(tokens: torch.Tensor, width: int) -> torch.Tensor:
 
 def keyed_bits(sub: SubKey | SubKeyWords, ctx: torch.Tensor, token: torch.Tensor | int
                ) -> torch.Tensor:
-    """32 keyed bits (int64 in [0, 2³²)) per broadcast (context hash, token id)."""
+    """32 keyed bits (int64 in [0, 2³²)) per broadcast (context hash, token id). An int token
+    (the coin's) is filled on the device, not copied from the host: a captured step may not
+    copy host memory."""
     ctx = torch.as_tensor(ctx, dtype=torch.int64)
-    token = torch.as_tensor(token, dtype=torch.int64, device=ctx.device)
     lo, hi = split64(ctx)
+    token = _fill(lo, int(token)) if isinstance(token, numbers.Integral) else \
+        torch.as_tensor(token, dtype=torch.int64, device=ctx.device)
     return _philox((lo, hi, token & _M32, _fill(lo, sub.word)), (sub.k0, sub.k1))[0]
 
 
