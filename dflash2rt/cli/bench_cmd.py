@@ -83,6 +83,7 @@ def _costs(args: argparse.Namespace, pair, backend, log, path) -> int:
     from pathlib import Path
 
     from ..bench.costs import measure_costs, projected_table
+    from ..engine.engine import Engine
 
     tau, tau_block = args.tau, 16
     if tau is None:                       # the bundled pair's measured acceptance at block 8
@@ -99,6 +100,7 @@ def _costs(args: argparse.Namespace, pair, backend, log, path) -> int:
             raise SystemExit(f"--costs compares with transformers, which is unavailable ({why}); "
                              "pass --no-hf to measure ours alone")
         hf = HFGreedy(path / "target", pair.dtype, backend.device)
+        Engine(pair, backend)                       # the model pass first (it may restack)
         shared = hf.share_weights(pair.target)      # one copy: the same memory for both
         log(f"transformers reads our {shared} weight tensors (shared, not copied)")
     res = measure_costs(pair, backend, blocks=[int(b) for b in args.blocks.split(",")],

@@ -96,9 +96,87 @@ def pack_linears(modules: list[nn.Module]) -> str:
     if free is not None and todo > HEADROOM * free:
         return (f"linears: torch F.linear (packing them would take {todo / GB:.2f} GB more; "
                 f"{free / GB:.2f} GB are available)")
+    fused = sum(_fuse(m) for model in modules for m in model.modules())
     for m in layers:
         if not hasattr(m, PACK_ATTR):
-            _pack(m)
+            if getattr(m, PART_ATTR, False):      # fused: packed alone only if called alone
+                setattr(m, PACK_ATTR, (None, None))
+            else:
+                _pack(m)
             m.forward = types.MethodType(_forward, m)
     return (f"linears: oneDNN packed ({len(layers)} layers, {nbytes / 2**20:.0f} MiB of packed "
-            "weights beside the dense ones)")
+            f"weights beside the dense ones; {fused} q/k/v and gate/up groups in one product "
+            "each)")
+
+
+# Fused projections: the q, k, v projections of an attention layer and the gate and up
+# projections of an MLP read the same input, so one product over their stacked weights does the
+# work of three (two). The stacked weight is the storage and each layer's weight a view of it
+# (no copy kept; state_dict, training and the single-layer calls still see the same weights).
+# Measured on the two cores, all 28 Qwen3-0.6B layers' q, k, v, gate and up weights streamed from
+# memory: one row 41.0 against 39.0 ms fused, eight rows (packed) 56.5 against 52.8 ms.
+FUSE_ATTR = "_dflash2rt_fused"
+PART_ATTR = "_dflash2rt_fused_part"     # a layer whose weight is a view of a stacked weight
+
+
+def _fuse(m: nn.Module) -> bool:
+    """Stack ``m``'s projections (an Attention's q/k/v, a SwiGLU's gate/up) when all are
+    packable and bias-free; → whether it did (or had)."""
+    from ..models.layers import Attention, SwiGLU
+
+    if hasattr(m, FUSE_ATTR):
+        return True
+    if type(m) is Attention:
+        parts, method = (m.q_proj, m.k_proj, m.v_proj), "project_qkv"
+    elif type(m) is SwiGLU:
+        parts, method = (m.gate_proj, m.up_proj), "gate_up"
+    else:
+        return False
+    if not all(_packable(p) and p.bias is None for p in parts):
+        return False
+    stacked = torch.cat([p.weight.detach() for p in parts])
+    start = 0
+    for p in parts:
+        n = p.weight.shape[0]
+        p.weight.data = stacked[start:start + n]          # a view of the stacked storage
+        setattr(p, PART_ATTR, True)
+        start += n
+    setattr(m, FUSE_ATTR, [stacked, torch.ops.mkldnn._reorder_linear_weight(stacked, None),
+                           _key(stacked), [p.weight.shape[0] for p in parts]])
+    setattr(m, method, types.MethodType(_project_qkv if method == "project_qkv" else _gate_up, m))
+    return True
+
+
+def _stacked(m: nn.Module, parts: tuple[nn.Linear, ...], x: torch.Tensor
+             ) -> tuple[torch.Tensor, ...] | None:
+    """The parts' outputs for x from one product over the stacked weight, or None when the
+    fused path does not apply (autograd, another dtype, a weight replaced since stacking)."""
+    state = getattr(m, FUSE_ATTR)
+    stacked, packed, key, sizes = state
+    if (torch.is_grad_enabled() and (x.requires_grad or stacked.requires_grad
+                                     or any(p.weight.requires_grad for p in parts))) \
+            or x.dtype != stacked.dtype \
+            or any(p.weight.untyped_storage().data_ptr() != stacked.untyped_storage().data_ptr()
+                   for p in parts):
+        return None
+    if x.numel() == x.shape[-1]:                         # one row: the dense weight (see top)
+        y = F.linear(x, stacked)
+    else:
+        if key != _key(stacked):                         # updated in place since packing
+            packed = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
+            state[1], state[2] = packed, _key(stacked)
+        y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
+    return y.split(sizes, dim=-1)
+
+
+def _project_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    out = _stacked(self, (self.q_proj, self.k_proj, self.v_proj), x)
+    if out is None:
+        return type(self).project_qkv(self, x, cos, sin)
+    q, k, v = out
+    return (self.queries(q, cos, sin), *self.keys_values(k, v, cos, sin))
+
+
+def _gate_up(self, x: torch.Tensor):
+    out = _stacked(self, (self.gate_proj, self.up_proj), x)
+    return type(self).gate_up(self, x) if out is None else out

@@ -43,7 +43,13 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x)
+        return self.down_proj(F.silu(gate) * up)
+
+    def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate(x), up(x)); a backend's model pass may compute both in one product
+        (``cpu/packed.py``)."""
+        return self.gate_proj(x), self.up_proj(x)
 
 
 class Attention(nn.Module):
@@ -64,20 +70,34 @@ class Attention(nn.Module):
 
     def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [R, T, H] -> rotated queries [R, T, nh, hd]."""
-        q = self.q_proj(x).unflatten(-1, (self.n_heads, self.head_dim))  # [R, T, nh, hd]
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        return apply_rotary(q, cos, sin)
+        return self.queries(self.q_proj(x), cos, sin)
 
     def project_kv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [R, T, H] -> rotated keys, values [R, T, n_kv, hd] (what a KV cache stores)."""
-        k = self.k_proj(x).unflatten(-1, (self.n_kv_heads, self.head_dim))  # [R, T, n_kv, hd]
+        return self.keys_values(self.k_proj(x), self.v_proj(x), cos, sin)
+
+    def project_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(project_q, *project_kv) of the same x; a backend's model pass may compute the three
+        projections in one product (``cpu/packed.py``)."""
+        return (self.project_q(x, cos, sin), *self.project_kv(x, cos, sin))
+
+    def queries(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """q_proj's output [R, T, nh·hd] -> rotated queries [R, T, nh, hd]."""
+        q = q.unflatten(-1, (self.n_heads, self.head_dim))  # [R, T, nh, hd]
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return apply_rotary(q, cos, sin)
+
+    def keys_values(self, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """k_proj's and v_proj's outputs -> rotated keys, values [R, T, n_kv, hd]."""
+        k = k.unflatten(-1, (self.n_kv_heads, self.head_dim))  # [R, T, n_kv, hd]
         if self.k_norm is not None:
             k = self.k_norm(k)
-        v = self.v_proj(x).unflatten(-1, (self.n_kv_heads, self.head_dim))  # [R, T, n_kv, hd]
-        return apply_rotary(k, cos, sin), v
+        return apply_rotary(k, cos, sin), v.unflatten(-1, (self.n_kv_heads, self.head_dim))
 
     def forward(
         self,
@@ -93,8 +113,7 @@ class Attention(nn.Module):
 
         Returns (output [R, T, H], new keys, new values [R, T, n_kv, hd]).
         """
-        q = self.project_q(x, cos, sin)  # [R, T, nh, hd]
-        k, v = self.project_kv(x, cos, sin)  # [R, T, n_kv, hd]
+        q, k, v = self.project_qkv(x, cos, sin)  # [R, T, nh, hd], [R, T, n_kv, hd] x 2
         keys = torch.cat((past_k, k), dim=1)  # [R, P + T, n_kv, hd]
         values = torch.cat((past_v, v), dim=1)  # [R, P + T, n_kv, hd]
         out = attend(q, keys, values, mask, self.scale)  # [R, T, nh, hd]
@@ -117,8 +136,7 @@ class Attention(nn.Module):
         ``write_pos`` [R, T], then attend over the cache's first ``n_keys`` rows: row (r, j)
         sees keys lo[r, j] <= p < hi[r, j] (no copy of the context, GQA inside ``attn``).
         → output [R, T, H]."""
-        q = self.project_q(x, cos, sin)  # [R, T, nh, hd]
-        k, v = self.project_kv(x, cos, sin)  # [R, T, n_kv, hd]
+        q, k, v = self.project_qkv(x, cos, sin)  # [R, T, nh, hd], [R, T, n_kv, hd] x 2
         write_rows(cache_k, k, write_pos)
         write_rows(cache_v, v, write_pos)
         out = attn(q, cache_k[:, :n_keys], cache_v[:, :n_keys], lo, hi, self.scale)
