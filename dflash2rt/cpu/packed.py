@@ -58,21 +58,29 @@ def _key(w: torch.Tensor) -> tuple[int, int]:
     return w.data_ptr(), w._version
 
 
-def _pack(m: nn.Linear) -> None:
-    w = m.weight.detach()
-    setattr(m, PACK_ATTR, (torch.ops.mkldnn._reorder_linear_weight(w, None), _key(w)))
+def _packed(w: torch.Tensor) -> list:
+    """[packed copy of w, the key it was packed at]: a layer's (or a stack's) packing slot."""
+    w = w.detach()
+    return [torch.ops.mkldnn._reorder_linear_weight(w, None), _key(w)]
+
+
+def _product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, slot: list
+             ) -> torch.Tensor:
+    """x through w: one row through the dense weight (see top), more through the packed copy
+    in ``slot`` (packed again first when w was updated in place or replaced since)."""
+    if x.numel() == x.shape[-1]:
+        return F.linear(x, w, bias)
+    if slot[1] != _key(w):
+        slot[:] = _packed(w)
+    bias = None if bias is None else bias.detach()
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), slot[0], bias, "none", [], "")
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if x.numel() == x.shape[-1] or x.dtype != self.weight.dtype \
+    if x.dtype != self.weight.dtype \
             or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
-        return F.linear(x, self.weight, self.bias)   # one row (see above), a dtype error, autograd
-    packed, key = getattr(self, PACK_ATTR)
-    if key != _key(self.weight):                            # updated in place / replaced
-        _pack(self)
-        packed = getattr(self, PACK_ATTR)[0]
-    bias = None if self.bias is None else self.bias.detach()
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)          # a dtype error, or autograd
+    return _product(x, self.weight, self.bias, getattr(self, PACK_ATTR))
 
 
 def _packable(m: nn.Module) -> bool:
@@ -99,10 +107,9 @@ def pack_linears(modules: list[nn.Module]) -> str:
     fused = sum(_fuse(m) for model in modules for m in model.modules())
     for m in layers:
         if not hasattr(m, PACK_ATTR):
-            if getattr(m, PART_ATTR, False):      # fused: packed alone only if called alone
-                setattr(m, PACK_ATTR, (None, None))
-            else:
-                _pack(m)
+            # a stacked layer is packed on its own only if it is called on its own
+            setattr(m, PACK_ATTR, [None, None] if getattr(m, PART_ATTR, False)
+                    else _packed(m.weight))
             m.forward = types.MethodType(_forward, m)
     return (f"linears: oneDNN packed ({len(layers)} layers, {nbytes / 2**20:.0f} MiB of packed "
             f"weights beside the dense ones; {fused} q/k/v and gate/up groups in one product "
@@ -141,8 +148,7 @@ def _fuse(m: nn.Module) -> bool:
         p.weight.data = stacked[start:start + n]          # a view of the stacked storage
         setattr(p, PART_ATTR, True)
         start += n
-    setattr(m, FUSE_ATTR, [stacked, torch.ops.mkldnn._reorder_linear_weight(stacked, None),
-                           _key(stacked), [p.weight.shape[0] for p in parts]])
+    setattr(m, FUSE_ATTR, (stacked, _packed(stacked), [p.weight.shape[0] for p in parts]))
     setattr(m, method, types.MethodType(_project_qkv if method == "project_qkv" else _gate_up, m))
     return True
 
@@ -151,22 +157,14 @@ def _stacked(m: nn.Module, parts: tuple[nn.Linear, ...], x: torch.Tensor
              ) -> tuple[torch.Tensor, ...] | None:
     """The parts' outputs for x from one product over the stacked weight, or None when the
     fused path does not apply (autograd, another dtype, a weight replaced since stacking)."""
-    state = getattr(m, FUSE_ATTR)
-    stacked, packed, key, sizes = state
-    if (torch.is_grad_enabled() and (x.requires_grad or stacked.requires_grad
-                                     or any(p.weight.requires_grad for p in parts))) \
+    stacked, slot, sizes = getattr(m, FUSE_ATTR)
+    if (torch.is_grad_enabled() and (x.requires_grad or any(p.weight.requires_grad
+                                                            for p in parts))) \
             or x.dtype != stacked.dtype \
             or any(p.weight.untyped_storage().data_ptr() != stacked.untyped_storage().data_ptr()
                    for p in parts):
         return None
-    if x.numel() == x.shape[-1]:                         # one row: the dense weight (see top)
-        y = F.linear(x, stacked)
-    else:
-        if key != _key(stacked):                         # updated in place since packing
-            packed = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
-            state[1], state[2] = packed, _key(stacked)
-        y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
-    return y.split(sizes, dim=-1)
+    return _product(x, stacked, None, slot).split(sizes, dim=-1)
 
 
 def _project_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -8,8 +8,8 @@ from typing import Any, Callable, Sequence
 
 from ..backend import Backend
 from ..models.pair import ModelPair
-from .engine import Engine
 from ..watermark import WatermarkKey
+from .engine import Engine
 from .request import Request
 
 

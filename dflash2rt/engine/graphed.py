@@ -19,8 +19,8 @@ import torch
 from ..backend import TORCH_OPS
 from ..graphs.adapter import GraphAdapter
 from ..graphs.runner import GraphRunner
-from . import steps
 from ..watermark import generate as wm_generate
+from . import steps
 from .state import BatchState
 from .step import NOISE, StepBodies, StepOut, Tensors, live_inputs
 

@@ -102,7 +102,7 @@ class WatermarkBatch:
     window: torch.Tensor
     record: torch.Tensor
     used: torch.Tensor
-    words: torch.Tensor | None = None      # None: made from the key
+    words: torch.Tensor | None = None      # None: made from the key (a WatermarkKey)
 
     def __post_init__(self) -> None:
         if self.words is None:

@@ -205,9 +205,7 @@ class KeyWords:
     __str__ = __repr__
 
 
-def words_of(key: "WatermarkKey | KeyWords", device: torch.device | str) -> torch.Tensor:
+def words_of(key: WatermarkKey, device: torch.device | str) -> torch.Tensor:
     """int64 [9]: the draft, target and coin subkeys' (k0, k1, word) on ``device``."""
-    if isinstance(key, KeyWords):
-        return torch.cat([key.draft.words, key.target.words, key.coin.words]).to(device)
     return torch.tensor([w for s in (key.draft, key.target, key.coin)
                          for w in (s.k0, s.k1, s.word)], dtype=torch.int64, device=device)
