@@ -61,3 +61,46 @@ def test_attention_runs_grouped_only_for_few_rows_over_long_contexts(monkeypatch
         q, k, v, lo, hi = _case(1, t, 8, 8, 128, n_keys, torch.float32)
         A.attention(q, k, v, lo, hi, 0.1)
     assert calls == [1, A.GROUPED_ROWS]
+
+
+def _long_case(r, t, dtype, seed):
+    """A case on the grouped path (GROUPED_MIN_BYTES of keys per request) or, with fewer keys,
+    on SDPA's: 8 KV heads of 128, 16 query heads."""
+    n_keys = A.GROUPED_MIN_BYTES // (8 * 128 * torch.empty((), dtype=dtype).element_size())
+    return _case(r, t, 16, 8, 128, n_keys, dtype, seed=seed)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("t", [1, 3])
+def test_attention_with_every_key_visible_or_not_matches_the_reference(grouped, t):
+    """The op attends without a mask only when every row sees every key: all rows full, one
+    row short of the last key, one row starting after the first key."""
+    q, k, v, _, _ = _long_case(2, t, torch.float32, seed=7 + t)
+    if not grouped:
+        k, v = k[:, :300], v[:, :300]
+    n = k.shape[1]
+    full = torch.full((2, t), n)
+    for lo, hi in ((torch.zeros_like(full), full),
+                   (torch.zeros_like(full), full - torch.tensor([[0], [1]])),
+                   (torch.tensor([[0], [5]]).expand(2, t).clone(), full)):
+        A.visible_mask.entry = None
+        got = A.attention(q, k, v, lo, hi, 0.09)
+        ref = A.attend(q.double(), k.double(), v.double(), A.range_mask(lo, hi, n), 0.09)
+        assert torch.allclose(got.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_memoised_mask_follows_key_ranges_changed_in_place():
+    """The mask is built once per forward (the same lo / hi for every layer), keyed by their
+    values: changing hi in place, from every key visible to fewer, or back, rebuilds it."""
+    q, k, v, _, _ = _long_case(1, 2, torch.float32, seed=11)
+    n = k.shape[1]
+    lo, hi = torch.zeros(1, 2, dtype=torch.int64), torch.full((1, 2), n)
+    for new_hi in (n, n // 3, n, 3, n):
+        hi.fill_(new_hi)
+        got = A.attention(q, k, v, lo, hi, 0.09)
+        ref = A.attend(q.double(), k.double(), v.double(), A.range_mask(lo, hi, n), 0.09)
+        assert torch.allclose(got.double(), ref, atol=1e-5, rtol=1e-5), new_hi
+        if new_hi < n:                   # the keys past hi do not matter
+            kk, vv = k[:, :new_hi], v[:, :new_hi]
+            assert torch.allclose(got, A.attend(q, kk, vv, A.range_mask(lo, hi, new_hi), 0.09),
+                                  atol=1e-5, rtol=1e-5)

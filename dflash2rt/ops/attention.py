@@ -41,14 +41,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return _attend_visible(q, k, v, _visible(mask), scale)
 
 
-def _attend_visible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                    scale: float | None) -> torch.Tensor:
-    """``attend`` with a mask in which every query row sees at least one key."""
+def _attend_visible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+    """``attend`` with a mask in which every query row sees at least one key (None: every
+    key)."""
     nh, n_kv = q.shape[2], k.shape[2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=mask.unsqueeze(-3), scale=scale, enable_gqa=nh != n_kv)  # [R, nh, Tq, hd]
+        attn_mask=None if mask is None else mask.unsqueeze(-3), scale=scale,
+        enable_gqa=nh != n_kv)  # [R, nh, Tq, hd]
     return out.transpose(1, 2)
 
 
@@ -73,26 +75,31 @@ def range_mask(lo: torch.Tensor, hi: torch.Tensor, n_keys: int) -> torch.Tensor:
 
 
 class _LastMask:
-    """The visible-key mask of the last (lo, hi, n_keys) asked for, on the CPU. A model passes
-    the same lo / hi to every layer of a forward, so the mask is built once per forward, not
-    once per layer (seven small ops per layer: about 1 ms of a 0.6B-parameter step on the
-    CPU). The entry is keyed by copies of lo / hi's values (two ``torch.equal`` of [R, T]
-    per call), so a tensor changed in place, or a new one, rebuilds it. Accelerators build
-    the mask every time: comparing values there would sync the host (and break capture)."""
+    """The visible-key mask of the last (lo, hi, n_keys) asked for, on the CPU, and whether it
+    is all True. A model passes the same lo / hi to every layer of a forward, so the mask is
+    built once per forward, not once per layer (seven small ops per layer: about 1 ms of a
+    0.6B-parameter step on the CPU). The entry is keyed by copies of lo / hi's values (two
+    ``torch.equal`` of [R, T] per call), so a tensor changed in place, or a new one, rebuilds
+    it. Accelerators build the mask every time and never call it full: comparing or reducing
+    values there would sync the host (and break capture). → (mask [R, T, n_keys], full): with
+    ``full`` every row sees every key, and the attention runs without a mask (a decode step of
+    one request: 0.65 ms of 24.5 at 2k context, 28 Qwen3-0.6B layers)."""
 
     def __init__(self) -> None:
-        self.entry: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor] | None = None
+        self.entry: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, bool] | None = None
 
-    def __call__(self, lo: torch.Tensor, hi: torch.Tensor, n_keys: int) -> torch.Tensor:
+    def __call__(self, lo: torch.Tensor, hi: torch.Tensor, n_keys: int
+                 ) -> tuple[torch.Tensor, bool]:
         if lo.device.type != "cpu":
-            return _visible(range_mask(lo, hi, n_keys))
+            return _visible(range_mask(lo, hi, n_keys)), False
         entry = self.entry                   # one read: threads replace whole entries
         if entry is not None and entry[2] == n_keys and _same(lo, entry[0]) \
                 and _same(hi, entry[1]):
-            return entry[3]
+            return entry[3], entry[4]
         mask = _visible(range_mask(lo, hi, n_keys))
-        self.entry = (lo.clone(), hi.clone(), n_keys, mask)
-        return mask
+        full = torch.equal(mask, torch.ones_like(mask))    # host memory: no sync
+        self.entry = (lo.clone(), hi.clone(), n_keys, mask, full)
+        return mask, full
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -115,39 +122,43 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tenso
     _check(q, k, v, "attention")
     if q.shape[1] <= GROUPED_ROWS and k[0].numel() * k.element_size() >= GROUPED_MIN_BYTES:
         return grouped_attention(q, k, v, lo, hi, scale)
-    return _attend_visible(q, k, v, visible_mask(lo, hi, k.shape[1]), scale)
+    mask, full = visible_mask(lo, hi, k.shape[1])
+    return _attend_visible(q, k, v, None if full else mask, scale)
 
 
 # ``attention`` runs ``grouped_attention`` for up to GROUPED_ROWS query rows per request whose
-# keys take GROUPED_MIN_BYTES or more: measured on the 2-core CPU (fp32, one layer), grouped
-# against SDPA: Qwen3-0.6B heads at 2k context 0.52 / 0.67 ms (batch 1) and 6.3 / 8.0 ms
-# (batch 8), at 512 a tie (2 MiB); the bundled pair's heads at 200 keys 56 / 39 µs.
+# keys take GROUPED_MIN_BYTES or more: measured on the 2-core CPU (fp32, 28 layers' caches
+# streamed from memory), grouped against SDPA with GQA, Qwen3-0.6B heads: at 512 keys (2 MiB a
+# request) 49.3 / 56.1 ms (batch 8, T = 1), 5.52 / 5.72 ms (batch 1), 134 / 143 ms (batch 8,
+# T = 17); at 128 keys (512 KiB) a tie (13.45 / 13.17 ms at batch 8, 1.35 / 1.34 at batch 1)
+# or SDPA ahead (3.35 / 3.06 ms at T = 9, batch 1); the bundled pair's heads at 200 keys (50
+# KiB), T = 9: 39 / 28 µs a layer.
 GROUPED_ROWS = 32
-GROUPED_MIN_BYTES = 4 << 20
+GROUPED_MIN_BYTES = 1 << 20
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor,
                       hi: torch.Tensor, scale: float) -> torch.Tensor:
-    """``attention`` for a step's few query rows as two batched matrix products per KV head:
-    the nh / n_kv query heads of a KV head and the T rows stacked as one [T·g, hd] operand
-    against that head's [L, hd] keys, read in place (a head-major cache: each head's rows
-    contiguous), then the softmax and the product with its values. Decode attention is a
-    matrix–vector product per head, which SDPA's CPU kernel reads more slowly (see
-    ``GROUPED_MIN_BYTES``). Softmax in float32 for half types."""
+    """``attention`` for a step's few query rows: the nh / n_kv query heads of a KV head and the
+    T rows stacked as T·g query rows of one head, so that one multi-head SDPA call (no GQA
+    expansion) reads each KV head's [L, hd] keys and values once, in place (a head-major cache:
+    each head's rows contiguous). This is transformers' ``pack_gqa`` for decode, generalised
+    to T rows and per-row key ranges. Decode attention is a matrix–vector product per head,
+    which SDPA's GQA form reads more slowly (see ``GROUPED_MIN_BYTES``); the packed form also
+    beat two batched matrix products with a softmax between them by 5–9 % (Qwen3-0.6B heads,
+    28 layers' caches streamed from memory, 2k context: 0.90 / 0.95 ms a layer at batch 1,
+    T = 1; 1.67 / 1.83 ms at T = 9; 6.36 / 6.68 ms at batch 8), which is what this op was."""
     _check(q, k, v, "attention")
     r, t, nh, hd = q.shape
     n_keys, n_kv = k.shape[1], k.shape[2]
     g = nh // n_kv
     qg = q.reshape(r, t, n_kv, g, hd).permute(0, 2, 1, 3, 4).reshape(r, n_kv, t * g, hd)
-    kh, vh = k.transpose(1, 2), v.transpose(1, 2)                       # [R, n_kv, L, hd]
-    s = torch.matmul(qg, kh.transpose(-1, -2))                          # [R, n_kv, T·g, L]
-    if s.dtype in (torch.float16, torch.bfloat16):
-        s = s.float()
-    mask = visible_mask(lo, hi, n_keys)                                 # [R, T, L]
-    mask = mask.unsqueeze(2).expand(r, t, g, n_keys).reshape(r, 1, t * g, n_keys)
-    p = torch.softmax(s.mul_(scale).masked_fill_(~mask, float("-inf")), dim=-1)
-    out = torch.matmul(p.to(v.dtype), vh)                               # [R, n_kv, T·g, hd]
-    return out.view(r, n_kv, t, g, hd).permute(0, 2, 1, 3, 4).reshape(r, t, nh, hd).to(q.dtype)
+    mask, full = visible_mask(lo, hi, n_keys)                           # [R, T, L]
+    mask = None if full else \
+        mask.unsqueeze(2).expand(r, t, g, n_keys).reshape(r, 1, t * g, n_keys)
+    out = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=mask, scale=scale)   # [R, n_kv, T·g, hd]
+    return out.view(r, n_kv, t, g, hd).permute(0, 2, 1, 3, 4).reshape(r, t, nh, hd)
 
 
 def write_rows(buf: torch.Tensor, new: torch.Tensor, pos: torch.Tensor) -> None:
