@@ -51,7 +51,7 @@ def test_transformers_step_is_its_own_cached_forward_and_says_which_cache_ran(tm
     import transformers
     from _hf_tiny import write_checkpoint
 
-    from dflash2rt.bench.costs import hf_step
+    from dflash2rt.bench.hf_baseline import hf_step
     from dflash2rt.bench.hf_baseline import HFGreedy
 
     hf = HFGreedy(write_checkpoint("qwen3", tmp_path / "ckpt"), dtype=torch.float64)
@@ -66,3 +66,50 @@ def test_transformers_step_is_its_own_cached_forward_and_says_which_cache_ran(tm
     bad = hf_step(hf, batch=1, context=3, vocab=97, new=2)
     assert bad["cache"] == "dynamic (static failed: ValueError: no static cache here)"
     assert bad["tokens"] == hf.generate(bad["prompts"], 4)[0]
+
+
+def test_fresh_placement_moves_both_caches_and_changes_no_step():
+    """Before timed steps both sides' caches are copied to fresh memory: new buffers, the same
+    contents and layout (ours head-major), and our step gives the same tokens after it."""
+    from types import SimpleNamespace
+
+    from dflash2rt.backend import Fallbacks
+    from dflash2rt.bench.costs import fresh_placement
+    from dflash2rt.engine import steps
+    from dflash2rt.engine.engine import Engine
+    from dflash2rt.engine.request import Request, SamplingParams
+
+    pair, backend = tiny_pair("dflash2", block=4), get_backend("cpu")
+    prompts = [(3, 1, 4, 1, 5), (9, 2, 6, 5, 3)]
+    reqs = [Request(p, SamplingParams(max_new_tokens=5)) for p in prompts]
+    clock = {"draft": 0.0, "verify": 0.0}
+    with Engine(pair, backend) as engine, torch.inference_mode(), backend.run_context():
+        def start():
+            steppers, st = engine._start(reqs, True, 4)
+            steps.prefill(pair, st, backend, list(prompts))
+            st.host_lens = [len(p) for p in prompts]
+            return steppers, st
+
+        def run(steppers, st):
+            return [steppers[b].step(st, Fallbacks().report, clock).for_host().tolist()
+                    for b in (1, 4)]
+
+        before = run(*start())
+        steppers, st = start()
+        old = st.target_storage
+        peer = [SimpleNamespace(keys=torch.randn(1, 2, 7, 4), values=torch.randn(1, 2, 7, 4))
+                for _ in range(3)]
+        theirs = [(p.keys, p.values) for p in peer]
+        fresh_placement(st, steppers, peer)
+        new = st.target_storage
+        assert new is not old and new.side is old.side
+        for a, b in zip((*old.k, *old.v), (*new.k, *new.v)):
+            assert torch.equal(a, b) and a.data_ptr() != b.data_ptr() and a.stride() == b.stride()
+        for p, (k, v) in zip(peer, theirs):
+            assert torch.equal(p.keys, k) and p.keys.data_ptr() != k.data_ptr()
+            assert torch.equal(p.values, v) and p.values.data_ptr() != v.data_ptr()
+        for a in (*old.k, *old.v):
+            a.zero_()                       # a step still reading the old buffers would change
+        assert run(steppers, st) == before
+        with pytest.raises(RuntimeError, match="hold the old cache storage"):
+            fresh_placement(st, steppers)

@@ -8,6 +8,7 @@ that every row got exactly ``max_new_tokens``."""
 
 from __future__ import annotations
 
+import inspect
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -95,3 +96,72 @@ class HFGreedy:
             raise RuntimeError(f"transformers generate() stopped early ({[len(r) for r in rows]}"
                                f" tokens, wanted {max_new_tokens} each): the stop rule differs")
         return rows, seconds
+
+
+class HFDecode:
+    """transformers' target-only decode at ``context``, measured as ours is: one prefill of
+    ``batch`` random prompts (timed), then each ``step()`` is one greedy forward of one token
+    per row, between syncs (the first a warm-up). The cache is transformers' StaticCache (what
+    ``generate(cache_implementation="static")`` uses), else its DynamicCache — ``result()`` says
+    which ran, and why not static."""
+
+    def __init__(self, hf: Any, batch: int, context: int, vocab: int, steps: int = 8,
+                 seed: int = 0) -> None:
+        from transformers import DynamicCache, StaticCache
+
+        gen = torch.Generator().manual_seed(seed)
+        self.model, self.dev, self.context = hf.model, hf.device, context
+        self.ids = torch.randint(0, vocab, (batch, context), generator=gen).to(self.dev)
+        # transformers >= 5.x names the cache argument ``cache`` (``past_key_values`` deprecated)
+        self.arg = ("cache" if "cache" in inspect.signature(self.model.forward).parameters
+                    else "past_key_values")
+        self.steps_s: list[float] = []
+        failed = ""
+        for kind in ("static", "dynamic"):
+            try:
+                self.cache = (StaticCache(config=self.model.config, max_cache_len=context + steps)
+                              if kind == "static" else DynamicCache(config=self.model.config))
+                self.prefill_s = self._forward(self.ids, torch.arange(context, device=self.dev))
+            except Exception as exc:  # noqa: BLE001 - reported: which cache ran, and why
+                if kind == "dynamic":
+                    raise
+                failed = f"{type(exc).__name__}: {exc}"[:200]
+                continue
+            self.kind = "static" if kind == "static" else f"dynamic (static failed: {failed})"
+            break
+        self.tokens = [self.tok]
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> float:
+        with torch.inference_mode():
+            sync(self.dev)
+            t0 = time.perf_counter()
+            out = self.model(input_ids=ids, **{self.arg: self.cache}, use_cache=True,
+                             cache_position=positions)
+            self.tok = out.logits[:, -1:].argmax(-1)
+            sync(self.dev)
+            return time.perf_counter() - t0
+
+    def step(self) -> None:
+        pos = self.context + len(self.steps_s)
+        self.steps_s.append(self._forward(self.tok, torch.tensor([pos], device=self.dev)))
+        self.tokens.append(self.tok)
+
+    def kv_layers(self) -> list[Any]:
+        """The static cache's layers (each with ``keys`` / ``values`` [B, n_kv, L, hd]), which
+        ``costs.fresh_placement`` may move; none for a DynamicCache (it reallocates each step)."""
+        return list(self.cache.layers) if self.kind == "static" else []
+
+    def result(self) -> dict[str, Any]:
+        runs = sorted(self.steps_s[1:])                        # the first: warm-up
+        return {"t_step_s": runs[len(runs) // 2], "t_prefill_s": self.prefill_s,
+                "cache": self.kind, "steps": len(runs), "prompts": self.ids.tolist(),
+                "tokens": torch.cat(self.tokens, 1).tolist()}
+
+
+def hf_step(hf: Any, batch: int, context: int, vocab: int, new: int = 4, seed: int = 0
+            ) -> dict[str, Any]:
+    """``HFDecode`` on its own: a warm-up and ``new`` timed steps → its ``result()``."""
+    dec = HFDecode(hf, batch, context, vocab, new + 2, seed)
+    for _ in range(new + 1):
+        dec.step()
+    return dec.result()
