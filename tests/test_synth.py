@@ -111,8 +111,14 @@ def test_a_pair_too_big_for_the_device_is_refused_before_any_weight_is_read(qwen
         load_pair(out / "target", out / "draft")
     assert read == []
     need = 4 * (summary["target_params"] + summary["draft_params"])
-    with pytest.raises(ResourceError, match=f"needs {need / 1e9:.2f} GB"):
+    with pytest.raises(ResourceError, match=f"needs {need / 1e9:.2f} GB .* lower the dtype "
+                                            rf"\(in bfloat16 they need {need / 2e9:.2f} GB\)"):
         load_pair(out / "target", out / "draft")
+    with pytest.raises(ResourceError, match=r"parameters in bfloat16\) needs "
+                                            rf"{need / 2e9:.2f} GB .*; use a device with more "
+                                            r"memory$"):          # 16-bit already: no lower dtype
+        load_pair(out / "target", out / "draft", dtype=torch.bfloat16)
+    assert read == []
 
 
 def test_dtype_auto_is_float32_on_the_cpu_and_the_checkpoints_dtype_elsewhere(qwen06, tmp_path):

@@ -12,7 +12,7 @@ import torch
 
 from dflash2rt.errors import CheckpointError, InvalidInputError
 from dflash2rt.models.config import TargetConfig
-from dflash2rt.models.memory import check_fits
+from dflash2rt.models.memory import GB, check_fits
 from dflash2rt.models.target import TargetModel
 from dflash2rt.models.tokenizer import TextTokenizer, load_tokenizer, read_json_object
 
@@ -110,9 +110,11 @@ def check_weights_fit(shapes: dict[str, tuple[int, ...]], dtype: torch.dtype,
                       device: torch.device | str, what: str) -> None:
     """ResourceError before anything is read when the weights cannot fit ``device``."""
     n = sum(math.prod(shape) for shape in shapes.values())
-    check_fits(n * torch.empty((), dtype=dtype).element_size(), device,
+    size = torch.empty((), dtype=dtype).element_size()
+    check_fits(n * size, device,
                f"{what} ({n / 1e9:.2f}B parameters in {str(dtype).replace('torch.', '')})",
-               "the dtype (bfloat16 halves float32) or use a device with more memory")
+               f"the dtype (in bfloat16 they need {n * 2 / GB:.2f} GB) or use a device with "
+               "more memory" if size > 2 else None)
 
 
 def load_target(

@@ -30,9 +30,11 @@ def available_bytes(device: torch.device) -> int | None:
     return int(free)
 
 
-def check_fits(needed: int, device: torch.device | str, what: str, lower: str) -> None:
-    """Raise ResourceError if ``needed`` bytes exceed the memory ``device`` has free."""
+def check_fits(needed: int, device: torch.device | str, what: str, lower: str | None) -> None:
+    """Raise ResourceError if ``needed`` bytes exceed the memory ``device`` has free; the
+    message says to lower ``lower``, or (None) that only a device with more memory helps."""
     free = available_bytes(torch.device(device))
     if free is not None and needed > free:
         raise ResourceError(f"{what} needs {needed / GB:.2f} GB but only {free / GB:.2f} GB are "
-                            f"available on {device}; lower {lower}")
+                            f"available on {device}; " + (f"lower {lower}" if lower else
+                                                          "use a device with more memory"))
