@@ -140,9 +140,8 @@ def fresh_placement(st: BatchState, steppers: Steppers, peer_layers: Sequence[An
     ours = st.target_storage
     keys, values = list(ours.k), list(ours.v)
     for i in range(max(len(keys), len(peer_layers))):
-        if i < len(keys):        # head-major views: copy the underlying [R, n_kv, L, hd]
-            keys[i] = keys[i].transpose(1, 2).clone().transpose(1, 2)
-            values[i] = values[i].transpose(1, 2).clone().transpose(1, 2)
+        if i < len(keys):        # clone keeps a dense tensor's strides: still head-major
+            keys[i], values[i] = keys[i].clone(), values[i].clone()
         if i < len(peer_layers):
             layer = peer_layers[i]
             layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
