@@ -111,10 +111,11 @@ def check_weights_fit(shapes: dict[str, tuple[int, ...]], dtype: torch.dtype,
     """ResourceError before anything is read when the weights cannot fit ``device``."""
     n = sum(math.prod(shape) for shape in shapes.values())
     size = torch.empty((), dtype=dtype).element_size()
+    lower = (f"the dtype (in bfloat16 they need {n * 2 / GB:.2f} GB) or use a device with more "
+             "memory") if size > 2 else None       # 16-bit already: only more memory helps
     check_fits(n * size, device,
                f"{what} ({n / 1e9:.2f}B parameters in {str(dtype).replace('torch.', '')})",
-               f"the dtype (in bfloat16 they need {n * 2 / GB:.2f} GB) or use a device with "
-               "more memory" if size > 2 else None)
+               lower)
 
 
 def load_target(
