@@ -45,3 +45,33 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(autouse=True)
 def _no_backend_env(monkeypatch):
     monkeypatch.delenv("DFLASH2RT_BACKEND", raising=False)
+
+
+# Tests whose engines decide from a measured cost table, i.e. from this machine's timings. With
+# DFLASH2RT_MEASURED_TESTS=DIR each worker writes their node ids to DIR/<worker>.txt, so that CI
+# can run exactly them again with the timings distorted (DFLASH2RT_PERTURB_COSTS=SEED, see
+# dflash2rt/engine/cost_table.py): none of them may depend on what the timings were.
+MEASURED_ENV = "DFLASH2RT_MEASURED_TESTS"
+_measured: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _record_measured_schedules(request, monkeypatch):
+    if os.environ.get(MEASURED_ENV):
+        from dflash2rt.engine.schedule import AdaptiveSchedule
+
+        begin = AdaptiveSchedule.begin
+
+        def recording(self, *args, **kwargs):
+            if not self.fixed:
+                _measured.add(request.node.nodeid)
+            return begin(self, *args, **kwargs)
+        monkeypatch.setattr(AdaptiveSchedule, "begin", recording)
+
+
+def pytest_sessionfinish(session):
+    out = os.environ.get(MEASURED_ENV)
+    if out and _measured:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        (Path(out) / f"{name}.txt").write_text("".join(f"{n}\n" for n in sorted(_measured)))

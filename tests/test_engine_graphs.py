@@ -9,6 +9,7 @@ from dflash2rt import get_backend
 from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
+from dflash2rt.engine.schedule import shared_schedule
 from dflash2rt.graphs.adapter import GraphCaptureError
 
 from tiny_models import oracle_pair, tiny_pair
@@ -94,7 +95,7 @@ def test_every_run_reports_its_own_and_the_standing_fallbacks():
     backend.report_fallback("standing: example")
     engine = Engine(pair, backend)
     for _ in range(2):
-        _, stats = engine.generate(_reqs((0.0,) * 3))
+        _, stats = engine.generate(_reqs((0.0,) * 3), block_size=4)
         assert stats.fallbacks[0] == "standing: example"
         assert any("refuses to capture" in f for f in stats.fallbacks[1:])
     backend.graph_adapter.fail = False
@@ -253,10 +254,14 @@ def test_adaptive_decoding_replays_equal_eager():
     """Adaptive runs capture a graph set per block size used (1: a target-only step that keeps
     the draft's context), all over the one set of static caches; with a replica of the graph
     engine's schedule (its call's cost table and acceptance pool) the eager engine chooses the
-    same sizes and samples the same tokens."""
+    same sizes and samples the same tokens. The schedule is measured but learns nothing
+    between calls (``track=0``), so whatever the timings, the first call calibrates (and
+    captures) every candidate at every bucket the batch passes through and plans no call
+    target-only."""
     for pair in (tiny_pair("dflash2", block=4), oracle_pair(4)):
         adapter = ReplayAdapter()
         with Engine(pair, _backend(adapter)) as engine:
+            engine.schedule = shared_schedule(pair, engine.backend.device, track=0)
             engine.generate(_reqs((0.0, 1.0, 0.6)))                  # calibrates, captures
             captures = adapter.captures
             got, stats = engine.generate(_reqs((0.0, 1.0, 0.6)))

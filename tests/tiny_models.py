@@ -134,3 +134,14 @@ def save_pair_dir(root, pair: ModelPair, with_tokenizer: bool = True):
     if with_tokenizer:
         (root / "target" / "tokenizer.json").write_text(char_tokenizer_json())
     return root
+
+
+def fixed_schedule(block: int):
+    """An adaptive schedule over ``block``'s default candidates with a fixed cost table in which
+    each doubling of the block costs a little more: every block size can win, from the
+    acceptance the run observes and never from the machine's timings (a measured schedule
+    follows them: a test asserting what adaptive chose must not)."""
+    from dflash2rt.engine.schedule import AdaptiveSchedule, default_candidates
+
+    cands = default_candidates(block)
+    return AdaptiveSchedule(cands, {b: 1.0 + 0.15 * b.bit_length() for b in cands})

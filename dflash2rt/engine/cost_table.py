@@ -10,6 +10,8 @@ steps after each call (``fold_costs``), ``accept`` the per-slot acceptance count
 from __future__ import annotations
 
 import math
+import os
+import random
 import statistics
 import weakref
 from typing import Hashable
@@ -24,6 +26,45 @@ POOL_MIN = 8        # reached observations of a slot before the pooled prior rep
 POOL_CAP = 256.0    # the pooled counts are scaled down past this many observations of slot 1
 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # target → draft → device
+
+
+PERTURB_ENV = "DFLASH2RT_PERTURB_COSTS"
+
+
+class CostNoise:
+    """Seeded distortion of every time the adaptive schedule measures, for proving that tests
+    and tools do not depend on the machine's speed: with ``DFLASH2RT_PERTURB_COSTS=SEED`` set,
+    each (block, bucket, mode) entry's seconds are scaled by a factor drawn once from the seed
+    (e^U(-2.5, 2.5): any entry may look 12x cheaper or dearer than another, so any block can
+    win), each sample by a further jitter e^U(-0.5, 0.5), and a call's wall seconds (what the
+    call plan learns from) by e^U(-1, 1). Choices stay lossless whatever the costs; only which
+    blocks run changes. Runs report it in ``RunStats.cost_noise``."""
+
+    def __init__(self, seed: str) -> None:
+        self.seed = seed
+        self._rng = random.Random(f"{seed}:samples")
+        self._factors: dict[tuple, float] = {}
+
+    def describe(self) -> str:
+        return f"step costs perturbed ({PERTURB_ENV}={self.seed})"
+
+    def step(self, seconds: float, block: int, bucket: int, mode: str) -> float:
+        key = (block, bucket, mode)
+        if key not in self._factors:
+            self._factors[key] = math.exp(random.Random(f"{self.seed}:{key}").uniform(-2.5, 2.5))
+        return seconds * self._factors[key] * math.exp(self._rng.uniform(-0.5, 0.5))
+
+    def call(self, seconds: float) -> float:
+        return seconds * math.exp(self._rng.uniform(-1.0, 1.0))
+
+
+_NOISES: dict[str, CostNoise] = {}
+
+
+def cost_noise() -> CostNoise | None:
+    """The process's ``CostNoise`` for ``$DFLASH2RT_PERTURB_COSTS`` (None when unset)."""
+    seed = os.environ.get(PERTURB_ENV, "").strip()
+    return _NOISES.setdefault(seed, CostNoise(seed)) if seed else None
 
 
 def bucket_of(rows: int) -> int:

@@ -16,6 +16,7 @@ from ..constraints.host import block_masks
 from ..ops.procs import unpack_logprobs
 from .graphed import GraphStats, Stepper, graph_delta
 from .output import Collector
+from .cost_table import CostNoise
 from .schedule import AdaptiveSchedule, bucket_of
 from .state import BatchState
 from .stats import RunStats
@@ -101,7 +102,8 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
 
 
 def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats: RunStats,
-              fallbacks: Fallbacks, out: Collector | None = None) -> None:
+              fallbacks: Fallbacks, out: Collector | None = None,
+              noise: CostNoise | None = None) -> None:
     """Time the candidates the schedule lacks at this batch's bucket and at every smaller
     bucket (the batch's first rows: a prefix of its slots, so nothing moves), so that a
     choice never depends on which buckets earlier runs happened to time: steps whose results
@@ -111,7 +113,8 @@ def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats
     after another block size runs on what that one left in the caches (on the CPU the bundled
     target-only step at batch 8 took 6.6-7.6 ms right after speculative steps against
     4.7-5.2 ms in a run of them), and the schedule decides between runs of steps, not single
-    ones; what a single switch costs, the calls' observed steps teach the table."""
+    ones; what a single switch costs, the calls' observed steps teach the table. ``noise``:
+    the timings go to the schedule distorted (``CostNoise``; the run's stats keep the real ones)."""
     scratch: dict[str, float] = collections.defaultdict(float)
     k = bucket_of(st.size)
     while k >= 1:
@@ -127,7 +130,8 @@ def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats
                         s.step(probe, fallbacks.report, scratch, between).for_host().tolist()
                         seconds = time.perf_counter() - t0 - (s.capture_s - cap0)
                         if timed:
-                            sched.measure(b, k, seconds)
+                            sched.measure(b, k, seconds if noise is None
+                                          else noise.step(seconds, b, k, sched.mode))
                         stats.calibration_steps += 1
                         stats.calibration_s += seconds
         k //= 2

@@ -23,12 +23,13 @@ from ..models.kv_cache import KVCache
 from ..models.pair import ModelPair
 from ..ops.procs import unpack_logprobs
 from . import steps
+from .cost_table import cost_noise
 from .decode import Steppers, calibrate, decode_step, drop_finished, host_masks
 from .graphed import BUCKETS, LEN_STEP, Stepper
 from .memory import make_caches
 from .output import Collector
 from .request import Request, RequestOutput, block_size_or_default
-from .schedule import AdaptiveSchedule, shared_schedule
+from .schedule import AdaptiveSchedule, bucket_of, shared_schedule
 from .state import BatchState, new_state
 from .step import StepBodies, pack_flags, raise_flags
 from .stats import RunStats
@@ -171,6 +172,8 @@ class Engine:
                          adaptive=sched is not None or bool(plan), call_plan=plan,
                          model_pass=self.model_pass,
                          watermarked=watermark is not None)
+        noise = cost_noise() if decided is not None and not decided.fixed else None
+        stats.cost_noise = "" if noise is None else noise.describe()
         fallbacks = Fallbacks(self._standing_fallbacks.reported)    # this run's recorder
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens,
                         pair.target.cfg.vocab_size)
@@ -197,7 +200,7 @@ class Engine:
                         st = decode_step(steppers[block], block if spec else 1, st, stats, out,
                                          fallbacks)[0]
                         continue
-                    calibrate(steppers, st, sched, stats, fallbacks, out)   # new buckets only
+                    calibrate(steppers, st, sched, stats, fallbacks, out, noise)  # new buckets
                     rows, b = st.rows, sched.choose(st.rows, out.remaining(st.rows))
                     # (chosen before the step's noise, from the past only)
                     caught = 0.0
@@ -210,10 +213,13 @@ class Engine:
                     st, accepted, seconds = decode_step(steppers[b], b, st, stats, out, fallbacks)
                     pending = pending + 1 if b == 1 else 0
                     # the schedule learns what switching back to speculation costs, too
-                    sched.observe(rows, b, accepted, seconds + caught)
+                    seconds += caught
+                    sched.observe(rows, b, accepted, seconds if noise is None
+                                  else noise.step(seconds, b, bucket_of(len(rows)), sched.mode))
                 if decided is not None:     # the next call's table follows this call
+                    wall = time.perf_counter() - start - stats.calibration_s
                     decided.end(sum(len(o.token_ids) for o in out.outputs),
-                                time.perf_counter() - start - stats.calibration_s)
+                                wall if noise is None else noise.call(wall))
             except BaseException:
                 self.close()              # release graphs now, outside any capture
                 raise

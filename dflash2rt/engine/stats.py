@@ -17,6 +17,8 @@ class RunStats:
     adaptive: bool = False         # block size chosen per step (engine/schedule.py)
     # adaptive: why the schedule ran this whole call target-only ("": it speculated)
     call_plan: str = ""
+    # adaptive: set when the schedule learned from distorted timings ($DFLASH2RT_PERTURB_COSTS)
+    cost_noise: str = ""
     block_sizes: dict[int, int] = field(default_factory=dict)  # block → steps (1: target-only)
     costs: dict[int, dict[int, float]] = field(default_factory=dict)  # block → bucket → seconds
     # block → bucket → [steps, seconds] of this run's real decode steps (capture excluded):
