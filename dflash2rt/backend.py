@@ -17,6 +17,7 @@ from .watermark.generate import WatermarkBatch
 
 # What executes an op (Backend.implementation): the words every report uses.
 TRITON_KERNEL, TORCH_OPS, TRITON_INTERPRETER = "triton kernel", "torch ops", "triton interpreter"
+UNSUPPORTED = "unsupported"    # the op raises a typed error (e.g. no watermark without float64)
 OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise", "attention", "watermark")
 # "watermark": the keyed draws of a watermarked batch's select / verify (select_marked /
 # verify_marked: the walk under subkey A, the residual / bonus under B)
@@ -66,6 +67,8 @@ class BackendSpec:
 
     ``priority``: higher is preferred by ``auto`` (the CPU backend is lowest). ``opt_in`` backends
     (e.g. a CPU interpreter lane for GPU kernels) are only used when asked for by name.
+    ``probe_device``: for a backend with several devices, the probe of device ``index`` (the
+    registry's "name:index", e.g. "cuda:1"); ``probe`` is that of the current device.
     """
 
     name: str
@@ -74,6 +77,23 @@ class BackendSpec:
     create: Callable[[Probe], "Backend"]
     summary: str = ""
     opt_in: bool = False
+    probe_device: Callable[[int], Probe] | None = None
+
+
+def same_device(a: torch.device | str, b: torch.device | str) -> bool:
+    """Whether a and b are one device: the type and, for accelerators, the index (no index is
+    the type's current device)."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    return a.type in ("cpu", "meta") or _index(a) == _index(b)
+
+
+def _index(d: torch.device) -> int:
+    if d.index is not None:
+        return d.index
+    module = getattr(torch, d.type, None)
+    return int(module.current_device()) if hasattr(module, "current_device") else 0
 
 
 class Backend(abc.ABC):
@@ -208,11 +228,24 @@ class Backend(abc.ABC):
         """All uniforms of one step, from the counter-based generator (identical on every device)."""
         return BlockNoise.draw(seed, request, anchor_pos, gamma)
 
+    def device_guard(self) -> contextlib.AbstractContextManager:
+        """The backend's device made current (``torch.<type>.device``): Triton launches on the
+        current device, and a graph captures there, whatever device the tensors are on. A null
+        context where the device module has no such guard (the CPU)."""
+        module = getattr(torch, self.device.type, None)
+        if not hasattr(module, "device"):
+            return contextlib.nullcontext()
+        return module.device(self.device)
+
     def run_context(self) -> contextlib.AbstractContextManager:
-        """Entered by the Engine around the whole decode of a ``generate()`` call. Default: a
-        null context, or with ``has_fp64`` False one in which the ops the engine calls directly
-        (``sample_next``) take their float32 formulation (``dflash2rt.ops.exact32``)."""
-        return contextlib.nullcontext() if self.has_fp64 else exact32.without_fp64()
+        """Entered by the Engine around the whole decode of a ``generate()`` call: the device
+        guard, and with ``has_fp64`` False the float32 formulation for the ops the engine calls
+        directly (``sample_next``, ``dflash2rt.ops.exact32``)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.device_guard())
+        if not self.has_fp64:
+            stack.enter_context(exact32.without_fp64())
+        return stack
 
 
 class TorchOpsBackend(Backend):
@@ -228,7 +261,8 @@ class TorchOpsBackend(Backend):
 
     @property
     def implementation(self) -> dict[str, str]:
-        return {op: TORCH_OPS for op in OPS}
+        return {**{op: TORCH_OPS for op in OPS},
+                "watermark": TORCH_OPS if self.has_fp64 else UNSUPPORTED}
 
     def conv_prepare(self, x, base, delta, block_size):
         return conv.conv_prepare(x, base, delta, block_size)

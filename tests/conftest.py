@@ -33,6 +33,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     if importlib.util.find_spec("triton") is not None:
         for _mod in ("attention", "conv", "selector", "verify", "watermark", "backend"):
             importlib.import_module(f"dflash2rt.kernels.{_mod}")
+        # The interpreter imports Gluon's language on the first launch, which asserts the
+        # interpreter is on: import it now, so that a first launch during such a test works.
+        if importlib.util.find_spec("triton.experimental.gluon") is not None:
+            importlib.import_module("triton.experimental.gluon.language")
 # pytest-xdist workers (`pytest -n 2`, the README's test command) share the cores: one torch
 # thread each, for them and the subprocesses they start (oversubscribed OpenMP slows torch 10x+).
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -238,7 +238,9 @@ def test_engine_on_cpu_nofp64_equals_cpu(bundled, temperature):
     assert len(entered) == 2
 
 
-def test_kernel_backend_without_fp64_reports_and_routes_sampled_to_fp32_ops(monkeypatch):
+def test_kernel_backend_without_fp64_runs_the_float32_kernels(monkeypatch):
+    """Without float64 the sampled verify is the kernel compiled with FP64=False (no fallback
+    to torch ops, none reported), equal to the float32 torch ops, under the float64 guard."""
     pytest.importorskip("triton", reason="triton is not installed")
     from dflash2rt.plugin_kit import interpreting
 
@@ -246,17 +248,24 @@ def test_kernel_backend_without_fp64_reports_and_routes_sampled_to_fp32_ops(monk
         pytest.skip("TRITON_INTERPRET is off in this process (a GPU is present)")
     from dflash2rt.cpu.nofp64 import Float64Forbidden
     from dflash2rt.kernels import backend as kb
+    from dflash2rt.kernels import verify as kv
 
     backend = kb.KernelBackend("kernels-nofp64", "cpu", (F32,), has_fp64=False)
-    assert any("no float64" in f for f in backend.standing_fallbacks)
+    assert backend.standing_fallbacks == () and backend.implementation["verify"] != "torch ops"
     logits, draft, cand, q, sampling, noise = _verify_case(G(6), r=4, gamma=2, v=19, k=3)
-    want = ops_verify.verify(logits, draft, cand, q, sampling, noise, check=False)
-    calls = []
-    real = kb.ops_verify.verify
-    monkeypatch.setattr(kb.ops_verify, "verify", lambda *a, **k: calls.append(k) or real(*a, **k))
+    want = ops_verify.verify(logits, draft, cand, q, sampling, noise, check=False,
+                             has_fp64=False)
+    launched = []
+    real = kv._verify_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                launched.append(k["FP64"])
+                return real[grid](*a, **k)
+            return launch
+    monkeypatch.setattr(kv, "_verify_kernel", Spy())
     with Float64Forbidden():
         got = backend.verify(logits, draft, cand, q, sampling, noise, check=False)
-    assert calls == [{"has_fp64": False}] and torch.equal(got.tokens, want.tokens)
-    greedy = SamplingBatch.greedy_batch(4)
-    backend.verify(logits, draft, cand, q, greedy, noise, check=False)
-    assert len(calls) == 1                                      # greedy stays on the kernel
+    assert launched == [False] and torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.accept_len, want.accept_len)

@@ -31,7 +31,14 @@ def test_every_kernel_compiles_for_gpu_targets():
     rows = json.loads(proc.stdout)
     failed = [f"{r['case']} [{r['target']}]: {r['error']}" for r in rows if not r["ok"]]
     assert not failed, "\n".join(failed)
-    assert len(rows) == 30 * len(TARGETS)   # 10 cases × fp32 / bf16 / fp16 and proc.returncode == 0
+    # 10 cases × fp32 / bf16 / fp16, and the 4 a device without float64 compiles differently
+    assert len(rows) == 42 * len(TARGETS) and proc.returncode == 0
+    narrow = [f"{r['case']} [{r['target']}]: {r['narrow_index']}" for r in rows
+              if r["narrow_index"]]
+    assert not narrow, "32-bit index multiplies:\n" + "\n".join(narrow)
+    f64 = {r["case"]: r["f64"] for r in rows}
+    assert all(f64[c] == 0 for c in f64 if c.endswith("-nofp64")), f64
+    assert all(f64[c] > 0 for c in f64 if "sampled" in c and not c.endswith("-nofp64"))
     for target, tuning in TARGETS.items():
         tuned = {r["tuning"] for r in rows if r["target"] == target}
         assert tuned == {tuning}, f"{target} compiled with {tuned}, expected {tuning}"

@@ -51,19 +51,22 @@ def _select_inputs(trial):
             torch.randn(v, rank, generator=g), torch.rand(r, gamma, generator=g))
 
 
+@pytest.mark.parametrize("fp64", [True, False], ids=["fp64", "nofp64"])
 @pytest.mark.parametrize("trial", range(6))
-def test_selector_walk_matches_reference(trial):
+def test_selector_walk_matches_reference(trial, fp64):
+    """Without float64 the kernel draws in double-float float32 as ``ops.exact32`` does."""
     logits, proj, anchor, a, b, u = _select_inputs(trial)
     params = ref_sel.SelectorParams(1 + trial, 0.5, 3.0 if trial % 2 else None)
     sampling = SamplingBatch.build([0.0, 1.0, 0.6], [0, 0, 0], [1.0, 1.0, 1.0])
-    got = selector.select(logits, proj, anchor, a, b, params, sampling, u)
-    want = ref_sel.select(logits, proj, anchor, a, b, params, sampling, u)
+    got = selector.select(logits, proj, anchor, a, b, params, sampling, u, has_fp64=fp64)
+    want = ref_sel.select(logits, proj, anchor, a, b, params, sampling, u, has_fp64=fp64)
     assert torch.equal(got.draft, want.draft) and torch.equal(got.candidates, want.candidates)
     torch.testing.assert_close(got.q, want.q, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("fp64", [True, False], ids=["fp64", "nofp64"])
 @pytest.mark.parametrize("trial", range(8))
-def test_verify_matches_reference(trial):
+def test_verify_matches_reference(trial, fp64):
     g = torch.Generator().manual_seed(100 + trial)
     r, gamma, v, k = 3, 4, 37 + 5 * trial, 5
     logits = torch.randn(r, gamma + 1, v, generator=g)
@@ -77,10 +80,46 @@ def test_verify_matches_reference(trial):
     sampling = SamplingBatch.build([0.0, 1.0, 0.7], [0, 0, 5], [1.0, 0.9, 1.0])
     noise = BlockNoise.draw(torch.tensor([1, 2, 3]), torch.zeros(3, dtype=torch.long),
                             torch.tensor([trial, 7, 50]), gamma)
-    got = verify.verify(logits, draft, cand, q, sampling, noise, check=False)
-    want = ref_ver.verify(logits, draft, cand, q, sampling, noise, check=False)
+    got = verify.verify(logits, draft, cand, q, sampling, noise, check=False, has_fp64=fp64)
+    want = ref_ver.verify(logits, draft, cand, q, sampling, noise, check=False, has_fp64=fp64)
     assert torch.equal(got.tokens, want.tokens) and torch.equal(got.accept_len, want.accept_len)
     assert torch.equal(got.bad_q, want.bad_q)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_verify_without_fp64_over_many_chunks_and_hard_rows(trial):
+    """The float32 formulation chunk by chunk (block_v 32 over V = 401: a double-float carry
+    across 13 chunks), with duplicated candidates, residuals that are empty (q covers p), rows
+    of zero, subnormal and huge-range mass, a NaN q and uniforms 0 and 1 - 2^-24: the kernel's
+    accept lengths, tokens and flags equal the float32 torch ops'."""
+    from dflash2rt.kernels.tuning import Tuning
+
+    g = torch.Generator().manual_seed(900 + trial)
+    r, gamma, v, k = 6, 3, 401, 4
+    logits = torch.randn(r, gamma + 1, v, generator=g) * (1 + 4 * trial)
+    logits[1] = -1e4                                     # row 1: every logit tiny after softmax
+    logits[1, :, 5 + trial] = 0.0
+    cand = torch.randint(0, v, (r, gamma, k), generator=g)
+    cand[2, :, 1] = cand[2, :, 0]                        # duplicated candidates
+    q = torch.softmax(torch.randn(r, gamma, k, generator=g), -1)
+    draft = cand[..., 0].clone()
+    p = torch.softmax(logits, -1)
+    cand[3] = p[3, :gamma].topk(k, -1).indices           # q ≥ p on p's mass: empty residuals
+    q[3] = 1.0
+    draft[3] = cand[3, :, 0]
+    if trial % 3 == 0:
+        q[4, 1, 2] = float("nan")                        # a broken law: flagged, not read
+    sampling = SamplingBatch.build([1.0] * r, [0] * r, [1.0] * r)
+    noise = BlockNoise.draw(torch.arange(r), torch.zeros(r, dtype=torch.long),
+                            torch.arange(r) * 3 + trial, gamma)
+    noise.accept[5] = 1.0 - 2.0 ** -24
+    noise.residual[5] = 0.0
+    noise.bonus[0] = 1.0 - 2.0 ** -24
+    tuning = Tuning(block_h=128, block_v=32, num_warps=4)
+    got = verify.verify(logits, draft, cand, q, sampling, noise, False, tuning, has_fp64=False)
+    want = ref_ver.verify(logits, draft, cand, q, sampling, noise, check=False, has_fp64=False)
+    assert torch.equal(got.accept_len, want.accept_len) and torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.bad_q, want.bad_q) and torch.equal(got.bad, want.bad)
 
 
 def test_engine_on_triton_interpret_equals_cpu(backend):

@@ -21,6 +21,7 @@ from dflash2rt.backend import TRITON_INTERPRETER, TRITON_KERNEL
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.ops.exact32 import without_fp64
 from dflash2rt.watermark import WatermarkKey, WatermarkKeyError, detect, sampler, values
+from dflash2rt_conformance.capability import skip_without_fp64
 
 from .harness import Arg
 from .opspec import ErrorInput, OpSpec
@@ -111,8 +112,7 @@ def make_neg_log_inputs(sample, dtype):
 
 
 def call_neg_log(backend, x):
-    if not backend.has_fp64:
-        pytest.skip(f"backend {backend.name} has no float64 (the watermark raises there)")
+    skip_without_fp64(backend)
     kv = _kernel_values(backend)
     return {"e": values.neg_log(x["u"]) if kv is None else kv(u=x["u"])["e"]}
 

@@ -54,24 +54,29 @@ def _forbidding(method):
     return wrapped
 
 
-class NoFp64Backend(TorchOpsBackend):
+OPS = ("conv_prepare", "conv_finish", "select", "verify", "select_marked", "verify_marked",
+       "noise", "attention")
+
+
+def forbid_fp64(cls: type[Backend]) -> type[Backend]:
+    """A subclass of backend class ``cls`` whose ops (``OPS``) and ``run_context()`` (the whole
+    decode) run under ``Float64Forbidden``; construct it with ``has_fp64=False``."""
+    def run_context(self) -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        stack.enter_context(cls.run_context(self))
+        stack.enter_context(Float64Forbidden())
+        return stack
+
+    body = {op: _forbidding(getattr(cls, op)) for op in OPS}
+    return type(f"{cls.__name__}NoFp64", (cls,), {**body, "run_context": run_context,
+                                                   "__doc__": forbid_fp64.__doc__})
+
+
+class NoFp64Backend(forbid_fp64(TorchOpsBackend)):
     """``TorchOpsBackend`` with ``has_fp64=False``, every op under ``Float64Forbidden``."""
 
     def __init__(self) -> None:
         super().__init__(NAME, "cpu", (torch.float32, torch.bfloat16), has_fp64=False)
-
-    def run_context(self) -> contextlib.AbstractContextManager:
-        stack = contextlib.ExitStack()
-        stack.enter_context(super().run_context())
-        stack.enter_context(Float64Forbidden())
-        return stack
-
-    conv_prepare = _forbidding(TorchOpsBackend.conv_prepare)
-    conv_finish = _forbidding(TorchOpsBackend.conv_finish)
-    select = _forbidding(TorchOpsBackend.select)
-    verify = _forbidding(TorchOpsBackend.verify)
-    noise = _forbidding(TorchOpsBackend.noise)
-    attention = _forbidding(TorchOpsBackend.attention)
 
 
 def probe() -> Probe:

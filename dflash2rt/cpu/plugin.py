@@ -36,4 +36,4 @@ def create(_: Probe) -> Backend:
 def dflash2rt_backends() -> list[BackendSpec]:
     return [BackendSpec(name="cpu", priority=0, probe=probe, create=create,
                         summary="built-in CPU backend (embedded default)"), interpret.SPEC,
-            nofp64.SPEC]
+            interpret.SPEC_NOFP64, nofp64.SPEC]

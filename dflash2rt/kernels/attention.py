@@ -39,8 +39,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, out_ptr, T, L, HD, G,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr):
     r = tl.program_id(2).to(tl.int64)                       # 64-bit: a big cache overflows i32
-    kvh = tl.program_id(1)
-    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows (j, g) = (m//G, m%G)
+    kvh = tl.program_id(1).to(tl.int64)
+    m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)   # rows (m//G, m%G)
     j = m // G
     head = kvh * G + m % G
     live = j < T

@@ -1,18 +1,18 @@
 """A backend whose conv, selector walk, verification and attention run as the shared Triton
 kernels, the watermark's keyed walk and residual / bonus draws included.
 
-On a device without float64 (``has_fp64=False``: Intel Arc A-series) the sampled select / verify,
-whose kernels compute in tl.float64, run the float32 formulation of the torch ops instead
-(``dflash2rt.ops.exact32``), reported as a standing fallback; greedy batches stay on the kernels.
-There a watermarked batch goes to the torch ops, which raise (the keyed draws need float64).
+On a device without float64 (``has_fp64=False``: Intel Arc A-series) every op still runs its
+kernel: the select and verify kernels are compiled with ``FP64=False``, the float32 formulation
+of their sampled paths (``kernels.exact32``). Only the watermark's keyed draws need float64: a
+watermarked batch there raises ``WatermarkUnsupportedError`` (nothing else does).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..backend import TORCH_OPS, TRITON_INTERPRETER, TRITON_KERNEL, TorchOpsBackend
-from ..ops import selector as ops_selector, verify as ops_verify
+from ..backend import TORCH_OPS, TRITON_INTERPRETER, TRITON_KERNEL, UNSUPPORTED, TorchOpsBackend
+from ..watermark.sampler import require_fp64
 from . import attention, conv, selector, verify, watermark
 from .tuning import DEFAULT, Tuning
 
@@ -34,9 +34,6 @@ class KernelBackend(TorchOpsBackend):
                  tuning: Tuning = DEFAULT, has_fp64: bool = True) -> None:
         super().__init__(name, device, dtypes, has_fp64)
         self.tuning = tuning
-        if not has_fp64:
-            self.report_fallback("no float64 on this device: sampled select / verify run the "
-                                 "float32 torch ops (exact acceptance; the kernels use float64)")
 
     @property
     def implementation(self) -> dict[str, str]:
@@ -44,45 +41,45 @@ class KernelBackend(TorchOpsBackend):
         processing inside ``select`` / ``verify`` stay torch); the noise is drawn by torch
         ops. The watermark's keyed walk and residual / bonus draws run in the select / verify
         kernels (its block contexts and keyed acceptance coins are torch ops); without float64
-        they are the torch ops, which raise."""
+        there is no watermark (``UNSUPPORTED``: a watermarked batch raises)."""
         return {"conv_prepare": built_as(conv), "conv_finish": built_as(conv),
                 "select": built_as(selector), "verify": built_as(verify), "noise": TORCH_OPS,
                 "attention": built_as(attention),
-                "watermark": built_as(watermark) if self.has_fp64 else TORCH_OPS}
+                "watermark": built_as(watermark) if self.has_fp64 else UNSUPPORTED}
 
+    # Every launch runs under ``device_guard()``: Triton launches on the current device.
     def conv_prepare(self, x, base, delta, block_size):
-        return conv.conv_prepare(x, base, delta, block_size, self.tuning)
+        with self.device_guard():
+            return conv.conv_prepare(x, base, delta, block_size, self.tuning)
 
     def conv_finish(self, h, a, base, delta, block_size):
-        return conv.conv_finish(h, a, base, delta, block_size, self.tuning)
+        with self.device_guard():
+            return conv.conv_finish(h, a, base, delta, block_size, self.tuning)
 
     def select(self, logits, proj, anchor, pred_codebook, succ_codebook, params, sampling, u_walk):
-        if sampling.any_sampled and not self.has_fp64:
-            return ops_selector.select(logits, proj, anchor, pred_codebook, succ_codebook,
-                                       params, sampling, u_walk, has_fp64=False)
-        return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params,
-                               sampling, u_walk, self.tuning)
+        with self.device_guard():
+            return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params,
+                                   sampling, u_walk, self.tuning, has_fp64=self.has_fp64)
 
     def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
-        if sampling.any_sampled and not self.has_fp64:
-            return ops_verify.verify(logits, draft, candidates, q, sampling, noise, check,
-                                     has_fp64=False)
-        return verify.verify(logits, draft, candidates, q, sampling, noise, check, self.tuning)
+        with self.device_guard():
+            return verify.verify(logits, draft, candidates, q, sampling, noise, check,
+                                 self.tuning, has_fp64=self.has_fp64)
 
     def select_marked(self, wm, logits, proj, anchor, pred_codebook, succ_codebook, params,
                       sampling, u_walk):
-        if not self.has_fp64:
-            return super().select_marked(wm, logits, proj, anchor, pred_codebook,
-                                         succ_codebook, params, sampling, u_walk)
-        return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params,
-                               sampling, u_walk, self.tuning, wm=wm)
+        require_fp64(self.has_fp64)
+        with self.device_guard():
+            return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params,
+                                   sampling, u_walk, self.tuning, wm=wm)
 
     def verify_marked(self, wm, logits, sel, sampling, noise):
-        if not self.has_fp64:
-            return super().verify_marked(wm, logits, sel, sampling, noise)
-        marks = wm.marks(sel.draft)                    # contexts, freshness, keyed coins: torch
-        return verify.verify(logits, sel.draft, sel.candidates, sel.q, sampling,
-                             marks.noise(noise), False, self.tuning, marks=marks)
+        require_fp64(self.has_fp64)
+        marks = wm.marks(sel.draft, True)              # contexts, freshness, keyed coins: torch
+        with self.device_guard():
+            return verify.verify(logits, sel.draft, sel.candidates, sel.q, sampling,
+                                 marks.noise(noise), False, self.tuning, marks=marks)
 
     def attention(self, q, k, v, lo, hi, scale):
-        return attention.attention(q, k, v, lo, hi, scale, self.tuning)
+        with self.device_guard():
+            return attention.attention(q, k, v, lo, hi, scale, self.tuning)

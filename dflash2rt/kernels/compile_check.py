@@ -11,13 +11,18 @@ none: its targets need pytorch-triton-xpu, which the PyPI triton does not includ
 
 Each case is one of ``kernels.smoke.cases`` run through ``KernelBackend`` (the real wrappers) on
 CPU tensors with the kernel swapped for a recorder, so the compiled signature is exactly what
-the wrapper launches.
+the wrapper launches; the cases a device without float64 launches are compiled again as that
+backend launches them ("-nofp64"). Two properties are read off each kernel's Triton IR:
+``f64``, the float64 operations in it (none may remain in a "-nofp64" case), and
+``narrow_index``, 32-bit multiplies of a value derived from a program id (an offset that
+wraps once an index passes 2^31 elements: every kernel widens its program ids first).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from typing import Any, Callable
@@ -106,6 +111,41 @@ def targets() -> dict[str, tuple[str, int | str, int, Tuning, str]]:
     return out
 
 
+_SSA = re.compile(r"%[\w#]+")
+_OP = re.compile(r"^\s*(%[\w#]+(?:\s*,\s*%[\w#]+)*)\s*=\s*([\w.]+)(.*)$")
+
+
+def f64_ops(ttir: str) -> list[str]:
+    """The lines of Triton IR that compute in, or convert to or from, float64."""
+    return [line.strip() for line in ttir.splitlines() if "f64" in line and "loc(" in line
+            and not line.lstrip().startswith(("tt.func", "#", "}"))]
+
+
+# Operations an index flows through (integer arithmetic, shape ops); a value chosen by a
+# comparison, loaded, reduced or carried by a loop is data, not an index derived from the grid.
+_INDEX_OPS = {"arith.addi", "arith.subi", "arith.muli", "arith.divsi", "arith.remsi",
+              "arith.extsi", "arith.extui", "arith.trunci", "arith.maxsi", "arith.minsi",
+              "tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape"}
+
+
+def narrow_index(ttir: str) -> list[str]:
+    """Lines of Triton IR multiplying in 32 bits a value derived from ``tt.get_program_id``
+    through integer arithmetic: an index that wraps once it passes 2^31."""
+    tainted: set[str] = set()
+    out = []
+    for line in ttir.splitlines():
+        m = _OP.match(line)
+        if not m:
+            continue
+        results, op, rest = _SSA.findall(m.group(1)), m.group(2), m.group(3)
+        operands = set(_SSA.findall(rest.split(" loc(")[0]))
+        if op == "tt.get_program_id" or (op in _INDEX_OPS and operands & tainted):
+            tainted.update(results)
+            if op == "arith.muli" and re.search(r":\s*(tensor<[^>]*x)?i32\b", rest):
+                out.append(line.strip().split(" loc(")[0])
+    return out
+
+
 def _cases(tuning: Tuning) -> dict[str, tuple[Any, str, Callable[[], Any]]]:
     from . import attention, conv, selector, verify
     from .backend import KernelBackend
@@ -117,11 +157,15 @@ def _cases(tuning: Tuning) -> dict[str, tuple[Any, str, Callable[[], Any]]]:
               "attention": (attention, "_attention_kernel")}
     out = {}
     for d, dt in DTYPES.items():
-        be = KernelBackend("compile-check", "cpu", (dt,), tuning)
-        for case, (method, make) in cases(dt).items():
-            module, name = kernel[method]
-            call = lambda b=be, m=method, a=make(): getattr(b, m)(*a)   # noqa: E731
-            out[f"{case}-{d}"] = (module, name, call)
+        for fp64 in (True, False):
+            be = KernelBackend("compile-check", "cpu", (dt,), tuning, has_fp64=fp64)
+            for case, (method, make) in cases(dt).items():
+                if not fp64 and (method.endswith("_marked") or not case.startswith(
+                        ("select", "verify"))):
+                    continue         # the same kernels as with float64 (the marked refuse)
+                module, name = kernel[method]
+                call = lambda b=be, m=method, a=make(): getattr(b, m)(*a)   # noqa: E731
+                out[f"{case}-{d}" + ("" if fp64 else "-nofp64")] = (module, name, call)
     return out
 
 
@@ -145,7 +189,9 @@ def compile_all(chosen: dict[str, tuple[str, int | str, int, Tuning, str]]
                                      target=GPUTarget(backend, arch, warp),
                                      options={"num_warps": 4, **options})
                 ok = bool(out.asm.get(BINARY[backend]))
-                row.update(ok=ok, error="" if ok else f"no {BINARY[backend]} produced")
+                row.update(ok=ok, error="" if ok else f"no {BINARY[backend]} produced",
+                           f64=len(f64_ops(out.asm["ttir"])),
+                           narrow_index=narrow_index(out.asm["ttir"]))
             except Exception as exc:  # noqa: BLE001 - each failure is one reported row
                 row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-1500:])
             row["seconds"] = round(time.perf_counter() - start, 2)
@@ -174,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows, indent=1))
     else:
         for r in rows:
-            print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:24s} {r['target']:6s} "
-                  f"{r['seconds']:6.2f}s {r['tuning']} {r['error'][:300]}")
+            print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:30s} {r['target']:6s} "
+                  f"{r['seconds']:6.2f}s {r['tuning']} f64 ops {r.get('f64', '-')}, narrow "
+                  f"index {len(r.get('narrow_index', []))} {r['error'][:300]}")
     return 0 if all(r["ok"] for r in rows) else 1
 
 

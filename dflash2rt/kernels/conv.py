@@ -13,8 +13,8 @@ from .tuning import DEFAULT, Tuning
 @triton.jit
 def _conv_kernel(x_ptr, base_ptr, delta_ptr, res_ptr, out_ptr, H, G, GS, BLOCK_SIZE,
                  TAPS: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
-    row = tl.program_id(0)                      # one program per (row, channel block)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row = tl.program_id(0).to(tl.int64)         # one program per (row, channel block)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     live = cols < H
     in_block = tl.full([BLOCK_H], 0, tl.int32) + row % BLOCK_SIZE
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)

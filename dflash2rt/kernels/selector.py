@@ -4,7 +4,8 @@ Top-K and the unary scores come from torch (``topk_lowest_index``, ``unary_score
 keeps the K candidates of a slot in registers, scores the lattice row of the previous pick, and
 walks: greedy argmax (lowest index on ties) or inverse CDF of softmax((row - max row) / T), and
 flags a request whose walk read a lattice row that is not a finite law. The sampled walk sums
-in tl.float64; on a device without float64 ``KernelBackend`` uses the float32 torch ops.
+in tl.float64, or (``FP64=False``, a device without float64) in double-float float32
+(``kernels.exact32.inverse_cdf``, the formulation of ``ops.exact32.inverse_cdf32``).
 
 A watermarked batch (``wm``) walks as ``watermark.generate.Walk``: at slot e a sampled row
 hashes its window (the last H tokens of the committed window and the path so far); where that
@@ -25,9 +26,11 @@ import triton
 import triton.language as tl
 
 from ..ops.batch import SamplingBatch
+from ..watermark.sampler import require_fp64
 from ..ops.sampling import bad_rows
 from ..ops.selector import SelectorOut, SelectorParams, check_select_args, topk_lowest_index, \
     unary_scores
+from . import exact32
 from .tuning import DEFAULT, Tuning
 from .watermark import FP_FUSION, context_hash, exp_min_candidates, keyed_uniform, neg_log, \
     subkey_words
@@ -66,10 +69,11 @@ def _fresh(ctx, rec_ptr, used, M, ctxs, e, BLOCK_M: tl.constexpr, BLOCK_G: tl.co
 @triton.jit
 def _walk_kernel(cand_ptr, unary_ptr, proj_ptr, a_ptr, b_ptr, anchor_ptr, temp_ptr, greedy_ptr,
                  u_ptr, win_ptr, rec_ptr, used_ptr, sub_ptr, draft_ptr, q_ptr, badl_ptr, GAMMA,
-                 K, RANK, M, SAMPLED: tl.constexpr, MARKED: tl.constexpr, BLOCK_K: tl.constexpr,
+                 K, RANK, M, SAMPLED: tl.constexpr, MARKED: tl.constexpr, FP64: tl.constexpr,
+                 BLOCK_K: tl.constexpr,
                  BLOCK_R: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr,
                  BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr):
-    r = tl.program_id(0)
+    r = tl.program_id(0).to(tl.int64)
     ks = tl.arange(0, BLOCK_K)
     rs = tl.arange(0, BLOCK_R)
     gs = tl.arange(0, BLOCK_G)
@@ -103,12 +107,16 @@ def _walk_kernel(cand_ptr, unary_ptr, proj_ptr, a_ptr, b_ptr, anchor_ptr, temp_p
             x = (row - tl.max(row, 0)) / tl.where(greedy, 1.0, temp)   # ≤ 0: cannot overflow
             ex = tl.exp(x - tl.max(x, 0))
             qs = ex / tl.sum(ex, 0)
-            cdf = tl.cumsum(qs.to(tl.float64), 0)
-            total = tl.sum(qs.to(tl.float64), 0)
-            target = tl.load(u_ptr + r * GAMMA + e).to(tl.float64) * total
-            idx_s = tl.sum(tl.where((cdf <= target) & kmask, 1, 0), 0)
-            idx_s = tl.minimum(idx_s, tl.max(tl.where(qs > 0, ks, -1), 0))
-            law = (total > 0) & (total < float("inf"))               # False for NaN
+            u = tl.load(u_ptr + r * GAMMA + e)
+            if FP64:
+                cdf = tl.cumsum(qs.to(tl.float64), 0)
+                total = tl.sum(qs.to(tl.float64), 0)
+                idx_s = tl.sum(tl.where((cdf <= u.to(tl.float64) * total) & kmask, 1, 0), 0)
+                idx_s = tl.minimum(idx_s, tl.max(tl.where(qs > 0, ks, -1), 0))
+                law = (total > 0) & (total < float("inf"))           # False for NaN
+            else:
+                idx_s = exact32.inverse_cdf(qs, u, K, BLOCK_K)      # -1: not a law
+                law = idx_s >= 0
             bad = tl.where(greedy | law, bad, 1)
             idx = tl.where(greedy, idx, tl.where(law, idx_s, 0))
             q = tl.where(greedy, q, qs)
@@ -134,10 +142,13 @@ def _walk_kernel(cand_ptr, unary_ptr, proj_ptr, a_ptr, b_ptr, anchor_ptr, temp_p
 def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
            pred_codebook: torch.Tensor, succ_codebook: torch.Tensor, params: SelectorParams,
            sampling: SamplingBatch, u_walk: torch.Tensor, tuning: Tuning = DEFAULT,
-           wm: WatermarkBatch | None = None) -> SelectorOut:
+           wm: WatermarkBatch | None = None, has_fp64: bool = True) -> SelectorOut:
     """Kernel version of ``dflash2rt.ops.selector.select`` (same contract and outputs). ``wm``
     (a watermarked batch): the sampled rows walk with ``watermark.generate.Walk``'s keyed
-    draw (subkey A at the path's contexts, fresh ones only), reading wm's window / record."""
+    draw (subkey A at the path's contexts, fresh ones only), reading wm's window / record.
+    ``has_fp64`` False: the sampled walk draws in the float32 formulation; no watermark."""
+    if wm is not None and not has_fp64:
+        require_fp64(False)
     r, gamma, _ = logits.shape
     check_select_args(logits, proj, pred_codebook, succ_codebook, params, u_walk)
     vals, cand = topk_lowest_index(logits, params.top_k)                  # [R, γ, K]
@@ -154,7 +165,7 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
                        succ_codebook.contiguous(), anchor.to(torch.int64).contiguous(),
                        sampling.temperature.contiguous(), sampling.greedy.to(torch.int8),
                        u_walk.contiguous(), *keyed, draft, q, bad_lattice, gamma, k, rank, m,
-                       SAMPLED=sampling.any_sampled, MARKED=marked,
+                       SAMPLED=sampling.any_sampled, MARKED=marked, FP64=has_fp64,
                        BLOCK_K=triton.next_power_of_2(k),
                        BLOCK_R=max(triton.next_power_of_2(rank), 1), H=h,
                        BLOCK_H=triton.next_power_of_2(h), BLOCK_G=triton.next_power_of_2(gamma),

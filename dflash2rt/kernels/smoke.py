@@ -11,6 +11,7 @@ from ..ops.batch import BlockNoise, SamplingBatch
 from ..ops.selector import SelectorOut, SelectorParams
 from ..watermark import WatermarkKey
 from ..watermark.generate import WatermarkBatch
+from ..watermark.sampler import WatermarkUnsupportedError
 
 if TYPE_CHECKING:
     from ..backend import Backend
@@ -18,12 +19,12 @@ if TYPE_CHECKING:
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def cases(dtype: torch.dtype, device: torch.device | str = "cpu"
+def cases(dtype: torch.dtype, device: torch.device | str = "cpu", seed: int = 0
           ) -> dict[str, tuple[str, Callable[[], tuple[Any, ...]]]]:
     """case → (Backend method, a function making its arguments): conv prepare / finish, select
     and verify greedy / sampled / watermarked, attention decode / block, on ``device`` in
-    ``dtype``."""
-    g = torch.Generator().manual_seed(0)
+    ``dtype``; ``seed``: other values of the same shapes."""
+    g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g).to(device, dtype)   # noqa: E731
     ids = lambda *v: torch.tensor(v, device=device)                    # noqa: E731
 
@@ -83,17 +84,32 @@ def cases(dtype: torch.dtype, device: torch.device | str = "cpu"
     return out
 
 
-def smoke_launch(backend: "Backend") -> None:
+def smoke_launch(backend: "Backend") -> list[str]:
     """Launch every op of ``backend`` once on tiny float32 inputs on its device and wait for
-    the results; raises RuntimeError naming the first case that fails."""
+    the results → the cases launched. On a device without float64 the watermarked cases must
+    refuse with ``WatermarkUnsupportedError`` instead (the keyed draws need float64; every
+    other case runs its float32 formulation). Raises RuntimeError naming the first case that
+    fails."""
+    ran = []
     for case, (method, make) in cases(torch.float32, backend.device).items():
+        keyed = method.endswith("_marked")
         try:
             out = getattr(backend, method)(*make())
             for t in _tensors(out):
                 t.cpu()                                  # waits for the launch to finish
+        except WatermarkUnsupportedError:
+            if keyed and not backend.has_fp64:
+                continue                                 # the refusal it must give
+            raise RuntimeError(f"smoke launch of {case} on {backend.device} refused the "
+                               f"watermark on a device with float64") from None
         except Exception as exc:  # noqa: BLE001 - one reason for the caller
             raise RuntimeError(f"smoke launch of {case} on {backend.device} failed: "
                                f"{type(exc).__name__}: {exc}") from exc
+        if keyed and not backend.has_fp64:
+            raise RuntimeError(f"smoke launch of {case} on {backend.device}: a watermarked "
+                               "batch ran without float64 (it must refuse)")
+        ran.append(case)
+    return ran
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:

@@ -8,7 +8,10 @@ that mass is 0, or p_γ for the bonus): once for its mass and p's (per-lane sums
 inverse CDF; a row with no finite positive mass emits -1 and is flagged. Nothing is sized by V
 but the loop bounds: V = 151,936 or 202,048 is a loop of chunks. Logit
 processing (temperature, top-k, top-p) stays in torch (``p`` input). On a device without float64
-``KernelBackend`` runs sampled batches through the float32 torch ops instead (``ops.exact32``).
+the kernel is compiled with ``FP64=False``: acceptance decided exactly from the float32 bits and
+the emitting draw in double-float float32 (``kernels.exact32``, the formulation of
+``ops.exact32``), so no float64 value is in its code. Offsets are 64-bit (rows × V passes 2^31
+at a few hundred requests with a 200k vocabulary).
 
 A watermarked batch (``marks``: ``Marks.ctx`` / ``fresh`` [R, γ+1], computed in torch, and the
 keyed coins already in ``noise.accept``): a sampled row whose emitting slot is fresh scans its
@@ -29,6 +32,8 @@ from ..errors import InvalidInputError
 from ..ops.batch import BlockNoise, SamplingBatch
 from ..ops.sampling import bad_rows, target_probs
 from ..ops.verify import VerifyOut, assemble_tokens, check_verify_args, with_empty_draws
+from ..watermark.sampler import require_fp64
+from . import exact32
 from .tuning import DEFAULT, Tuning
 from .watermark import FP_FUSION, keyed_uniform, neg_log, race_key, subkey_words
 
@@ -106,11 +111,56 @@ def _keyed_emit(prow, c, qk, ctx, sub_ptr, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _accepts(u, q_hi, q_lo, p_d, FP64: tl.constexpr):
+    """u·q(d) < p(d): in float64, or exactly from the float32 bits (``exact32.accept``)."""
+    if FP64:
+        return u.to(tl.float64) * q_hi < p_d.to(tl.float64)
+    else:
+        return exact32.accept(u, q_hi, q_lo, p_d)
+
+
+@triton.jit
+def _emit64(prow, c, qk, u, V, BLOCK_V: tl.constexpr):
+    """The emitting row's draw in float64: the inverse CDF of the residual (p − q)+, or of p
+    where it is empty, with uniform u; -1 where that is not a law. Two scans: the masses and
+    last positives, then the cdf."""
+    lanes = tl.arange(0, BLOCK_V)
+    mass = tl.zeros([BLOCK_V], tl.float64)       # per lane; reduced once after the scan
+    mass_p = tl.zeros([BLOCK_V], tl.float64)
+    last_r = tl.full([BLOCK_V], -1, tl.int32)
+    last_p = tl.full([BLOCK_V], -1, tl.int32)
+    for start in range(0, V, BLOCK_V):           # pass 1: residual and p mass, last positives
+        offs = start + lanes
+        p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float64)
+        qd = tl.sum(tl.where(offs[:, None] == c[None, :], qk[None, :], 0.0), 1)
+        w = tl.maximum(p - qd, 0.0)
+        mass += w
+        mass_p += p
+        last_r = tl.maximum(last_r, tl.where(w > 0, offs, -1))
+        last_p = tl.maximum(last_p, tl.where(p > 0, offs, -1))
+    use_p = tl.sum(mass, 0) <= 0.0
+    total = tl.where(use_p, tl.sum(mass_p, 0), tl.sum(mass, 0))
+    target = u.to(tl.float64) * total
+    carry = tl.full([], 0.0, tl.float64)
+    count = 0
+    for start in range(0, V, BLOCK_V):           # pass 2: inverse CDF
+        offs = start + lanes
+        p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float64)
+        qd = tl.sum(tl.where(offs[:, None] == c[None, :], qk[None, :], 0.0), 1)
+        w = tl.where(use_p, p, tl.maximum(p - qd, 0.0))
+        cdf = tl.cumsum(w, 0) + carry
+        count += tl.sum(tl.where((cdf <= target) & (offs < V), 1, 0), 0)
+        carry += tl.sum(w, 0)
+    emit = tl.minimum(count, tl.max(tl.where(use_p, last_p, last_r), 0))
+    return tl.where((total > 0.0) & (total < float("inf")), emit, -1)   # not a law
+
+
+@triton.jit
 def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua_ptr, ur_ptr,
                    ub_ptr, ctx_ptr, fresh_ptr, sub_ptr, acc_ptr, emit_ptr, badq_ptr, V, GAMMA, K,
-                   SAMPLED: tl.constexpr, MARKED: tl.constexpr, BLOCK_V: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
-    r = tl.program_id(0)
+                   SAMPLED: tl.constexpr, MARKED: tl.constexpr, FP64: tl.constexpr,
+                   BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)           # 64-bit: (r·rows + j)·V passes 2^31
     rows = GAMMA + 1
     greedy = tl.load(greedy_ptr + r) != 0
     acc = 0
@@ -134,56 +184,36 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
         for j in range(0, GAMMA):
             d = tl.load(draft_ptr + r * GAMMA + j)
             c = tl.load(cand_ptr + (r * GAMMA + j) * K + ks, mask=kmask, other=-1)
-            qk = tl.load(q_ptr + (r * GAMMA + j) * K + ks, mask=kmask, other=0.0).to(tl.float64)
-            q_d = tl.sum(tl.where(c == d, qk, 0.0), 0)
-            p_d = tl.load(p_ptr + (r * rows + j) * V + d).to(tl.float64)
-            u = tl.load(ua_ptr + r * GAMMA + j).to(tl.float64)
+            qk = tl.load(q_ptr + (r * GAMMA + j) * K + ks, mask=kmask, other=0.0)
+            if FP64:
+                qk = qk.to(tl.float64)
+                q_hi = tl.sum(tl.where(c == d, qk, 0.0), 0)
+                q_lo = q_hi
+            else:
+                q_hi, q_lo = exact32.hit_mass(c, qk.to(tl.float32), d, K, BLOCK_K)
+            p_d = tl.load(p_ptr + (r * rows + j) * V + d)
+            u = tl.load(ua_ptr + r * GAMMA + j)
             q_broken = tl.sum(tl.where(kmask & ((qk != qk) | (qk < 0) | (qk == float("inf"))),
                                        1, 0), 0)
-            bad_q = tl.where((q_d > 0.0) & (q_broken == 0), bad_q, 1)    # NaN q_d: broken
-            alive = tl.where((u * q_d < p_d) & (alive == 1), 1, 0)
+            bad_q = tl.where((q_hi > 0.0) & (q_broken == 0), bad_q, 1)   # NaN q(d): broken
+            alive = tl.where(_accepts(u, q_hi, q_lo, p_d, FP64) & (alive == 1), 1, 0)
             acc += alive
         slot = tl.minimum(acc, GAMMA - 1)
         rejected = acc < GAMMA
         rej_k = (tl.zeros([BLOCK_K], dtype=tl.int32) + acc) < GAMMA     # q is empty at row γ
         c = tl.load(cand_ptr + (r * GAMMA + slot) * K + ks, mask=kmask & rej_k, other=-1)
-        qk = tl.load(q_ptr + (r * GAMMA + slot) * K + ks, mask=kmask, other=0.0).to(tl.float64)
+        qk = tl.load(q_ptr + (r * GAMMA + slot) * K + ks, mask=kmask, other=0.0)
         prow = p_ptr + (r * rows + acc) * V
-        lanes = tl.arange(0, BLOCK_V)
-        mass = tl.zeros([BLOCK_V], tl.float64)       # per lane; reduced once after the scan
-        mass_p = tl.zeros([BLOCK_V], tl.float64)
-        last_r = tl.full([BLOCK_V], -1, tl.int32)
-        last_p = tl.full([BLOCK_V], -1, tl.int32)
-        for start in range(0, V, BLOCK_V):           # pass 1: residual and p mass, last positives
-            offs = start + lanes
-            p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float64)
-            qd = tl.sum(tl.where(offs[:, None] == c[None, :], qk[None, :], 0.0), 1)
-            w = tl.maximum(p - qd, 0.0)
-            mass += w
-            mass_p += p
-            last_r = tl.maximum(last_r, tl.where(w > 0, offs, -1))
-            last_p = tl.maximum(last_p, tl.where(p > 0, offs, -1))
-        use_p = tl.sum(mass, 0) <= 0.0
-        total = tl.where(use_p, tl.sum(mass_p, 0), tl.sum(mass, 0))
-        u = tl.where(rejected, tl.load(ur_ptr + r * GAMMA + slot),
-                     tl.load(ub_ptr + r)).to(tl.float64)
-        target = u * total
-        carry = tl.full([], 0.0, tl.float64)
-        count = 0
-        for start in range(0, V, BLOCK_V):           # pass 2: inverse CDF
-            offs = start + lanes
-            p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float64)
-            qd = tl.sum(tl.where(offs[:, None] == c[None, :], qk[None, :], 0.0), 1)
-            w = tl.where(use_p, p, tl.maximum(p - qd, 0.0))
-            cdf = tl.cumsum(w, 0) + carry
-            count += tl.sum(tl.where((cdf <= target) & (offs < V), 1, 0), 0)
-            carry += tl.sum(w, 0)
-        emit = tl.minimum(count, tl.max(tl.where(use_p, last_p, last_r), 0))
-        emit = tl.where((total > 0.0) & (total < float("inf")), emit, -1)   # not a law
+        u = tl.where(rejected, tl.load(ur_ptr + r * GAMMA + slot), tl.load(ub_ptr + r))
+        if FP64:
+            emit = _emit64(prow, c, qk.to(tl.float64), u, V, BLOCK_V)
+        else:
+            emit = exact32.emit_residual(prow, c, qk.to(tl.float32), u.to(tl.float32), V, K,
+                                         BLOCK_V, BLOCK_K)
         if MARKED:                                   # the emitting slot's context is fresh:
             if tl.load(fresh_ptr + r * rows + acc) != 0:       # the keyed draw replaces it
-                emit = _keyed_emit(prow, c, qk, tl.load(ctx_ptr + r * rows + acc), sub_ptr, V,
-                                   BLOCK_V)
+                emit = _keyed_emit(prow, c, qk.to(tl.float64),
+                                   tl.load(ctx_ptr + r * rows + acc), sub_ptr, V, BLOCK_V)
     tl.store(acc_ptr + r, acc)
     tl.store(emit_ptr + r, emit)
     tl.store(badq_ptr + r, bad_q)
@@ -191,11 +221,15 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
 
 def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor,
            sampling: SamplingBatch, noise: BlockNoise, check: bool = True,
-           tuning: Tuning = DEFAULT, marks: Marks | None = None) -> VerifyOut:
+           tuning: Tuning = DEFAULT, marks: Marks | None = None, has_fp64: bool = True
+           ) -> VerifyOut:
     """Kernel version of ``dflash2rt.ops.verify.verify`` (same contract and outputs). ``marks``
     (a watermarked batch): the residual / bonus draw of a sampled row whose emitting slot is
     fresh is the Gumbel-max under subkey B at that slot's context (``Marks.emit``); the
-    acceptance coins are already in ``noise`` (``Marks.noise``)."""
+    acceptance coins are already in ``noise`` (``Marks.noise``). ``has_fp64`` False: the
+    sampled rows decide in the float32 formulation (``kernels.exact32``); no watermark."""
+    if marks is not None and not has_fp64:
+        require_fp64(False)
     r, rows, v = check_verify_args(logits, draft, candidates, q)
     if marks is not None and marks.ctx.shape != (r, rows):
         raise InvalidInputError(f"verify: marks.ctx {tuple(marks.ctx.shape)} must be [R, γ+1] = "
@@ -216,6 +250,7 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
                          sampling.greedy.to(torch.int8), noise.accept.contiguous(),
                          noise.residual.contiguous(), noise.bonus.contiguous(), *keyed, acc, emit,
                          bad_q, v, rows - 1, k, SAMPLED=sampling.any_sampled, MARKED=marked,
+                         FP64=has_fp64,
                          BLOCK_V=min(tuning.block_v, triton.next_power_of_2(v)),
                          BLOCK_K=triton.next_power_of_2(k), num_warps=tuning.num_warps,
                          **FP_FUSION)

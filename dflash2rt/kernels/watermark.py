@@ -136,7 +136,7 @@ def exp_min_candidates(p, ids, e, kmask):
 def _values_kernel(c_ptr, k_ptr, win_ptr, ctx_ptr, tok_ptr, sub_ptr, x_ptr, words_ptr,
                    hash_ptr, u_ptr, e_ptr, N, H: tl.constexpr, BLOCK: tl.constexpr,
                    BLOCK_H: tl.constexpr):
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = n < N
     w0, w1, w2, w3 = philox(_u32(tl.load(c_ptr + n * 4, mask=live, other=0)),
                             _u32(tl.load(c_ptr + n * 4 + 1, mask=live, other=0)),

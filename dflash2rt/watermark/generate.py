@@ -30,7 +30,7 @@ import torch
 from ..ops import selector, verify
 from ..ops.batch import BlockNoise, SamplingBatch
 from .keys import KeyWords, WatermarkKey, words_of
-from .sampler import coin, draw_dense, draw_sparse
+from .sampler import coin, draw_dense, draw_sparse, require_fp64
 from .values import context_hash
 
 
@@ -42,12 +42,13 @@ class Marks:
     key: WatermarkKey
     ctx: torch.Tensor
     fresh: torch.Tensor
+    has_fp64: bool | None = None           # the device's (None: ``exact32.fp64_enabled()``)
 
     def emit(self, law: torch.Tensor, slot: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
         """``ops.verify.EmitDraw``: Gumbel-max under subkey B at the emitting slot's context
         where it is fresh, else ``plain`` (the ordinary uniform's draw)."""
         s = slot.view(-1, 1)
-        drawn = draw_dense(self.key.target, self.ctx.gather(1, s)[:, 0], law)
+        drawn = draw_dense(self.key.target, self.ctx.gather(1, s)[:, 0], law, self.has_fp64)
         return torch.where(self.fresh.gather(1, s)[:, 0], drawn, plain)
 
     def noise(self, noise: BlockNoise) -> BlockNoise:
@@ -60,8 +61,8 @@ class Marks:
 class Walk:
     """``ops.selector.WalkDraw`` for one block: the walk's contexts follow the path it takes."""
 
-    def __init__(self, wm: "WatermarkBatch") -> None:
-        self.wm, self.window, self.ctxs = wm, wm.window, []
+    def __init__(self, wm: "WatermarkBatch", has_fp64: bool | None = None) -> None:
+        self.wm, self.window, self.ctxs, self.has_fp64 = wm, wm.window, [], has_fp64
 
     def pick(self, slot: int, law: torch.Tensor, cand: torch.Tensor, plain: torch.Tensor,
              greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +71,7 @@ class Walk:
         for earlier in self.ctxs:
             fresh = fresh & (ctx != earlier)
         self.ctxs.append(ctx)
-        drawn = draw_sparse(self.wm.key.draft, ctx, cand, law)           # -1: not a law
+        drawn = draw_sparse(self.wm.key.draft, ctx, cand, law, self.has_fp64)  # -1: no law
         use = fresh & ~greedy
         pos = torch.where(use, drawn.clamp(min=0), plain)
         token = cand.gather(1, pos.view(-1, 1))
@@ -157,18 +158,18 @@ class WatermarkBatch:
         valid = torch.arange(m, device=ctx.device).view(1, 1, m) < self.used.view(-1, 1, 1)
         return ((ctx.unsqueeze(-1) == self.record.unsqueeze(1)) & valid).any(-1)
 
-    def marks(self, tokens: torch.Tensor) -> Marks:
+    def marks(self, tokens: torch.Tensor, has_fp64: bool | None = None) -> Marks:
         """Marks of the positions after the window and each prefix of tokens [R, T] (a block's
         drafts: slots 0..γ; T = 0: the next token). A slot is fresh when its context is neither
-        recorded nor an earlier slot's."""
+        recorded nor an earlier slot's. ``has_fp64``: the device's, for the keyed draws."""
         ctx = self.contexts(tokens)                                        # [R, S]
         s = ctx.shape[1]
         earlier = torch.ones(s, s, dtype=torch.bool, device=ctx.device).tril(-1)  # [j, i]: i < j
         repeat = ((ctx.unsqueeze(-1) == ctx.unsqueeze(1)) & earlier).any(-1)
-        return Marks(self.key, ctx, ~(self.in_record(ctx) | repeat))
+        return Marks(self.key, ctx, ~(self.in_record(ctx) | repeat), has_fp64)
 
-    def walk(self) -> Walk:
-        return Walk(self)
+    def walk(self, has_fp64: bool | None = None) -> Walk:
+        return Walk(self, has_fp64)
 
     def commit_(self, tokens: torch.Tensor, count: torch.Tensor) -> None:
         """Record the contexts of the first ``count`` [R] of tokens [R, T] (committed in order
@@ -192,9 +193,10 @@ def select_marked(wm: WatermarkBatch, logits: torch.Tensor, proj: torch.Tensor,
                   has_fp64: bool | None = None, mask: selector.WalkMask | None = None
                   ) -> selector.SelectorOut:
     """The selector (``ops.selector.select``, torch ops) with the keyed walk (subkey A) and
-    the constraint's walk mask, if any."""
+    the constraint's walk mask, if any; raises WatermarkUnsupportedError without float64."""
+    require_fp64(has_fp64)
     return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params, sampling,
-                           u_walk, has_fp64, walk=wm.walk(), mask=mask)
+                           u_walk, has_fp64, walk=wm.walk(has_fp64), mask=mask)
 
 
 def verify_marked(wm: WatermarkBatch, logits: torch.Tensor, sel: selector.SelectorOut,
@@ -202,6 +204,7 @@ def verify_marked(wm: WatermarkBatch, logits: torch.Tensor, sel: selector.Select
                   ) -> verify.VerifyOut:
     """Verification (``ops.verify.verify``, torch ops, unchecked: flags in the result) with the
     keyed coins (subkey C) and residual / bonus draws (subkey B) at the block's contexts."""
-    marks = wm.marks(sel.draft)
+    require_fp64(has_fp64)
+    marks = wm.marks(sel.draft, has_fp64)
     return verify.verify(logits, sel.draft, sel.candidates, sel.q, sampling, marks.noise(noise),
                          False, has_fp64, marks=marks)

@@ -10,8 +10,9 @@ no positive mass) returns -1: the caller flags it, as ``ops.sampling.inverse_cdf
 
 Draft (subkey A), target (B) and coin (C) values are independent because their subkeys are.
 The race needs float64 (``has_fp64``, as in ``ops.verify``): on a device without it the draws
-raise ``WatermarkUnsupportedError`` (a float32 formulation is not written yet); the coin is
-integer work and an exact float32 map, and runs everywhere.
+raise ``WatermarkUnsupportedError`` before any float64 tensor exists, whether ``has_fp64`` is
+passed or set for the decode by ``Backend.run_context()``; the coin is integer work and an exact
+float32 map, and runs everywhere.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def draw_dense(sub: SubKey, ctx: torch.Tensor, probs: torch.Tensor,
     v = probs.shape[-1]
     tokens = torch.arange(v, dtype=torch.int64, device=probs.device)
     u = keyed_uniforms(sub, ctx.to(probs.device).view(-1, 1), tokens.view(1, -1))   # [R, V]
-    return exp_min_index(probs, neg_log(u))
+    return exp_min_index(probs, neg_log(u), has_fp64)
 
 
 def draw_sparse(sub: SubKey, ctx: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor,
@@ -94,7 +95,7 @@ def draw_sparse(sub: SubKey, ctx: torch.Tensor, ids: torch.Tensor, probs: torch.
     the same law restricted to the candidates (tested)."""
     require_fp64(has_fp64)
     u = keyed_uniforms(sub, ctx.to(probs.device).view(-1, 1), ids.to(torch.int64))  # [R, K]
-    return exp_min_candidates(probs, ids.to(torch.int64), neg_log(u))
+    return exp_min_candidates(probs, ids.to(torch.int64), neg_log(u), has_fp64)
 
 
 def coin(sub: SubKey, ctx: torch.Tensor) -> torch.Tensor:

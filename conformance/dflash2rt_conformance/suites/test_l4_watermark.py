@@ -36,6 +36,7 @@ from dflash2rt.watermark import generate as wmgen
 from dflash2rt_conformance import stats
 from dflash2rt_conformance.reference import watermark as ref
 from dflash2rt_conformance.reference.sampling import target_probs
+from dflash2rt_conformance.capability import skip_without_fp64
 
 pytestmark = pytest.mark.dflash2rt_level("L4")
 
@@ -126,8 +127,7 @@ def _windows(seed: int, r: int) -> np.ndarray:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_watermarked_step_is_distortion_free(case, backend, results, sizes):
-    if not backend.has_fp64:
-        pytest.skip(f"backend {backend.name} has no float64 (the watermark raises there)")
+    skip_without_fp64(backend)
     temp, top_p = CASES[case]
     draft_logits, target_logits = _tables("wm-" + case)
     quick = sizes.l4_samples is not None
@@ -169,8 +169,7 @@ def test_watermarked_step_is_distortion_free(case, backend, results, sizes):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_watermarked_step_equals_reference(case, backend, results, sizes):
-    if not backend.has_fp64:
-        pytest.skip(f"backend {backend.name} has no float64 (the watermark raises there)")
+    skip_without_fp64(backend)
     temp, top_p = CASES[case]
     draft_logits, target_logits = _tables("wm-" + case)
     mismatched, rows = 0, 64 if sizes.l4_samples is None else 16
@@ -215,8 +214,7 @@ def test_keyed_acceptance_on_a_coin_lattice(case, backend, results, sizes):
     tokens equal the float64 reference's with the same coins, so the accept-length law over the
     lattice is the reference's exactly (TV 0); it differs from the analytic chain law
     Π α_j · (1 − α_a) (α_j = min(1, p_j(d_j) / q_j(d_j))) only by the lattice's resolution."""
-    if not backend.has_fp64:
-        pytest.skip(f"backend {backend.name} has no float64 (the watermark raises there)")
+    skip_without_fp64(backend)
     temp, top_p = CASES[case]
     # Tables (searched once over salts) whose lattice both accepts and rejects in every slot
     # in both cases: the target's logits are the draft's plus 1.5 × noise.
