@@ -70,6 +70,20 @@ class _Entry:
     distribution: str
     version: str
     probe: Probe | None = None
+    devices: dict[int, Probe] = field(default_factory=dict)     # "name:index" probes
+
+
+def split_device(name: str) -> tuple[str, int | None]:
+    """"cuda:1" → ("cuda", 1); a name without a device index → (name, None)."""
+    base, sep, index = name.rpartition(":")
+    return (base, int(index)) if sep and base and index.isdigit() else (name, None)
+
+
+def _probed(probe) -> Probe:
+    try:
+        return probe()
+    except Exception as exc:  # noqa: BLE001 - the reason is the result
+        return Probe(False, f"probe raised {type(exc).__name__}: {exc}")
 
 
 @dataclass
@@ -144,13 +158,19 @@ class Registry:
         self.failures.append(BackendStatus(name, False, reason, "", distribution, version))
 
     def probe(self, name: str) -> Probe:
-        """Probe one backend (cached); a probe that raises is an unavailable backend."""
-        entry = self._entry(name)
+        """Probe one backend (cached), "name:index" for one device of a backend with several;
+        a probe that raises is an unavailable backend."""
+        base, index = split_device(name)
+        entry = self._entry(base)
+        if index is not None:
+            if entry.spec.probe_device is None:
+                return Probe(False, f"backend {base!r} has no devices to choose from: use "
+                             f"{base!r} without ':{index}'")
+            if index not in entry.devices:
+                entry.devices[index] = _probed(lambda: entry.spec.probe_device(index))
+            return entry.devices[index]
         if entry.probe is None:
-            try:
-                entry.probe = entry.spec.probe()
-            except Exception as exc:  # noqa: BLE001 - the reason is the result
-                entry.probe = Probe(False, f"probe raised {type(exc).__name__}: {exc}")
+            entry.probe = _probed(entry.spec.probe)
         return entry.probe
 
     def statuses(self) -> list[BackendStatus]:
@@ -176,8 +196,9 @@ class Registry:
         return self.entries[name]
 
     def create(self, name: str) -> Backend:
-        """Build the named backend or raise BackendUnavailableError with the probe's reason."""
-        entry = self._entry(name)
+        """Build the named backend ("name:index": on that device) or raise
+        BackendUnavailableError with the probe's reason."""
+        entry = self._entry(split_device(name)[0])
         probe = self.probe(name)
         if not probe.available:
             raise BackendUnavailableError(f"backend {name!r} is not available here: "

@@ -12,7 +12,7 @@ from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.engine.schedule import shared_schedule
 from dflash2rt.graphs.adapter import GraphCaptureError
 
-from tiny_models import oracle_pair, tiny_pair
+from tiny_models import fixed_schedule, oracle_pair, tiny_pair
 
 
 class ReplayAdapter:
@@ -281,3 +281,34 @@ def test_adaptive_decoding_replays_equal_eager():
                    for buckets in stats.graphs.values() for s in buckets.values())
         assert sum(s["replays"] for n, buckets in stats.graphs.items() if n != "draft greedy"
                    and n != "draft sampled" for s in buckets.values()) == stats.steps
+
+
+def test_every_graph_of_an_engine_captures_into_one_pool():
+    """Adaptive runs use a runner per (body, sampling mode, block size): every capture takes
+    the engine's one pool, and every replayed bucket was compared with eager on fresh inputs
+    before its replays counted as verified."""
+    class Pools(ReplayAdapter):
+        def __init__(self):
+            super().__init__()
+            self.made, self.used = [], set()
+
+        def new_pool(self):
+            self.made.append(object())
+            return self.made[-1]
+
+        def capture(self, fn, pool):
+            self.used.add(id(pool))
+            return super().capture(fn, pool)
+
+    pair, adapter = tiny_pair("dflash2", block=4), Pools()
+    with Engine(pair, _backend(adapter)) as engine:
+        engine.schedule = fixed_schedule(4)
+        for temps in ((0.0, 1.0, 0.6), (0.0, 0.0, 0.0)):
+            engine.generate(_reqs(temps))
+        _, stats = engine.generate(_reqs((0.0, 0.0, 0.0)), spec=False)
+        runners = [r for s in engine._graphed.values() for r in s.runners.values()]
+        assert len(runners) >= 4 and adapter.captures >= 8
+        assert len(adapter.made) == 1 and adapter.used == {id(adapter.made[0])}
+        assert all(r.pool is runners[0].pool for r in runners)
+        assert all(b.fresh is not False for r in runners for b in r.state.values())
+    assert stats.fallbacks == []

@@ -195,8 +195,8 @@ def test_stats_count_captures_replays_and_eager_runs():
         runner.run(live(rows), fallbacks.append)
     st = runner.stats()
     assert list(st) == [1, 2, 4]
-    assert st[4] == {"captured": True, "verified": True, "replays": 2, "eager": 0,
-                     "refused": None}
+    assert st[4] == {"captured": True, "verified": True, "fresh": True, "replays": 2,
+                     "eager": 0, "refused": None}
     assert st[1]["replays"] == 1 and st[1]["verified"]
     assert st[2]["captured"] is False and st[2]["replays"] == 0 and st[2]["eager"] == 2
     assert "bucket 2" in st[2]["refused"] and "refused" in st[2]["refused"]
@@ -272,3 +272,86 @@ def test_only_discrete_outputs_are_compared():
     assert "missing" in first_difference(want, {"tok": out["tok"]})
     assert first_difference(want, {**out, "tok": out["tok"].int()}) == \
         "tok: eager torch.int64 (2, 2), replay torch.int32 (2, 2)"
+
+
+class BakingAdapter(FakeAdapter):
+    """A capture that bakes its inputs in: replay restores the outputs the capture computed,
+    whatever the static inputs hold now (what a graph that read an input at capture time
+    would do)."""
+
+    def capture(self, fn, pool):
+        self.log.append(f"capture {self.current}")
+        fn()
+        runner = self.runner
+        baked = {size: {n: t.clone() for n, t in b.outputs.items()}
+                 for size, b in runner.state.items()}
+        size = self.current
+
+        class Baked(FakeGraph):
+            def replay(self):
+                self.log.append("replay")
+                for n, t in runner.state[size].outputs.items():
+                    t.copy_(baked[size][n])
+        return Baked(fn, self.log)
+
+
+def test_a_capture_that_baked_its_inputs_is_caught_on_fresh_inputs():
+    """The post-capture check replays the capture's own inputs (a baked graph passes it); the
+    first replay on the next inputs is compared with eager, fails, and the bucket runs
+    eagerly from then on, reported, with the eager outputs as that step's."""
+    adapter, fallbacks, state = BakingAdapter(), [], torch.zeros(8)
+    runner = make_runner(adapter, state)
+    adapter.runner = runner
+    first = runner.run(live(3), fallbacks.append)
+    assert first["score"].tolist() == [20.0, 23.0, 26.0] and fallbacks == []
+    assert runner.stats()[4]["verified"] and runner.stats()[4]["fresh"] is None
+    fresh = live(3)
+    fresh["x"] += 100
+    fresh["slot"] += 2                                   # discrete outputs change with it
+    out = runner.run(fresh, fallbacks.append)
+    assert out["score"].tolist() == [222.0, 225.0, 228.0]              # eager, not the baked
+    assert len(fallbacks) == 1 and fallbacks[0].startswith(
+        "graph replay of bucket 4 differed from eager on fresh inputs: ")
+    st = runner.stats()[4]
+    assert st["fresh"] is False and not st["captured"] and st["eager"] == 1
+    assert runner.run(fresh, fallbacks.append)["score"].tolist() == [222.0, 225.0, 228.0]
+    assert fallbacks == [fallbacks[0]] * 2
+
+
+def test_a_good_capture_is_compared_once_on_fresh_inputs():
+    adapter, fallbacks = FakeAdapter(), []
+    runner = make_runner(adapter, torch.zeros(8))
+    for k in range(3):
+        inp = live(3)
+        inp["x"] += k
+        runner.run(inp, fallbacks.append)
+    bodies = adapter.log.count("body 4")
+    # warm-up x2, capture, checked replay; replay + the fresh check's eager run; replay (the
+    # fake adapter's replay runs the body)
+    assert bodies == 2 + 1 + 1 + 2 + 1
+    assert runner.stats()[4] == {"captured": True, "verified": True, "fresh": True,
+                                 "replays": 3, "eager": 0, "refused": None}
+
+
+def test_runners_share_one_pool_and_a_failed_capture_renews_it():
+    from dflash2rt.graphs.runner import SharedPool
+
+    adapter = FakeAdapter(fail_sizes={2})
+    pool = SharedPool(adapter)
+    first = pool.handle
+    a, b = (make_runner(adapter, torch.zeros(8)) for _ in "ab")
+    a.pool = b.pool = pool
+    handles = []
+    real = adapter.capture
+
+    def capture(fn, p):
+        handles.append(p)
+        return real(fn, p)
+    adapter.capture = capture
+    a.run(live(3), [].append)
+    b.run(live(1), [].append)
+    assert handles == [first, first]
+    b.run(live(2), [].append)                             # refused: a new pool for the next
+    assert pool.renewed == 1 and pool.handle is not first
+    a.run(live(8), [].append)
+    assert handles[-1] is pool.handle

@@ -18,8 +18,8 @@ LAYERS = (
     {"ops", "bundled", "constraints"},
     {"watermark"},                   # below backend: Backend.select_marked takes its batch
     {"backend"},
-    {"hookspecs", "kernels", "graphs"},
-    {"plugin_kit", "registry", "models"},
+    {"hookspecs", "kernels", "graphs", "models"},
+    {"plugin_kit", "registry"},      # plugin_kit's graph self-test commits to a models KVCache
     {"cpu", "engine"},
     {"bench", "metrics"},            # the one measurement module; a run's metrics export
     {"api", "train", "synth"},

@@ -37,12 +37,29 @@ def fake_vendor(**kw) -> plugin_kit.GpuVendor:
     return plugin_kit.GpuVendor(**{**base, **kw})
 
 
+class _Guard:
+    """``torch.<device>.device(d)`` of a fake GPU: records the device index made current."""
+    active: list[int] = []
+
+    def __init__(self, d) -> None:
+        self.index = d if isinstance(d, int) else torch.device(d).index
+
+    def __enter__(self) -> None:
+        _Guard.active.append(self.index)
+
+    def __exit__(self, *exc) -> None:
+        _Guard.active.pop()
+
+
 @pytest.fixture
 def fake_cpu_device(monkeypatch):
     props = SimpleNamespace(name="Fake 9000", total_memory=8 * 2**30, warp_size=32,
                             has_fp64=False)
     monkeypatch.setattr(torch.cpu, "get_device_properties", lambda i: props, raising=False)
     monkeypatch.setattr(torch.cpu, "is_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cpu, "device", _Guard, raising=False)
+    monkeypatch.setattr(_Guard, "active", [])
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     return props
 
@@ -75,7 +92,7 @@ def test_create_uses_the_tuning_for_the_probed_warp_size(fake_cpu_device):
 def test_opt_in_graphs_stay_off_unless_asked_and_a_failing_self_test_turns_them_off(
         fake_cpu_device, monkeypatch):
     policy = plugin_kit.GraphPolicy("FakeGraph", "fake graphs", opt_in_env="FAKE_GRAPHS",
-                             self_test=lambda adapter: "replay differed (fixture)")
+                             self_test=lambda adapter, be: "replay differed (fixture)")
     monkeypatch.setattr(torch.cpu, "FakeGraph", object, raising=False)
     monkeypatch.setattr(torch.cpu, "graph", lambda *a, **k: None, raising=False)
     v = fake_vendor(graphs=policy)
@@ -86,7 +103,7 @@ def test_opt_in_graphs_stay_off_unless_asked_and_a_failing_self_test_turns_them_
         "off: self-test failed: replay differed (fixture)", False)
     ok = fake_vendor(graphs=plugin_kit.GraphPolicy("FakeGraph", "fake graphs",
                                                    opt_in_env="FAKE_GRAPHS",
-                                                   self_test=lambda adapter: None))
+                                                   self_test=lambda adapter, be: None))
     text, on = plugin_kit.graph_mode(ok, "cpu")
     assert on and text.startswith("fake graphs via torch.cpu.FakeGraph") and "self-test passed" \
         in text
@@ -206,3 +223,82 @@ def test_each_plugin_extra_names_its_vendor_triton():
             assert "triton" not in extras
         else:
             assert any(d.startswith(v.triton.distribution) for d in extras["triton"]), v.name
+
+
+@pytest.fixture
+def two_fake_devices(fake_cpu_device, monkeypatch):
+    """The fake vendor's torch.cpu with two devices, current device 0, and a device guard."""
+    read = []
+
+    def props(i):
+        read.append(i)
+        return fake_cpu_device
+    monkeypatch.setattr(torch.cpu, "get_device_properties", props, raising=False)
+    monkeypatch.setattr(torch.cpu, "device_count", lambda: 2)
+    return read
+
+
+def test_the_chosen_device_is_probed_and_current_around_every_launch(two_fake_devices,
+                                                                     monkeypatch):
+    """"name:1" probes device 1 (not 0); its kernels launch, and its runs decode, with device 1
+    current (Triton launches on the current device)."""
+    pytest.importorskip("triton")
+    from dflash2rt.engine.engine import Engine
+    from dflash2rt.engine.request import Request, SamplingParams
+    from dflash2rt.kernels import conv, verify
+
+    from tiny_models import tiny_pair
+
+    v = fake_vendor()
+    p = plugin_kit.probe(v, 1)
+    assert p.details["torch_device"] == "cpu:1" and p.device.startswith("cpu:1 ")
+    assert two_fake_devices == [1]
+    gone = plugin_kit.probe(v, 2)
+    assert not gone.available and "there is no cpu:2, 2 device(s) visible" in gone.reason
+    assert plugin_kit.probe(v).details["torch_device"] == "cpu:0"          # the current one
+    launches = []
+    for module, name in ((verify, "_verify_kernel"), (conv, "_conv_kernel")):
+        real = getattr(module, name)
+
+        class Spy:
+            def __getitem__(self, grid, real=real, name=name):
+                def launch(*a, **k):
+                    launches.append((name, list(_Guard.active)))
+                    return real[grid](*a, **k)
+                return launch
+        monkeypatch.setattr(module, name, Spy())
+    be = plugin_kit.create(v, p, target_lookup=lambda: "hip")   # the real smoke, device 1
+    assert type(be).__name__ == "KernelBackend" and str(be.device) == "cpu:1", be.kernel_fallbacks
+    assert launches and all(active and active[-1] == 1 for _, active in launches)
+    launches.clear()
+    reqs = [Request((1, 2, 3), SamplingParams(max_new_tokens=5, temperature=t, seed=1))
+            for t in (0.0, 1.0)]
+    Engine(tiny_pair("dflash2", block=4, dtype=torch.float32), be).generate(reqs, block_size=4)
+    assert {n for n, _ in launches} == {"_verify_kernel", "_conv_kernel"}
+    assert all(active and active[-1] == 1 for _, active in launches)
+
+
+def test_a_device_without_fp64_runs_every_kernel_with_the_real_smoke(fake_cpu_device):
+    """Without float64 the real smoke launch passes (the watermarked cases must refuse, and do)
+    and every op but the watermark runs its kernel: no kernel fallback."""
+    pytest.importorskip("triton")
+    v = fake_vendor(fp64=lambda p: p.has_fp64)
+    be = plugin_kit.create(v, plugin_kit.probe(v), target_lookup=lambda: "hip")  # real smoke
+    assert type(be).__name__ == "KernelBackend" and be.has_fp64 is False
+    assert not be.kernel_fallbacks, be.kernel_fallbacks
+    assert not any("float64" in f for f in be.standing_fallbacks), be.standing_fallbacks
+    impl = be.implementation
+    assert impl["watermark"] == "unsupported"
+    assert all(impl[op] != "torch ops" for op in ("select", "verify", "conv_prepare",
+                                                   "attention"))
+    ran = smoke_launch(be)
+    assert "select-sampled" in ran and "verify-sampled" in ran
+    assert not any("watermarked" in c for c in ran)
+
+
+def test_fp64_env_turns_float64_off_in_the_probe(fake_cpu_device, monkeypatch):
+    v = fake_vendor()
+    assert plugin_kit.probe(v).fp64 is True
+    monkeypatch.setenv("DFLASH2RT_FP64", "0")
+    p = plugin_kit.probe(v)
+    assert p.fp64 is False and "float64 off (DFLASH2RT_FP64=0)" in p.kernels

@@ -54,6 +54,8 @@ class Steppers:
                     out[name][size] = d if was is None else {
                         "captured": was["captured"] and d["captured"],
                         "verified": was["verified"] and d["verified"],
+                        "fresh": d["fresh"] if was["fresh"] is None else (
+                            was["fresh"] if d["fresh"] is None else was["fresh"] and d["fresh"]),
                         "replays": was["replays"] + d["replays"],
                         "eager": was["eager"] + d["eager"], "refused": was["refused"] or d["refused"]}
         return out

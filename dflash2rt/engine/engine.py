@@ -16,10 +16,11 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-from ..backend import Backend, Fallbacks
+from ..backend import Backend, Fallbacks, same_device
 from ..errors import InvalidInputError
-from ..graphs.runner import bucket_for
+from ..graphs.runner import SharedPool, bucket_for
 from ..models.kv_cache import KVCache
+from ..models.memory import memory_note
 from ..models.pair import ModelPair
 from ..ops.procs import unpack_logprobs
 from . import steps
@@ -58,6 +59,7 @@ class Engine:
         self.pair, self.backend = pair, backend
         self._graphed: dict[tuple, Stepper] = {}
         self._static: tuple[KVCache, KVCache | None] | None = None   # caches the graphs use
+        self._pool: SharedPool | None = None    # the one graph memory pool of every stepper
         # The adaptive schedule: on the first adaptive run, one over the process's cost table
         # for this pair and device; assign one (e.g. a fixed table) to change it (schedule.py).
         self.schedule: AdaptiveSchedule | None = None
@@ -66,7 +68,7 @@ class Engine:
                 f"backend {backend.name!r} does not run {pair.dtype} models (it supports "
                 f"{', '.join(str(d).replace('torch.', '') for d in backend.dtypes)}); "
                 "load the models in one of those dtypes")
-        if pair.device.type != backend.device.type:
+        if not same_device(pair.device, backend.device):
             raise InvalidInputError(f"models are on {pair.device} but backend {backend.name!r} "
                                     f"runs on {backend.device}; load the models there")
         # Every run's first fallbacks: the backend's standing ones, then the model pass's.
@@ -103,9 +105,11 @@ class Engine:
         if key not in self._graphed:
             block = key[1] if len(key) > 1 else 1
             caches = self._static if key[0] == "spec" else (self._static[0], None)
+            if self._pool is None:
+                self._pool = SharedPool(self.backend.graph_adapter)
             self._graphed[key] = Stepper(
                 StepBodies(self.pair, self.backend, *caches, block if block > 1 else None),
-                self.backend.graph_adapter)
+                self.backend.graph_adapter, self._pool)
         return self._graphed[key]
 
     def close(self) -> None:
@@ -115,6 +119,7 @@ class Engine:
             g.close()
         self._graphed.clear()
         self._static = None
+        self._pool = None
 
     def __enter__(self) -> "Engine":
         return self
@@ -180,6 +185,9 @@ class Engine:
         start = time.perf_counter()
         with torch.inference_mode(), self.backend.run_context():
             steppers, st = self._start(requests, spec, block, watermark)
+            note = memory_note(self.backend.device)     # free memory estimated, or unchecked
+            if note:
+                fallbacks.report(note)
             try:
                 host_masks(st, out, stats)                 # generic hooks: the first token's
                 first = steps.prefill(pair, st, self.backend, [q.prompt_ids for q in requests])

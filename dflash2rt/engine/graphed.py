@@ -18,7 +18,7 @@ import torch
 
 from ..backend import TORCH_OPS
 from ..graphs.adapter import GraphAdapter
-from ..graphs.runner import GraphRunner
+from ..graphs.runner import GraphRunner, SharedPool
 from ..watermark import generate as wm_generate
 from . import steps
 from .state import BatchState
@@ -49,8 +49,9 @@ class Stepper:
     watermarked batch replays graphs of its own (its key words and state are static inputs,
     sized by the window width and record capacity)."""
 
-    def __init__(self, bodies: StepBodies, adapter: GraphAdapter | None) -> None:
-        self.bodies, self.adapter = bodies, adapter
+    def __init__(self, bodies: StepBodies, adapter: GraphAdapter | None,
+                 pool: SharedPool | None = None) -> None:
+        self.bodies, self.adapter, self.pool = bodies, adapter, pool
         self.runners: dict[tuple[str, bool], GraphRunner] = {}
 
     def step(self, st: BatchState, report: Callable[[str], None],
@@ -104,7 +105,7 @@ class Stepper:
                 functools.partial(self._body(kind), sampled=sampled, ctx_len=None),
                 self._pads(kind, marked),
                 name=f"{kind} {'sampled' if sampled else 'greedy'}"
-                     + (" watermarked" if marked else ""))
+                     + (" watermarked" if marked else ""), pool=self.pool)
         return self.runners[key]
 
     def _static_inputs(self, kind: str, marked: tuple[int, int] | None, size: int) -> Tensors:

@@ -5,13 +5,21 @@ A step body reads only its static inputs and writes only its static outputs (and
 them, nothing that belongs to a live request: padded rows get inert values, and outputs are
 returned as ``[:R]`` views). Its side effects (KV commits) are idempotent for the same inputs.
 
-Proof of replay: right after a capture the runner replays the graph once over the same static
-inputs and compares its discrete outputs (integer and bool tensors: tokens, accept lengths,
-flags, lens, anchors) bit for bit with the last eager warm-up run's; that checked replay is the
-step's result. A bucket whose capture fails, or whose checked replay differs (HIP capture has
-not always reported its errors), runs eagerly from then on, and that is reported through the
-``report`` given to ``run`` (the current run's fallbacks: runners outlive runs) every time it
-is used. ``stats()`` counts, per bucket, replays and eager runs.
+Proof of replay, twice per bucket: right after a capture the runner replays the graph once over
+the same static inputs and compares its discrete outputs (integer and bool tensors: tokens,
+accept lengths, flags, lens, anchors) bit for bit with the last eager warm-up run's (that
+checked replay is the step's result); and the first replay on the next, fresh inputs is
+compared with an eager run of the body on them (a capture that baked an input value in passes
+the first check, never this one; the eager run's commits rewrite what the replay committed,
+as the same inputs give the same values). A bucket whose capture fails, or whose checked
+replay differs (HIP capture has not always reported its errors), runs eagerly from then on,
+and that is reported through the ``report`` given to ``run`` (the current run's fallbacks:
+runners outlive runs) every time it is used. ``stats()`` counts, per bucket, replays and eager
+runs.
+
+Memory: every runner of an engine captures into one ``SharedPool`` (their steps run one after
+another, never at once), so the graphs' intermediates share memory instead of each runner
+holding its largest bucket's.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ class Bucket:
     graph: Graph | None = None
     eager: str = ""              # why capture failed or replay differed: the body runs eagerly
     verified: bool = False       # the post-capture replay equalled the eager warm-up
+    fresh: bool | None = None    # the first replay on fresh inputs equalled eager (None: not yet)
     replays: int = 0             # replays whose outputs were used (the checked one included)
     eager_runs: int = 0          # runs of the body in place of a replay (not the warm-up)
 
@@ -45,19 +54,33 @@ def bucket_for(rows: int, buckets: tuple[int, ...]) -> int | None:
     return next((b for b in buckets if b >= rows), None)
 
 
+class SharedPool:
+    """The graph memory pool the runners of one engine capture into (steps run one at a time).
+    A capture that fails can leave its pool recording: ``renew`` gives later captures a new one."""
+
+    def __init__(self, adapter: GraphAdapter) -> None:
+        self.adapter, self.handle, self.renewed = adapter, adapter.new_pool(), 0
+
+    def renew(self) -> None:
+        self.handle = self.adapter.new_pool()
+        self.renewed += 1
+
+
 class GraphRunner:
     """``make_inputs(size)`` allocates a bucket's static inputs; ``body(inputs) -> outputs`` is
-    the step to capture; ``pad`` gives each input's inert value for padded rows."""
+    the step to capture; ``pad`` gives each input's inert value for padded rows; ``pool``: the
+    engine's ``SharedPool`` (None: a pool of this runner's own)."""
 
     def __init__(self, adapter: GraphAdapter, buckets: tuple[int, ...],
                  make_inputs: Callable[[int], Tensors], body: Callable[[Tensors], Tensors],
-                 pad: Mapping[str, Any], warmup: int = 2, name: str = "") -> None:
+                 pad: Mapping[str, Any], warmup: int = 2, name: str = "",
+                 pool: SharedPool | None = None) -> None:
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             raise InvalidInputError(f"buckets must be increasing positive sizes, got {buckets}")
         self.adapter, self.buckets = adapter, tuple(buckets)
         self.make_inputs, self.body, self.pad = make_inputs, body, dict(pad)
         self.warmup, self.name = max(1, warmup), name
-        self.pool = adapter.new_pool()
+        self.pool = pool if pool is not None else SharedPool(adapter)
         self.state: dict[int, Bucket] = {}
         self.capture_s = 0.0          # warm-up + capture wall time, over all buckets
 
@@ -78,15 +101,33 @@ class GraphRunner:
         checked = b.graph is None and not b.eager
         if checked:
             self._capture(b)        # warm-up, capture, one checked replay of these inputs
+        ran = False                               # the body already ran on these inputs
+        if not b.eager and not checked:            # the checked replay is this step's result
+            b.graph.replay()
+            if b.fresh is None:
+                ran = self._check_fresh(b)
         if b.eager:
             report(b.eager)                       # in the stats of every run that uses it
-            b.outputs = self.body(b.inputs)
+            if not ran:
+                b.outputs = self.body(b.inputs)
             b.eager_runs += 1
         else:
-            if not checked:                        # the checked replay is this step's result
-                b.graph.replay()
             b.replays += 1
         return {name: out[:rows] for name, out in b.outputs.items()}
+
+    def _check_fresh(self, b: Bucket) -> bool:
+        """The first replay on inputs other than the capture's against an eager run of the
+        body on them; a difference turns the bucket eager, with the eager outputs as this
+        step's (→ True)."""
+        got = discrete(b.outputs)
+        eager = self.body(b.inputs)
+        diff = first_difference(discrete(eager), got)
+        b.fresh = not diff
+        if diff:
+            b.graph, b.outputs = None, eager
+            b.eager = (f"graph replay of {self._label(b.size)} differed from eager on fresh "
+                       f"inputs: {diff}; running it eagerly")
+        return bool(diff)
 
     def _new_bucket(self, size: int) -> Bucket:
         b = Bucket(size, self.make_inputs(size))
@@ -113,13 +154,13 @@ class GraphRunner:
             b.outputs = self.body(b.inputs)
 
         try:
-            b.graph = self.adapter.capture(fn, self.pool)
+            b.graph = self.adapter.capture(fn, self.pool.handle)
         except Exception as exc:  # noqa: BLE001 - any refusal is reported; the bucket runs eagerly
             why = str(exc) if isinstance(exc, GraphCaptureError) else (
                 f"{getattr(self.adapter, 'name', 'graph')} capture raised "
                 f"{type(exc).__name__}: {exc}")
             b.eager = f"{self._label(b.size)}: {why}; running it eagerly"
-            self.pool = self.adapter.new_pool()   # a failed capture can leave its pool recording
+            self.pool.renew()                     # a failed capture can leave its pool recording
             return
         # Same static inputs as the warm-up, whose commits are idempotent: the replay must
         # reproduce the warm-up's discrete outputs exactly.
@@ -140,7 +181,8 @@ class GraphRunner:
         verified, replays and eager runs so far, and why it runs eagerly (refused: the capture
         refusal or the replay difference; None when it replays)."""
         return {size: {"captured": b.graph is not None, "verified": b.verified,
-                       "replays": b.replays, "eager": b.eager_runs, "refused": b.eager or None}
+                       "fresh": b.fresh, "replays": b.replays, "eager": b.eager_runs,
+                       "refused": b.eager or None}
                 for size, b in sorted(self.state.items())}
 
     def close(self) -> None:

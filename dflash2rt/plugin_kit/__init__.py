@@ -20,11 +20,13 @@ from __future__ import annotations
 from ..kernels.tuning import INTERPRET_REASON, TritonFacts, Tuning, interpreting
 from .build import GRAPHS_ENV, gpu_backend, graphs_wanted, kernel_mode
 from .generic import backend_spec, create, graph_mode, probe, vendor_hooks
+from .selftest import graph_self_test
 from .hardware import (device_nodes, hardware_summary, pci_devices, torch_build, try_allocate,
                        visible_devices_note)
 from .vendor import GpuVendor, GraphPolicy
 
 __all__ = ["GRAPHS_ENV", "INTERPRET_REASON", "GpuVendor", "GraphPolicy", "TritonFacts", "Tuning",
            "backend_spec", "create", "device_nodes", "gpu_backend", "graph_mode",
+           "graph_self_test",
            "graphs_wanted", "hardware_summary", "interpreting", "kernel_mode", "pci_devices",
            "probe", "torch_build", "try_allocate", "vendor_hooks", "visible_devices_note"]

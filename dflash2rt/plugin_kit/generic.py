@@ -7,20 +7,23 @@ from typing import Callable
 
 import torch
 
-from ..backend import Backend, BackendSpec, Probe
+from ..backend import Backend, BackendSpec, Probe, TorchOpsBackend
 from ..hookspecs import hookimpl
 from ..graphs.adapter import GraphCaptureError, TorchGraphAdapter
 from .build import GRAPHS_ENV, gpu_backend, graphs_wanted, kernel_mode
 from .hardware import hardware_summary, torch_build, try_allocate, visible_devices_note
+from .selftest import graph_self_test
 from .vendor import GpuVendor
 
 STEPS = ("buckets 1-32: draft+conv+selector+walk and verify+accept+commit; target-only "
          "forward+sample+commit")
 
 
-def graph_mode(v: GpuVendor, device: str) -> tuple[str, bool]:
+def graph_mode(v: GpuVendor, device: str, fp64: bool = True, warp: int = 0
+               ) -> tuple[str, bool]:
     """(what the probe says of graphs, whether create captures them), per the vendor's policy;
-    a self-test runs here, once per probe."""
+    the graph self-test runs here, once per probe, with the ops the backend will run (its
+    kernels for this warp size and float64 support, or torch ops where kernels cannot run)."""
     g = v.graphs
     if not graphs_wanted():
         return f"off ({GRAPHS_ENV}=0): eager launches", False
@@ -32,14 +35,22 @@ def graph_mode(v: GpuVendor, device: str) -> tuple[str, bool]:
     except GraphCaptureError as exc:
         return f"off: {exc}", False
     try:
-        why = g.self_test(graphs) if g.self_test else None
+        why = (g.self_test or graph_self_test)(graphs, _self_test_backend(v, device, fp64, warp))
     except Exception as exc:  # noqa: BLE001 - the reason is the result
         why = f"{type(exc).__name__}: {exc}"
     if why:
         return f"off: self-test failed: {why}", False
-    gate = ", self-test passed" if g.self_test else ""
     return (f"{g.label} via torch.{v.torch_device}.{g.graph_class} (one capture stream, one "
-            f"shared pool{gate}), {STEPS}"), True
+            f"pool per engine, self-test passed), {STEPS}"), True
+
+
+def _self_test_backend(v: GpuVendor, device: str, fp64: bool, warp: int) -> Backend:
+    if kernel_mode()[0]:
+        from ..kernels.backend import KernelBackend
+
+        return KernelBackend(f"{v.name}-self-test", device, (torch.float32,),
+                             v.triton.tuning_for(warp), has_fp64=fp64)
+    return TorchOpsBackend(f"{v.name}-self-test", device, (torch.float32,), has_fp64=fp64)
 
 
 def adapter(v: GpuVendor, device: str) -> TorchGraphAdapter:
@@ -48,10 +59,15 @@ def adapter(v: GpuVendor, device: str) -> TorchGraphAdapter:
                              f"{v.torch_device}-graph")
 
 
-def probe(v: GpuVendor) -> Probe:
-    """Available when torch is a ``v.build`` build, ``torch.<device>`` sees a device and a test
-    allocation reads back; every refusal names the build, the visibility variables and what the
-    hardware shows."""
+FP64_ENV = "DFLASH2RT_FP64"
+
+
+def probe(v: GpuVendor, index: int | None = None) -> Probe:
+    """Available when torch is a ``v.build`` build, ``torch.<device>`` sees device ``index``
+    (None: the current device) and a test allocation reads back; every refusal names the build,
+    the visibility variables and what the hardware shows. The device's float64 support comes
+    from the vendor, and ``DFLASH2RT_FP64=0`` turns it off (a device without float64, as its
+    path runs on Intel Arc, checked on any GPU)."""
     hw = hardware_summary(v.vendor, v.pci_vendor, *v.device_nodes)
     build = torch_build()
     label, text = v.note() if v.note else ("", "")
@@ -67,19 +83,30 @@ def probe(v: GpuVendor) -> Probe:
     if not module.is_available():
         return Probe(False, f"{build}, but torch.{v.torch_device}.is_available() is False "
                      f"({v.driver_hint}){visible_devices_note(*v.visible_env)}{note}; {hw}")
-    device = f"{v.torch_device}:0"
+    count = int(module.device_count())
+    index = int(module.current_device()) if index is None else index
+    if not 0 <= index < count:
+        return Probe(False, f"{build}: there is no {v.torch_device}:{index}, {count} device(s) "
+                     f"visible{visible_devices_note(*v.visible_env)}; {hw}")
+    device = f"{v.torch_device}:{index}"
     error = try_allocate(device)
     if error:
         return Probe(False, f"{build}: {error}; {hw}")
-    props = module.get_device_properties(0)
-    bf16 = not v.bf16_if_supported or module.is_bf16_supported()
-    graphs, capture = graph_mode(v, device)
+    props = module.get_device_properties(index)
+    with module.device(index):             # per-device queries read the current device
+        bf16 = not v.bf16_if_supported or module.is_bf16_supported()
+    fp64 = v.fp64(props) if v.fp64 else True
+    if fp64 and os.environ.get(FP64_ENV, "1") == "0":
+        fp64, note = False, note + f"; float64 off ({FP64_ENV}=0)"
+    warp = int(getattr(props, "warp_size", 0) or 0)
+    with module.device(index):
+        graphs, capture = graph_mode(v, device, fp64, warp)
     return Probe(
         available=True,
         device=f"{device} " + v.describe.format(p=props, gib=props.total_memory / 2**30),
         kernels=kernel_mode()[1] + note,
         dtypes=tuple(d for d in v.dtypes if d != "bfloat16" or bf16),
-        graphs=graphs, fp64=v.fp64(props) if v.fp64 else True,
+        graphs=graphs, fp64=fp64,
         details={"torch": torch.__version__, v.build: str(getattr(torch.version, v.build)),
                  "torch_device": device, "warp_size": str(getattr(props, "warp_size", "")),
                  "graph_capture": "on" if capture else "off",
@@ -107,6 +134,7 @@ def create(v: GpuVendor, p: Probe, *, target_lookup: Callable[[], str] | None = 
 def backend_spec(v: GpuVendor) -> BackendSpec:
     """The ``BackendSpec`` a plugin returns from ``dflash2rt_backends`` for ``v``."""
     return BackendSpec(name=v.name, priority=v.priority, probe=lambda: probe(v),
+                       probe_device=lambda index: probe(v, index),
                        create=lambda p: create(v, p), summary=v.summary)
 
 

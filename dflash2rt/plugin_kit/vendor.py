@@ -17,13 +17,15 @@ class GraphPolicy:
     """How a vendor captures graphs. ``graph_class``: the graph class of the vendor's torch
     device module (``"CUDAGraph"`` of ``torch.cuda`` on CUDA and ROCm, ``"XPUGraph"`` of
     ``torch.xpu``); ``label``: what reports call them; ``opt_in_env``: when set, capture stays
-    off unless that variable is ``"1"``; ``self_test``: run on the adapter at probe time, returns
-    None when replay == eager, else why not (capture is then off and reported)."""
+    off unless that variable is ``"1"``. At probe time every vendor runs the graph self-test
+    (``plugin_kit.selftest``) on its adapter with the backend's ops; it returns None when replay
+    == eager on fresh inputs, else why not (capture is then off and reported). ``self_test``
+    replaces it (tests)."""
 
     graph_class: str
     label: str
     opt_in_env: str = ""
-    self_test: Callable[["TorchGraphAdapter"], str | None] | None = None
+    self_test: Callable[["TorchGraphAdapter", "Backend"], str | None] | None = None
 
 
 @dataclass(frozen=True)

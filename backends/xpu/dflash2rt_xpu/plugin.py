@@ -1,5 +1,6 @@
-"""Intel XPU backend: vendor facts, plus what only Intel needs: the optional IPEX pass, the
-graph self-test that gates opt-in XPU graphs, and float64 support read from the device."""
+"""Intel XPU backend: vendor facts, plus what only Intel needs: the optional IPEX pass, opt-in
+XPU graphs (gated by plugin_kit's graph self-test, as every vendor's) and float64 support read
+from the device."""
 
 from __future__ import annotations
 
@@ -60,42 +61,6 @@ def has_fp64(props: Any) -> bool:
     return bool(getattr(props, "has_fp64", True))
 
 
-def graph_self_test(adapter: Any) -> str | None:
-    """Capture a conv step (triton kernel when the kernels are usable, else torch ops, then a
-    cumsum) for two buckets into one shared pool, warmed up on the capture stream; replay both
-    and the first again after changing their inputs; None when every replay == eager."""
-    from dflash2rt.backend import TorchOpsBackend
-
-    dev, f32 = adapter.device, (torch.float32,)
-    if plugin_kit.kernel_mode()[0]:
-        from dflash2rt.kernels.backend import KernelBackend
-
-        be: Backend = KernelBackend("xpu-self-test", dev, f32, TRITON.tuning_for(None))
-    else:
-        be = TorchOpsBackend("xpu-self-test", dev, f32)
-    g = torch.Generator().manual_seed(0)
-    rnd = lambda *s: torch.randn(*s, generator=g).to(dev)   # noqa: E731
-    base, pool, runs = rnd(3, 96), adapter.new_pool(), []
-    for n in (8, 16):                                # two buckets (block 4), one shared pool
-        x, delta, out = rnd(n, 96), rnd(n, 3, 6), {}
-
-        def step(x=x, delta=delta, out=out) -> None:
-            out["y"] = torch.cumsum(be.conv_prepare(x, base, delta, 4), 0)   # [n, 96]
-
-        with adapter.capture_stream():
-            step()                                   # warm-up where the capture runs
-        runs.append((adapter.capture(step, pool), x, delta, out))
-    for graph, x, delta, out in runs + runs[:1]:
-        x.mul_(-0.5)
-        delta.add_(0.25)
-        graph.replay()
-        want = torch.cumsum(be.conv_prepare(x, base, delta, 4), 0)
-        torch.xpu.current_stream(dev).synchronize()  # stream-level sync (device sync has crashed)
-        if not torch.equal(out["y"].cpu(), want.cpu()):
-            return f"XPU graph replay != eager (bucket of {x.shape[0]} rows, shared pool)"
-    return None
-
-
 VENDOR = plugin_kit.GpuVendor(
     name="xpu", priority=80, summary="Intel GPUs through torch.xpu (IPEX optional)",
     vendor="Intel", pci_vendor=0x8086, device_nodes=("/dev/dri/renderD*",),
@@ -108,7 +73,7 @@ VENDOR = plugin_kit.GpuVendor(
     triton=TRITON,
     # XPU graphs are driver-sensitive (see PORTABILITY.md): opt-in, gated by the self-test.
     graphs=plugin_kit.GraphPolicy(graph_class="XPUGraph", label="XPU graphs",
-                           opt_in_env=GRAPHS_OPT_IN, self_test=graph_self_test),
+                                  opt_in_env=GRAPHS_OPT_IN),
     # Peak DRAM bandwidth (GB/s) by device-name substring, from the data sheets.
     peak_gbps={"Max 1550": 3277.0, "Arc A770": 560.0},
     fp64=has_fp64, note=lambda: ("IPEX", ipex_state()[1]), finish=finish,

@@ -32,6 +32,7 @@ from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.engine.schedule import shared_schedule
 from dflash2rt.watermark import WatermarkKey
 from dflash2rt_conformance import models
+from dflash2rt_conformance.capability import skip_without_fp64
 
 pytestmark = pytest.mark.dflash2rt_level("graphs")
 
@@ -188,8 +189,7 @@ def test_watermarked_replay_equals_eager(graphs, pair, backend, proof):
     """Watermarked steps are captured too: the key's words and the watermark's state (window,
     record, count) are graph inputs. One engine replays the same graphs under two keys, in
     both modes, on mixed greedy / sampled batches; each run equals eager under its own key."""
-    if not backend.has_fp64:
-        pytest.skip(f"backend {backend.name} has no float64 (the watermark raises there)")
+    skip_without_fp64(backend)
     keys = [WatermarkKey(bytes(range(i, i + 32))) for i in (0, 1)]
     with _engine(pair, backend) as engine:
         for key, spec, n in ((keys[0], True, 5), (keys[1], True, 5), (keys[0], False, 3),
