@@ -209,22 +209,6 @@ def test_fallbacks_show_in_a_run_of_the_bundled_pair(gpu_style_plugins):
         assert len(res.tokens[0]) == 3
         assert any(why in f for f in res.stats.fallbacks), res.stats.fallbacks
 
-
-def test_each_plugin_extra_names_its_vendor_triton():
-    import tomllib
-    from pathlib import Path
-
-    reg = Registry.discover()
-    root = Path(__file__).resolve().parents[1] / "backends"
-    for v in [v for v in reg.vendors if (root / v.name / "pyproject.toml").is_file()]:
-        extras = tomllib.loads((root / v.name / "pyproject.toml").read_text())["project"][
-            "optional-dependencies"]
-        if v.triton.distribution == "pytorch-triton-xpu":    # comes with torch's XPU wheels
-            assert "triton" not in extras
-        else:
-            assert any(d.startswith(v.triton.distribution) for d in extras["triton"]), v.name
-
-
 @pytest.fixture
 def two_fake_devices(fake_cpu_device, monkeypatch):
     """The fake vendor's torch.cpu with two devices, current device 0, and a device guard."""

@@ -26,7 +26,9 @@ NAME_NOFP64 = "triton-interpret-nofp64"
 
 def probe() -> Probe:
     if importlib.util.find_spec("triton") is None:
-        return Probe(False, "triton is not installed: pip install 'dflash2rt[triton]'")
+        from ..plugin_kit.triton_dist import install_hint
+
+        return Probe(False, f"triton is not installed: {install_hint()}")
     if "triton" in sys.modules and not interpreting():
         return Probe(False, "triton was already imported in this process without "
                      "TRITON_INTERPRET=1; start the process with TRITON_INTERPRET=1")

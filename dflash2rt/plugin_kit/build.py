@@ -20,11 +20,18 @@ def graphs_wanted() -> bool:
     return os.environ.get(GRAPHS_ENV, "1") != "0"
 
 
-def kernel_mode() -> tuple[bool, str]:
+def kernel_mode(triton: TritonFacts | None = None) -> tuple[bool, str]:
     """(triton kernels usable, description): triton kernels when triton imports, else torch
-    ops."""
+    ops. Without triton the description says what to install: the Triton the installed torch
+    requires, else the vendor's own distribution (``triton.distribution``), never PyPI triton
+    over a vendor build (``triton_dist.install_hint``)."""
     if importlib.util.find_spec("triton") is None:
-        return False, "torch eager ops (triton not installed: pip install 'dflash2rt[triton]')"
+        # Imported on use: plugin_kit loads this module, and `python -m
+        # dflash2rt.plugin_kit.triton_dist` must find triton_dist not yet imported.
+        from .triton_dist import install_hint
+
+        hint = install_hint(triton.distribution if triton is not None else None)
+        return False, f"torch eager ops (triton not installed: {hint})"
     if interpreting():
         return False, f"torch eager ops ({INTERPRET_REASON})"
     return True, KERNELS
@@ -36,6 +43,11 @@ def _kernel_backend(name: str, probe: Probe, dtypes: tuple[torch.dtype, ...], tu
     """The KernelBackend, or an exception saying why the triton kernels cannot run."""
     if interpreting():                  # never run a GPU backend's kernels interpreted
         raise RuntimeError(INTERPRET_REASON)
+    if importlib.util.find_spec("triton") is None:
+        from .triton_dist import install_hint
+
+        raise ModuleNotFoundError("triton is not installed: " + install_hint(
+            triton.distribution if triton is not None else None))
     from ..kernels import smoke as kernel_smoke
 
     if triton is not None:

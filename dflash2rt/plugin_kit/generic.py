@@ -104,7 +104,7 @@ def probe(v: GpuVendor, index: int | None = None) -> Probe:
     return Probe(
         available=True,
         device=f"{device} " + v.describe.format(p=props, gib=props.total_memory / 2**30),
-        kernels=kernel_mode()[1] + note,
+        kernels=kernel_mode(v.triton)[1] + note,
         dtypes=tuple(d for d in v.dtypes if d != "bfloat16" or bf16),
         graphs=graphs, fp64=fp64,
         details={"torch": torch.__version__, v.build: str(getattr(torch.version, v.build)),
