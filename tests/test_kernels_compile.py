@@ -2,7 +2,8 @@
 the targets the plugins declare (CUDA sm_90 / sm_80, AMD gfx942 / gfx90a with 64-lane wavefronts
 and RDNA3 gfx1100 with wave32) — here, without a GPU
 (dflash2rt.kernels.compile_check). The interpreter lane cannot catch compile-time errors such as
-a loop-carried variable changing dtype; this test does."""
+a loop-carried variable changing dtype; this test does. The XPU plugin's targets need Intel's
+Triton, which the PyPI triton is not: tests/test_kernels_compile_xpu.py compiles for them."""
 
 from __future__ import annotations
 
