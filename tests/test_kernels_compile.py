@@ -2,7 +2,8 @@
 the targets the plugins declare (CUDA sm_90 / sm_80, AMD gfx942 / gfx90a with 64-lane wavefronts
 and RDNA3 gfx1100 with wave32) — here, without a GPU
 (dflash2rt.kernels.compile_check). The interpreter lane cannot catch compile-time errors such as
-a loop-carried variable changing dtype; this test does."""
+a loop-carried variable changing dtype; this test does. The XPU plugin's targets need Intel's
+Triton, which the PyPI triton is not: tests/test_kernels_compile_xpu.py compiles for them."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def test_every_kernel_compiles_for_gpu_targets():
     rows = json.loads(proc.stdout)
     failed = [f"{r['case']} [{r['target']}]: {r['error']}" for r in rows if not r["ok"]]
     assert not failed, "\n".join(failed)
-    # 10 cases × fp32 / bf16 / fp16, and the 4 a device without float64 compiles differently
-    assert len(rows) == 42 * len(TARGETS) and proc.returncode == 0
+    # 10 cases × fp32 / bf16 / fp16, and the 2 sampled ones as a device without float64 runs them
+    assert len(rows) == 36 * len(TARGETS) and proc.returncode == 0
     narrow = [f"{r['case']} [{r['target']}]: {r['narrow_index']}" for r in rows
               if r["narrow_index"]]
     assert not narrow, "32-bit index multiplies:\n" + "\n".join(narrow)

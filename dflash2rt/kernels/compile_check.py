@@ -2,30 +2,41 @@
 
 The interpreter (TRITON_INTERPRET=1) runs the kernels' logic but never type-checks them: a
 loop-carried value that changes dtype, for one, runs there and fails to compile on a device.
-Triton lowers a kernel to a cubin (NVIDIA) or an hsaco (AMD) with no device present, so this
-closes that gap. The targets and their tuning are the installed plugins' vendor facts
-(``TritonFacts.compile_targets``, asked through the hook ``dflash2rt_gpu_vendors``; Intel declares
-none: its targets need pytorch-triton-xpu, which the PyPI triton does not include)::
+Triton lowers a kernel to a cubin (NVIDIA), an hsaco (AMD) or a SPIR-V module (Intel) with no
+device present, so this closes that gap. The targets and their tuning are the installed plugins'
+vendor facts (``TritonFacts.compile_targets``, asked through the hook ``dflash2rt_gpu_vendors``).
+A target compiles only where the installed Triton has a compiler for its backend: the PyPI
+triton has NVIDIA's and AMD's, Intel's targets need Intel's Triton (triton-xpu or
+pytorch-triton-xpu, in its own environment: backends/xpu/compile_env.sh); the others are listed
+as unavailable, with the reason::
 
     TRITON_INTERPRET=0 python -m dflash2rt.kernels.compile_check [--target sm90 ...]
 
 Each case is one of ``kernels.smoke.cases`` run through ``KernelBackend`` (the real wrappers) on
 CPU tensors with the kernel swapped for a recorder, so the compiled signature is exactly what
-the wrapper launches; the cases a device without float64 launches are compiled again as that
-backend launches them ("-nofp64"). Two properties are read off each kernel's Triton IR:
-``f64``, the float64 operations in it (none may remain in a "-nofp64" case), and
-``narrow_index``, 32-bit multiplies of a value derived from a program id (an offset that
-wraps once an index passes 2^31 elements: every kernel widens its program ids first).
+the wrapper launches. A target whose device properties say it has no float64 (Intel's
+``has_fp64``) compiles the cases as a backend without float64 runs them: a case the wrapper
+then runs as torch ops (or refuses) launches no kernel and is reported skipped, and a SPIR-V
+module that declares the Float64 capability fails (such a device cannot build it).
+
+On a target with float64 the cases a device without float64 launches are compiled too, as that
+backend launches them ("-nofp64"). Two properties are read off each kernel's Triton IR: ``f64``,
+the float64 operations in it (none may remain in a case compiled without float64), and
+``narrow_index``, 32-bit multiplies of a value derived from a program id (an offset that wraps
+once an index passes 2^31 elements: every kernel widens its program ids first).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
+import struct
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -35,7 +46,8 @@ from .tuning import Tuning, interpreting
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
         torch.float64: "*fp64", torch.int64: "*i64", torch.int32: "*i32", torch.int8: "*i8",
         torch.bool: "*i1"}
-BINARY = {"cuda": "cubin", "hip": "hsaco"}
+BINARY = {"cuda": "cubin", "hip": "hsaco", "xpu": "spv"}
+_SPIRV_MAGIC, _OP_CAPABILITY, _OP_MEMORY_MODEL, _CAP_FLOAT64 = 0x07230203, 17, 14, 10
 
 
 class _Launched(Exception):
@@ -71,18 +83,58 @@ def _signature(fn, args, kw) -> tuple[dict[str, str], dict[str, Any]]:
     return sig, consts
 
 
-def _record(module, name: str, call: Callable[[], Any]) -> tuple[Any, tuple, dict]:
-    fn, rec = getattr(module, name), _Recorder()
+def _record(module, name: str, call: Callable[[], Any]) -> tuple[Any, tuple, dict] | str:
+    """(kernel, args, kwargs) of the launch ``call`` makes, or why it launched none."""
+    fn, rec, why = getattr(module, name), _Recorder(), "the backend ran the op as torch ops"
     setattr(module, name, rec)
     try:
         call()
     except _Launched:
         pass
+    except Exception as exc:  # noqa: BLE001 - the op refused: reported as the reason
+        why = f"the op raised {type(exc).__name__}: {exc}"
     finally:
         setattr(module, name, fn)
     if rec.launch is None:
-        raise RuntimeError(f"{module.__name__}.{name} was not launched")
+        return f"{module.__name__}.{name} was not launched: {why}"[:1500]
     return fn, *rec.launch
+
+
+def has_fp64(arch: Any) -> bool:
+    """Whether a target computes in float64: Intel's targets are device-property dicts
+    (``has_fp64``, as torch.xpu reports it); NVIDIA's and AMD's all do."""
+    return bool(arch.get("has_fp64", True)) if isinstance(arch, Mapping) else True
+
+
+def spirv_capabilities(spv: bytes) -> set[int]:
+    """The capabilities (OpCapability operands) a SPIR-V module declares."""
+    words = struct.unpack(f"<{len(spv) // 4}I", spv[:len(spv) // 4 * 4])
+    if words and words[0] != _SPIRV_MAGIC:       # big-endian module
+        words = struct.unpack(f">{len(spv) // 4}I", spv[:len(spv) // 4 * 4])
+    if len(words) < 5 or words[0] != _SPIRV_MAGIC:
+        raise ValueError("not a SPIR-V module")
+    caps, i = set(), 5                           # after the 5-word header
+    while i < len(words):
+        count, op = words[i] >> 16, words[i] & 0xFFFF
+        if op == _OP_MEMORY_MODEL or count == 0:  # capabilities all come before it
+            break
+        if op == _OP_CAPABILITY:
+            caps.add(words[i + 1])
+        i += count
+    return caps
+
+
+def available(backend: str, arch: Any, warp: int) -> str:
+    """Why the installed Triton cannot compile for this target; "" when it can."""
+    import triton
+    from triton.backends import backends
+    from triton.backends.compiler import GPUTarget
+
+    target = GPUTarget(backend, arch, warp)
+    if any(b.compiler.supports_target(target) for b in backends.values()):
+        return ""
+    return (f"the installed Triton {triton.__version__} has no compiler for {backend!r} (it "
+            f"has {', '.join(sorted(backends)) or 'none'})")
 
 
 def vendors() -> tuple[list[Any], list[str]]:
@@ -102,8 +154,9 @@ def vendors() -> tuple[list[Any], list[str]]:
     return found, problems
 
 
-def targets() -> dict[str, tuple[str, int | str, int, Tuning, str]]:
-    """target → (triton backend, arch, warp size, the vendor's tuning for it, the vendor)."""
+def targets() -> dict[str, tuple[str, Any, int, Tuning, str]]:
+    """target → (triton backend, arch (Intel: a device-property dict), warp size, the vendor's
+    tuning for it, the vendor)."""
     out = {}
     for v in vendors()[0]:
         for name, (arch, warp) in v.triton.compile_targets.items():
@@ -146,7 +199,11 @@ def narrow_index(ttir: str) -> list[str]:
     return out
 
 
-def _cases(tuning: Tuning) -> dict[str, tuple[Any, str, Callable[[], Any]]]:
+def _cases(tuning: Tuning, fp64: bool = True
+           ) -> dict[str, tuple[Any, str, Callable[[], Any]]]:
+    """Every smoke case per dtype, as a backend with (or without) float64 launches it; with
+    float64 also the "-nofp64" cases (the sampled select / verify kernels compiled as a device
+    without float64 runs them)."""
     from . import attention, conv, selector, verify
     from .backend import KernelBackend
 
@@ -157,41 +214,69 @@ def _cases(tuning: Tuning) -> dict[str, tuple[Any, str, Callable[[], Any]]]:
               "attention": (attention, "_attention_kernel")}
     out = {}
     for d, dt in DTYPES.items():
-        for fp64 in (True, False):
-            be = KernelBackend("compile-check", "cpu", (dt,), tuning, has_fp64=fp64)
+        for variant in (fp64, False) if fp64 else (False,):
+            be = KernelBackend("compile-check", "cpu", (dt,), tuning, has_fp64=variant)
+            extra = variant != fp64                  # the "-nofp64" cases of a float64 target
             for case, (method, make) in cases(dt).items():
-                if not fp64 and (method.endswith("_marked") or not case.startswith(
-                        ("select", "verify"))):
+                if extra and (method.endswith("_marked") or case.split("-")[1] != "sampled"):
                     continue         # the same kernels as with float64 (the marked refuse)
                 module, name = kernel[method]
                 call = lambda b=be, m=method, a=make(): getattr(b, m)(*a)   # noqa: E731
-                out[f"{case}-{d}" + ("" if fp64 else "-nofp64")] = (module, name, call)
+                out[f"{case}-{d}" + ("-nofp64" if extra else "")] = (module, name, call)
     return out
 
 
-def compile_all(chosen: dict[str, tuple[str, int | str, int, Tuning, str]]
+def compile_all(chosen: dict[str, tuple[str, Any, int, Tuning, str]]
                 ) -> list[dict[str, Any]]:
-    """One row per (case, target): ok, seconds, and the error where compilation failed."""
+    """One row per (case, target): ok, seconds, the error where compilation failed, why a case
+    was skipped (``skipped``: no kernel runs it on a target without float64), and whether the
+    binary computes in float64 (``float64``: read from a SPIR-V module's capabilities; None
+    where the binary does not say)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if any(backend == "xpu" for backend, *_ in chosen.values()):
+        # Intel's Triton builds a C++ helper (arch_parser.c, which includes sycl.hpp) when it
+        # makes its compiler; without an Intel device it builds it with $CC (gcc by default),
+        # which does not link the C++ runtime, and loading the helper then fails on an
+        # undefined libstdc++ symbol.
+        os.environ.setdefault("CC", shutil.which("g++") or shutil.which("clang++") or "c++")
     rows = []
     for t, (backend, arch, warp, tuning, vendor) in chosen.items():
-        for case, (module, name, call) in _cases(tuning).items():
-            fn, args, kw = _record(module, name, call)
+        fp64 = has_fp64(arch)
+        for case, (module, name, call) in _cases(tuning, fp64).items():
+            row: dict[str, Any] = {"case": case, "kernel": name, "target": t,
+                                   "tuning": f"{vendor} warp {warp}", "skipped": "",
+                                   "float64": None}
+            launch = _record(module, name, call)
+            if isinstance(launch, str):          # no kernel: fine only without float64
+                row.update(ok=not fp64, error="" if not fp64 else launch, seconds=0.0,
+                           skipped=launch if not fp64 else "")
+                rows.append(row)
+                continue
+            fn, args, kw = launch
             sig, consts = _signature(fn, args, kw)
             start = time.perf_counter()
-            row = {"case": case, "kernel": name, "target": t, "tuning": f"{vendor} warp {warp}"}
             try:
                 options = {k: v for k, v in kw.items() if k in ("num_warps", "enable_fp_fusion")}
+                if backend == "xpu":             # sub-group size: the target's "warp"
+                    options["threads_per_warp"] = warp
                 out = triton.compile(ASTSource(fn, sig, consts),
                                      target=GPUTarget(backend, arch, warp),
                                      options={"num_warps": 4, **options})
-                ok = bool(out.asm.get(BINARY[backend]))
-                row.update(ok=ok, error="" if ok else f"no {BINARY[backend]} produced",
-                           f64=len(f64_ops(out.asm["ttir"])),
+                binary = out.asm.get(BINARY[backend])
+                error = "" if binary else f"no {BINARY[backend]} produced"
+                row.update(f64=len(f64_ops(out.asm["ttir"])),
                            narrow_index=narrow_index(out.asm["ttir"]))
+                if row["f64"] and (not fp64 or case.endswith("-nofp64")):
+                    error = f"{row['f64']} float64 operation(s) in a kernel without float64"
+                if binary and BINARY[backend] == "spv":
+                    row["float64"] = _CAP_FLOAT64 in spirv_capabilities(binary)
+                    if row["float64"] and not fp64:
+                        error = ("the SPIR-V module declares the Float64 capability: a device "
+                                 "without float64 (has_fp64 False) cannot build it")
+                row.update(ok=not error, error=error)
             except Exception as exc:  # noqa: BLE001 - each failure is one reported row
                 row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-1500:])
             row["seconds"] = round(time.perf_counter() - start, 2)
@@ -211,18 +296,30 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if not known:
-        why = "; ".join(vendors()[1]) or "install dflash2rt-cuda or dflash2rt-rocm"
+        why = "; ".join(vendors()[1]) or "install dflash2rt-cuda, dflash2rt-rocm or dflash2rt-xpu"
         print(f"no installed plugin declares compile targets (dflash2rt_gpu_vendors): {why}",
               file=sys.stderr)
         return 2
-    rows = compile_all({t: known[t] for t in args.target or known})
+    brings = {v.name: v.triton.distribution for v in vendors()[0]}
+    unavailable = {t: f"{why}: {vendor} targets need the Triton of {brings[vendor]}"
+                   for t, (backend, arch, warp, _, vendor) in known.items()
+                   if (why := available(backend, arch, warp))}
+    wanted = args.target or list(known)
+    for t in wanted:
+        if t in unavailable:
+            print(f"not compiled for {t}: {unavailable[t]}", file=sys.stderr)
+    asked = [t for t in wanted if t not in unavailable]
+    if not asked or (args.target and len(asked) < len(wanted)):   # a named target is required
+        return 2
+    rows = compile_all({t: known[t] for t in asked})
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
         for r in rows:
-            print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:30s} {r['target']:6s} "
-                  f"{r['seconds']:6.2f}s {r['tuning']} f64 ops {r.get('f64', '-')}, narrow "
-                  f"index {len(r.get('narrow_index', []))} {r['error'][:300]}")
+            state = "FAIL" if not r["ok"] else "skip" if r["skipped"] else "ok  "
+            print(f"{state} {r['case']:30s} {r['target']:6s} {r['seconds']:6.2f}s {r['tuning']} "
+                  f"f64 ops {r.get('f64', '-')}, narrow index {len(r.get('narrow_index', []))} "
+                  f"{(r['error'] or r['skipped'])[:300]}")
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -15,11 +15,31 @@ from dflash2rt.kernels.tuning import TritonFacts, Tuning
 
 IPEX = "intel-extension-for-pytorch"
 GRAPHS_OPT_IN = "DFLASH2RT_XPU_GRAPHS"
+# Intel's Triton takes as its target (GPUTarget.arch) the device-property dict that
+# torch.xpu.get_device_capability() returns; of it, its compiler reads the keys below (code
+# generation uses the sub-group sizes and the has_subgroup_* / bfloat16 flags). The values are
+# those the two devices report through torch.xpu.
+MAX_1550 = {  # Data Center GPU Max 1550 (Ponte Vecchio, Xe-HPC): float64, DPAS, 2D block loads
+    "name": "Intel(R) Data Center GPU Max 1550", "vendor": "Intel(R) Corporation",
+    "max_work_group_size": 1024, "max_num_sub_groups": 64, "sub_group_sizes": [16, 32],
+    "has_fp64": True, "has_subgroup_matrix_multiply_accumulate": True,
+    "has_subgroup_matrix_multiply_accumulate_tensor_float32": True,
+    "has_subgroup_2d_block_io": True, "has_bfloat16_conversions": True,
+}
+ARC_A770 = {  # Arc A770 (Alchemist DG2, Xe-HPG): no float64, 8-wide DPAS, no 2D block loads
+    "name": "Intel(R) Arc(TM) A770 Graphics", "vendor": "Intel(R) Corporation",
+    "max_work_group_size": 1024, "max_num_sub_groups": 128, "sub_group_sizes": [8, 16, 32],
+    "has_fp64": False, "has_subgroup_matrix_multiply_accumulate": True,
+    "has_subgroup_matrix_multiply_accumulate_tensor_float32": False,
+    "has_subgroup_2d_block_io": False, "has_bfloat16_conversions": True,
+}
 # Initial launch parameters; to be tuned on hardware (qualification reports the latency).
-# Intel GPUs run 16/32-wide sub-groups; torch's XPU wheels bring pytorch-triton-xpu, and the
-# PyPI triton cannot compile for Intel here, so there are no compile targets.
+# Intel GPUs run 8/16/32-wide sub-groups; launches without threads_per_warp use 32, the "warp"
+# here. torch's XPU wheels bring pytorch-triton-xpu; the PyPI triton has no Intel backend, so
+# the compile targets (SPIR-V, without a device) need Intel's Triton: compile_env.sh.
 TRITON = TritonFacts(backend="xpu", distribution="pytorch-triton-xpu",
-                     tuning={32: Tuning(block_h=128, block_v=1024, num_warps=8)})
+                     tuning={32: Tuning(block_h=128, block_v=1024, num_warps=8)},
+                     compile_targets={"pvc": (MAX_1550, 32), "dg2": (ARC_A770, 32)})
 
 
 def ipex_state() -> tuple[bool | None, str]:
