@@ -13,7 +13,9 @@ PY=${PYTHON:-python3}
 # Intel's backend builds a small C++ helper when it makes its compiler and links it with
 # -lze_loader: the Level Zero loader library must exist (no driver or device is used).
 if [ ! -e "$(g++ -print-file-name=libze_loader.so)" ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libze-dev >/dev/null \
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libze-dev >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+           apt-get install -y -qq libze-dev >/dev/null; }; } \
         || { echo "install the Level Zero loader (libze-dev): Intel's Triton links -lze_loader" >&2
              exit 1; }
 fi

@@ -5,12 +5,18 @@ tl.float64, so no float64 value exists in their compiled code.
 They are ``dflash2rt.ops.exact32`` (read its docstring for the arithmetic and its error bounds)
 written for a kernel: acceptance ``u·q(d) < p(d)`` decided exactly in int64 from the float32
 bits; q(d) over duplicated candidates and the residual (p − q)+ as double-floats (TwoSum); the
-inverse CDF over weights scaled by a power of two with double-float prefix sums (here chunk by
-chunk: ``tl.associative_scan`` inside a chunk, a double-float carry across chunks) and the target
-u·total by Dekker's TwoProduct. The summation order differs from the torch op's scan, so the
-drawn index may differ from it, as from float64's, only within the bound ``ops.exact32`` states.
-Kernels calling these are launched unfused (``FP_FUSION``): TwoProduct's splitting assumes every
-product and sum is rounded on its own.
+inverse CDF over weights scaled by a power of two, the target u·total by Dekker's TwoProduct.
+The prefix sums are error-free where the torch op's are double-float: each chunk of n = 2^LOG
+weights (all ≤ 1 after scaling) is split into ``LEVELS`` slices (Rump, Ogita and Oishi's
+extraction: q = fl(σ + x) − σ with σ = 2^LOG, then σ·2^(LOG−24) on what is left, ...), each slice
+a multiple of ulp(σ) with at most n·|x| ≤ σ in sum, so its ``tl.cumsum`` and ``tl.sum`` are exact
+in any order; the slices' sums are then added as double-floats, as is the carry across chunks.
+What is lost is below 2^(LEVELS·(LOG−24)+LOG) per weight (2^-60 at LOG 10), far inside the bound
+``ops.exact32`` states, so the drawn index differs from the torch op's, as from float64's, only
+within it. Only elementwise operations and the built-in sums: a scan with a Python combine
+function would cost the interpreter a call per element.
+Kernels calling these are launched unfused (``FP_FUSION``): TwoProduct's splitting and the
+extraction assume every product and sum is rounded on its own.
 """
 
 from __future__ import annotations
@@ -151,18 +157,74 @@ def count_le(ch, cl, gh, gl):
     return tl.where((dh + (de + (cl - gl))) <= 0.0, 1, 0)
 
 
+LEVELS = tl.constexpr(5)
+
+
 @triton.jit
-def inverse_cdf(w, u, K, BLOCK_K: tl.constexpr):
-    """``ops.exact32.inverse_cdf32`` of one row of float32 weights w [BLOCK_K] (lanes ≥ K are
-    0) with uniform u: the index of the first cdf > u·total, clamped to the last positive
-    weight; -1 when w is not a law (NaN / inf total, no mass, a negative weight)."""
+def _slices(x, LOG: tl.constexpr):
+    """x (|x| ≤ 1, a chunk of 2^LOG lanes) as ``LEVELS`` slices whose sums over the chunk are
+    exact in float32 (module docstring), and the remainder dropped (below 2^(5·(LOG−24)+LOG))."""
+    step = tl.full([], LOG - 24, tl.int32)
+    e = tl.full([], LOG, tl.int32)
+    s1 = _pow2(e)
+    q1 = (s1 + x) - s1
+    r = x - q1
+    s2 = _pow2(e + step)
+    q2 = (s2 + r) - s2
+    r = r - q2
+    s3 = _pow2(e + 2 * step)
+    q3 = (s3 + r) - s3
+    r = r - q3
+    s4 = _pow2(e + 3 * step)
+    q4 = (s4 + r) - s4
+    r = r - q4
+    s5 = _pow2(e + 4 * step)
+    q5 = (s5 + r) - s5
+    return q1, q2, q3, q4, q5
+
+
+@triton.jit
+def _dd_of(a, b, c, d, e):
+    """a + b + c + d + e as a double-float (each term exact: the slices' sums)."""
+    h, lo = two_sum(a, b)
+    h, lo = dd_add(h, lo, c, 0.0)
+    h, lo = dd_add(h, lo, d, 0.0)
+    return dd_add(h, lo, e, 0.0)
+
+
+@triton.jit
+def chunk_sum(wh, wl, LOG: tl.constexpr):
+    """Σ (wh + wl) over a chunk as a double-float."""
+    a1, a2, a3, a4, a5 = _slices(wh, LOG)
+    b1, b2, b3, b4, b5 = _slices(wl, LOG)
+    return _dd_of(tl.sum(a1, 0) + tl.sum(b1, 0), tl.sum(a2, 0) + tl.sum(b2, 0),
+                  tl.sum(a3, 0) + tl.sum(b3, 0), tl.sum(a4, 0) + tl.sum(b4, 0),
+                  tl.sum(a5, 0) + tl.sum(b5, 0))
+
+
+@triton.jit
+def chunk_cdf(wh, wl, LOG: tl.constexpr):
+    """The inclusive prefix sums of (wh + wl) over a chunk as double-floats."""
+    a1, a2, a3, a4, a5 = _slices(wh, LOG)
+    b1, b2, b3, b4, b5 = _slices(wl, LOG)
+    return _dd_of(tl.cumsum(a1, 0) + tl.cumsum(b1, 0), tl.cumsum(a2, 0) + tl.cumsum(b2, 0),
+                  tl.cumsum(a3, 0) + tl.cumsum(b3, 0), tl.cumsum(a4, 0) + tl.cumsum(b4, 0),
+                  tl.cumsum(a5, 0) + tl.cumsum(b5, 0))
+
+
+@triton.jit
+def inverse_cdf(w, u, K, BLOCK_K: tl.constexpr, LOG_K: tl.constexpr):
+    """``ops.exact32.inverse_cdf32`` of one row of float32 weights w [BLOCK_K = 2^LOG_K] (lanes
+    ≥ K are 0) with uniform u: the index of the first cdf > u·total, clamped to the last
+    positive weight; -1 when w is not a law (NaN / inf total, no mass, a negative weight)."""
     ks = tl.arange(0, BLOCK_K)
     live = ks < K
     w = tl.where(live, w, 0.0)
     f1, f2 = scale_of(tl.max(w, 0))
     ch = w * f1 * f2
-    sh, sl = tl.associative_scan((ch, tl.zeros_like(ch)), 0, dd_add)
-    th, tlo = tl.reduce((ch, tl.zeros_like(ch)), 0, dd_add)
+    zero = tl.zeros_like(ch)
+    sh, sl = chunk_cdf(ch, zero, LOG_K)
+    th, tlo = chunk_sum(ch, zero, LOG_K)
     gh, gl = target_of(u.to(tl.float32), th, tlo)
     idx = tl.sum(tl.where(live, count_le(sh, sl, gh, gl), 0), 0)
     last = tl.max(tl.where(live & (w > 0.0), ks, -1), 0)
@@ -172,12 +234,13 @@ def inverse_cdf(w, u, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def emit_residual(prow, c, qk, u, V, K, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+def emit_residual(prow, c, qk, u, V, K, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+                  LOG_V: tl.constexpr):
     """The token a rejected (or bonus) slot emits from its target row ``prow`` (float32 p over V)
     and its candidates (c, qk; none hit for the bonus row): the inverse CDF of the residual
     (p − q)+, or of p where the residual is empty, with uniform u; -1 where that is not a law.
     Three scans of the row: the largest weights and last positives; the scaled total; the
-    chunked double-float cdf (``ops.verify`` float32 formulation)."""
+    chunked cdf (``ops.verify`` float32 formulation)."""
     lanes = tl.arange(0, BLOCK_V)
     top_r = tl.zeros([BLOCK_V], tl.float32)
     top_p = tl.zeros([BLOCK_V], tl.float32)
@@ -195,16 +258,15 @@ def emit_residual(prow, c, qk, u, V, K, BLOCK_V: tl.constexpr, BLOCK_K: tl.const
         negative |= (p < 0.0).to(tl.int32)
     use_p = tl.max(last_r, 0) < 0                     # the residual is empty: draw from p
     f1, f2 = scale_of(tl.where(use_p, tl.max(top_p, 0), tl.max(top_r, 0)))
-    mh = tl.zeros([BLOCK_V], tl.float32)
-    ml = tl.zeros([BLOCK_V], tl.float32)
-    for start in range(0, V, BLOCK_V):                # scan 2: the scaled mass, per lane
+    th = tl.zeros([], tl.float32)
+    tlo = tl.zeros([], tl.float32)
+    for start in range(0, V, BLOCK_V):                # scan 2: the scaled total
         offs = start + lanes
         p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float32)
         wh, wl = residual(p, offs, c, qk, K, BLOCK_K)
-        wh = tl.where(use_p, p, wh)
-        wl = tl.where(use_p, 0.0, wl)
-        mh, ml = dd_add(mh, ml, wh * f1 * f2, wl * f1 * f2)
-    th, tlo = tl.reduce((mh, ml), 0, dd_add)
+        bh, bl = chunk_sum(tl.where(use_p, p, wh) * f1 * f2, tl.where(use_p, 0.0, wl) * f1 * f2,
+                           LOG_V)
+        th, tlo = dd_add(th, tlo, bh, bl)
     gh, gl = target_of(u, th, tlo)
     carry_h = tl.zeros([], tl.float32)
     carry_l = tl.zeros([], tl.float32)
@@ -215,10 +277,10 @@ def emit_residual(prow, c, qk, u, V, K, BLOCK_V: tl.constexpr, BLOCK_K: tl.const
         wh, wl = residual(p, offs, c, qk, K, BLOCK_K)
         wh = tl.where(use_p, p, wh) * f1 * f2
         wl = tl.where(use_p, 0.0, wl) * f1 * f2
-        sh, sl = tl.associative_scan((wh, wl), 0, dd_add)
+        sh, sl = chunk_cdf(wh, wl, LOG_V)
         ch, cl = dd_add(sh, sl, carry_h, carry_l)
         count += tl.sum(tl.where(offs < V, count_le(ch, cl, gh, gl), 0), 0)
-        bh, bl = tl.reduce((wh, wl), 0, dd_add)
+        bh, bl = chunk_sum(wh, wl, LOG_V)
         carry_h, carry_l = dd_add(carry_h, carry_l, bh, bl)
     last = tl.where(use_p, tl.max(last_p, 0), tl.max(last_r, 0))
     law = _finite(th) & (th > 0.0) & ~(use_p & (tl.max(negative, 0) > 0))

@@ -159,7 +159,7 @@ def _emit64(prow, c, qk, u, V, BLOCK_V: tl.constexpr):
 def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua_ptr, ur_ptr,
                    ub_ptr, ctx_ptr, fresh_ptr, sub_ptr, acc_ptr, emit_ptr, badq_ptr, V, GAMMA, K,
                    SAMPLED: tl.constexpr, MARKED: tl.constexpr, FP64: tl.constexpr,
-                   BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, LOG_V: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)           # 64-bit: (r·rows + j)·V passes 2^31
     rows = GAMMA + 1
     greedy = tl.load(greedy_ptr + r) != 0
@@ -209,7 +209,7 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
             emit = _emit64(prow, c, qk.to(tl.float64), u, V, BLOCK_V)
         else:
             emit = exact32.emit_residual(prow, c, qk.to(tl.float32), u.to(tl.float32), V, K,
-                                         BLOCK_V, BLOCK_K)
+                                         BLOCK_V, BLOCK_K, LOG_V)
         if MARKED:                                   # the emitting slot's context is fresh:
             if tl.load(fresh_ptr + r * rows + acc) != 0:       # the keyed draw replaces it
                 emit = _keyed_emit(prow, c, qk.to(tl.float64),
@@ -246,12 +246,13 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
     marked = marks is not None and sampling.any_sampled
     keyed = (marks.ctx.contiguous(), marks.fresh.to(torch.int8),
              subkey_words(marks.key.target, logits.device)) if marked else (acc, acc, acc)
+    block_v = min(tuning.block_v, triton.next_power_of_2(v))
     _verify_kernel[(r,)](logits, p, draft, candidates, q.contiguous(),
                          sampling.greedy.to(torch.int8), noise.accept.contiguous(),
                          noise.residual.contiguous(), noise.bonus.contiguous(), *keyed, acc, emit,
                          bad_q, v, rows - 1, k, SAMPLED=sampling.any_sampled, MARKED=marked,
                          FP64=has_fp64,
-                         BLOCK_V=min(tuning.block_v, triton.next_power_of_2(v)),
+                         BLOCK_V=block_v, LOG_V=block_v.bit_length() - 1,
                          BLOCK_K=triton.next_power_of_2(k), num_warps=tuning.num_warps,
                          **FP_FUSION)
     bad_q = bad_q.bool()
