@@ -7,13 +7,13 @@ written for a kernel: acceptance ``u·q(d) < p(d)`` decided exactly in int64 fro
 bits; q(d) over duplicated candidates and the residual (p − q)+ as double-floats (TwoSum); the
 inverse CDF over weights scaled by a power of two, the target u·total by Dekker's TwoProduct.
 The prefix sums are error-free where the torch op's are double-float: each chunk of n = 2^LOG
-weights (all ≤ 1 after scaling) is split into ``LEVELS`` slices (Rump, Ogita and Oishi's
-extraction: q = fl(σ + x) − σ with σ = 2^LOG, then σ·2^(LOG−24) on what is left, ...), each slice
-a multiple of ulp(σ) with at most n·|x| ≤ σ in sum, so its ``tl.cumsum`` and ``tl.sum`` are exact
-in any order; the slices' sums are then added as double-floats, as is the carry across chunks.
-What is lost is below 2^(LEVELS·(LOG−24)+LOG) per weight (2^-60 at LOG 10), far inside the bound
-``ops.exact32`` states, so the drawn index differs from the torch op's, as from float64's, only
-within it. Only elementwise operations and the built-in sums: a scan with a Python combine
+weights (all ≤ 1 after scaling) is split into slices (Rump, Ogita and Oishi's extraction:
+q = fl(σ + x) − σ with σ = 2^LOG, then σ·2^(LOG−24) on what is left, ...), each slice a multiple
+of ulp(σ) with at most n·|x| ≤ σ in sum, so its ``tl.cumsum`` is exact in any order; the slices'
+sums are then added as double-floats, as is the carry across chunks. What is lost is below
+2^-52 per weight (``levels_for``: five slices at LOG 10, three for ≤ 32 candidates), inside the
+bound ``ops.exact32`` states, so the drawn index differs from the
+torch op's, as from float64's, only within it. Only elementwise operations and the built-in sums: a scan with a Python combine
 function would cost the interpreter a call per element.
 Kernels calling these are launched unfused (``FP_FUSION``): TwoProduct's splitting and the
 extraction assume every product and sum is rounded on its own.
@@ -33,11 +33,17 @@ def two_sum(a, b):
     return s, (a - (s - bb)) + (b - bb)
 
 
+# The functions the chunk loops call are written out, not composed of smaller ones: the
+# interpreter pays about 0.1 ms for every call of a jitted function.
 @triton.jit
 def dd_add(ah, al, bh, bl):
-    """Double-float a + b (also the combine function of the scans and reductions)."""
-    s, e = two_sum(ah, bh)
-    return two_sum(s, e + (al + bl))
+    """Double-float a + b: TwoSum of the highs, the lows added to the error, TwoSum again."""
+    s = ah + bh
+    bb = s - ah
+    e = ((ah - (s - bb)) + (bh - bb)) + (al + bl)
+    h = s + e
+    bb = h - s
+    return h, (s - (h - bb)) + (e - bb)
 
 
 @triton.jit
@@ -92,37 +98,40 @@ def accept(u, q_hi, q_lo, p):
 
 
 @triton.jit
-def hit_mass(c, qk, d, K, BLOCK_K: tl.constexpr):
-    """q(d) as a double-float: the K candidates' q where c == d, summed in order with TwoSum
-    (``ops.exact32.draft_mass32``)."""
+def hit_mass(c, qk, d, K, BLOCK_K: tl.constexpr, LOG_K: tl.constexpr,
+             LEVELS_K: tl.constexpr):
+    """q(d) as a double-float: the K candidates' q where c == d (``ops.exact32.draft_mass32``;
+    duplicated candidates summed exactly by slices, ``dd_sum``)."""
     ks = tl.arange(0, BLOCK_K)
-    hits = tl.where((c == d) & (ks < K), qk, 0.0)
-    hi = tl.zeros([], tl.float32)
+    hit = (c == d) & (ks < K)
+    hits = tl.where(hit, qk, 0.0)
+    hi = tl.sum(hits, 0)                                # one hit (top-K ids are distinct): exact
     lo = tl.zeros([], tl.float32)
-    for k in range(0, K):
-        hi, e = two_sum(hi, tl.sum(tl.where(ks == k, hits, 0.0), 0))
-        lo += e
-    return two_sum(hi, lo)
+    if tl.sum(hit.to(tl.int32), 0) > 1:                 # duplicated candidates
+        hi, lo = dd_sum(hits, 0, LOG_K, LEVELS_K)
+    return hi, lo
 
 
 @triton.jit
-def residual(p, offs, c, qk, K, BLOCK_K: tl.constexpr):
-    """max(p − Σ_k q_k [c_k = x], 0) at lanes ``offs`` as a double-float (hi, lo), each hit
-    subtracted in candidate order with TwoSum (``ops.exact32.residual32``); 0 where not
-    positive (NaN p included, as there)."""
+def residual(p, offs, c, qk, K, BLOCK_K: tl.constexpr, LOG_K: tl.constexpr,
+             LEVELS_K: tl.constexpr):
+    """max(p − Σ_k q_k [c_k = x], 0) at lanes ``offs`` as a double-float (hi, lo)
+    (``ops.exact32.residual32``); 0 where not positive (NaN p included, as there). A lane hit
+    by several (duplicated) candidates subtracts their exact sum (``dd_sum``)."""
     ks = tl.arange(0, BLOCK_K)
-    hi = p
-    lo = tl.zeros_like(p)
-    inside = (c >= tl.min(offs, 0)) & (c <= tl.max(offs, 0)) & (ks < K)
-    if tl.sum(inside.to(tl.int32), 0) > 0:            # most chunks hold no candidate
-        for k in range(0, K):
-            ck = tl.sum(tl.where(ks == k, c, 0), 0)
-            qv = tl.sum(tl.where(ks == k, qk, 0.0), 0)
-            s, e = two_sum(hi, -qv)
-            s, e = two_sum(s, e + lo)
-            hit = offs == ck
-            hi = tl.where(hit, s, hi)
-            lo = tl.where(hit, e, lo)
+    hit = (offs[:, None] == c[None, :]) & (ks < K)[None, :]             # [BLOCK_V, BLOCK_K]
+    qm = tl.where(hit, qk[None, :], 0.0)
+    neg = -tl.sum(qm, 1)                                                # ≤ 1 hit a lane: exact
+    ql = tl.zeros_like(p)
+    if tl.max(tl.sum(hit.to(tl.int32), 1), 0) > 1:     # a duplicated candidate
+        qh, ql = dd_sum(qm, 1, LOG_K, LEVELS_K)
+        neg = -qh
+    hi = p + neg                                        # TwoSum(p, −q_hi), then − q_lo
+    bb = hi - p
+    lo = ((p - (hi - bb)) + (neg - bb)) - ql
+    s = hi + lo
+    lo = lo - (s - hi)
+    hi = s
     pos = hi > 0.0
     return tl.where(pos, hi, 0.0), tl.where(pos, lo, 0.0)
 
@@ -153,67 +162,63 @@ def target_of(u, th, tlo):
 @triton.jit
 def count_le(ch, cl, gh, gl):
     """1 where the double-float cdf (ch, cl) ≤ the target (gh, gl), else 0."""
-    dh, de = two_sum(ch, -gh)
+    dh = ch - gh                                        # TwoSum(ch, −gh)
+    bb = dh - ch
+    de = (ch - (dh - bb)) + (-gh - bb)
     return tl.where((dh + (de + (cl - gl))) <= 0.0, 1, 0)
 
 
-LEVELS = tl.constexpr(5)
+@triton.jit
+def dd_sum(x, AXIS: tl.constexpr, LOG: tl.constexpr, LEVELS: tl.constexpr):
+    """Σ x along ``AXIS`` (2^LOG lanes, each |x| ≤ 1) as a double-float, from exact sums of
+    ``LEVELS`` slices (module docstring): no loop over the lanes, whatever their order."""
+    r = x
+    sigma = _pow2(tl.full([], LOG, tl.int32))
+    step = _pow2(tl.full([], LOG - 24, tl.int32))
+    q = (sigma + r) - sigma
+    r = r - q
+    h = tl.sum(q, AXIS)
+    lo = tl.zeros_like(h)
+    for k in tl.static_range(1, LEVELS):
+        sigma = sigma * step
+        q = (sigma + r) - sigma
+        r = r - q
+        h, lo = dd_add(h, lo, tl.sum(q, AXIS), 0.0)
+    return h, lo
+
+
+def levels_for(log: int) -> int:
+    """Slices a chunk of 2^log lanes needs so that what is lost stays below 2^-52 per weight
+    (24 − log bits a slice)."""
+    return next(n for n in range(1, 12) if log + n * (log - 24) <= -52)
 
 
 @triton.jit
-def _slices(x, LOG: tl.constexpr):
-    """x (|x| ≤ 1, a chunk of 2^LOG lanes) as ``LEVELS`` slices whose sums over the chunk are
-    exact in float32 (module docstring), and the remainder dropped (below 2^(5·(LOG−24)+LOG))."""
-    step = tl.full([], LOG - 24, tl.int32)
-    e = tl.full([], LOG, tl.int32)
-    s1 = _pow2(e)
-    q1 = (s1 + x) - s1
-    r = x - q1
-    s2 = _pow2(e + step)
-    q2 = (s2 + r) - s2
-    r = r - q2
-    s3 = _pow2(e + 2 * step)
-    q3 = (s3 + r) - s3
-    r = r - q3
-    s4 = _pow2(e + 3 * step)
-    q4 = (s4 + r) - s4
-    r = r - q4
-    s5 = _pow2(e + 4 * step)
-    q5 = (s5 + r) - s5
-    return q1, q2, q3, q4, q5
+def chunk_cdf(wh, wl, LOG: tl.constexpr, LEVELS: tl.constexpr, LO: tl.constexpr):
+    """The inclusive prefix sums of wh (+ wl where ``LO``) over a chunk of 2^LOG lanes, each
+    |w| ≤ 1, as double-floats: ``LEVELS`` slices (module docstring), each slice's ``tl.cumsum``
+    exact, the slices' sums added as double-floats."""
+    h = tl.zeros_like(wh)
+    lo = tl.zeros_like(wh)
+    rh = wh
+    rl = wl
+    sigma = _pow2(tl.full([], LOG, tl.int32))
+    step = _pow2(tl.full([], LOG - 24, tl.int32))       # σ of the next slice: σ·2^(LOG−24)
+    for k in tl.static_range(LEVELS):
+        if k > 0:
+            sigma = sigma * step
+        q = (sigma + rh) - sigma
+        rh = rh - q
+        if LO:                       # wl's slice is on the same grid: the sum stays exact
+            ql = (sigma + rl) - sigma
+            rl = rl - ql
+            q = q + ql
+        h, lo = dd_add(h, lo, tl.cumsum(q, 0), 0.0)
+    return h, lo
 
 
 @triton.jit
-def _dd_of(a, b, c, d, e):
-    """a + b + c + d + e as a double-float (each term exact: the slices' sums)."""
-    h, lo = two_sum(a, b)
-    h, lo = dd_add(h, lo, c, 0.0)
-    h, lo = dd_add(h, lo, d, 0.0)
-    return dd_add(h, lo, e, 0.0)
-
-
-@triton.jit
-def chunk_sum(wh, wl, LOG: tl.constexpr):
-    """Σ (wh + wl) over a chunk as a double-float."""
-    a1, a2, a3, a4, a5 = _slices(wh, LOG)
-    b1, b2, b3, b4, b5 = _slices(wl, LOG)
-    return _dd_of(tl.sum(a1, 0) + tl.sum(b1, 0), tl.sum(a2, 0) + tl.sum(b2, 0),
-                  tl.sum(a3, 0) + tl.sum(b3, 0), tl.sum(a4, 0) + tl.sum(b4, 0),
-                  tl.sum(a5, 0) + tl.sum(b5, 0))
-
-
-@triton.jit
-def chunk_cdf(wh, wl, LOG: tl.constexpr):
-    """The inclusive prefix sums of (wh + wl) over a chunk as double-floats."""
-    a1, a2, a3, a4, a5 = _slices(wh, LOG)
-    b1, b2, b3, b4, b5 = _slices(wl, LOG)
-    return _dd_of(tl.cumsum(a1, 0) + tl.cumsum(b1, 0), tl.cumsum(a2, 0) + tl.cumsum(b2, 0),
-                  tl.cumsum(a3, 0) + tl.cumsum(b3, 0), tl.cumsum(a4, 0) + tl.cumsum(b4, 0),
-                  tl.cumsum(a5, 0) + tl.cumsum(b5, 0))
-
-
-@triton.jit
-def inverse_cdf(w, u, K, BLOCK_K: tl.constexpr, LOG_K: tl.constexpr):
+def inverse_cdf(w, u, K, BLOCK_K: tl.constexpr, LOG_K: tl.constexpr, LEVELS_K: tl.constexpr):
     """``ops.exact32.inverse_cdf32`` of one row of float32 weights w [BLOCK_K = 2^LOG_K] (lanes
     ≥ K are 0) with uniform u: the index of the first cdf > u·total, clamped to the last
     positive weight; -1 when w is not a law (NaN / inf total, no mass, a negative weight)."""
@@ -222,9 +227,9 @@ def inverse_cdf(w, u, K, BLOCK_K: tl.constexpr, LOG_K: tl.constexpr):
     w = tl.where(live, w, 0.0)
     f1, f2 = scale_of(tl.max(w, 0))
     ch = w * f1 * f2
-    zero = tl.zeros_like(ch)
-    sh, sl = chunk_cdf(ch, zero, LOG_K)
-    th, tlo = chunk_sum(ch, zero, LOG_K)
+    sh, sl = chunk_cdf(ch, ch, LOG_K, LEVELS_K, False)
+    end = ks == BLOCK_K - 1                             # the prefix sums' last: the total
+    th, tlo = two_sum(tl.sum(tl.where(end, sh, 0.0), 0), tl.sum(tl.where(end, sl, 0.0), 0))
     gh, gl = target_of(u.to(tl.float32), th, tlo)
     idx = tl.sum(tl.where(live, count_le(sh, sl, gh, gl), 0), 0)
     last = tl.max(tl.where(live & (w > 0.0), ks, -1), 0)
@@ -235,7 +240,8 @@ def inverse_cdf(w, u, K, BLOCK_K: tl.constexpr, LOG_K: tl.constexpr):
 
 @triton.jit
 def emit_residual(prow, c, qk, u, V, K, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                  LOG_V: tl.constexpr):
+                  LOG_V: tl.constexpr, LEVELS_V: tl.constexpr, LOG_K: tl.constexpr,
+                  LEVELS_K: tl.constexpr):
     """The token a rejected (or bonus) slot emits from its target row ``prow`` (float32 p over V)
     and its candidates (c, qk; none hit for the bonus row): the inverse CDF of the residual
     (p − q)+, or of p where the residual is empty, with uniform u; -1 where that is not a law.
@@ -250,7 +256,7 @@ def emit_residual(prow, c, qk, u, V, K, BLOCK_V: tl.constexpr, BLOCK_K: tl.const
     for start in range(0, V, BLOCK_V):                # scan 1: maxima, last positives
         offs = start + lanes
         p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float32)
-        wh, _ = residual(p, offs, c, qk, K, BLOCK_K)
+        wh, _ = residual(p, offs, c, qk, K, BLOCK_K, LOG_K, LEVELS_K)
         top_r = tl.maximum(top_r, wh)
         top_p = tl.maximum(top_p, p)
         last_r = tl.maximum(last_r, tl.where(wh > 0.0, offs, -1))
@@ -263,10 +269,12 @@ def emit_residual(prow, c, qk, u, V, K, BLOCK_V: tl.constexpr, BLOCK_K: tl.const
     for start in range(0, V, BLOCK_V):                # scan 2: the scaled total
         offs = start + lanes
         p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float32)
-        wh, wl = residual(p, offs, c, qk, K, BLOCK_K)
-        bh, bl = chunk_sum(tl.where(use_p, p, wh) * f1 * f2, tl.where(use_p, 0.0, wl) * f1 * f2,
-                           LOG_V)
-        th, tlo = dd_add(th, tlo, bh, bl)
+        wh, wl = residual(p, offs, c, qk, K, BLOCK_K, LOG_K, LEVELS_K)
+        sh, sl = chunk_cdf(tl.where(use_p, p, wh) * f1 * f2,
+                           tl.where(use_p, 0.0, wl) * f1 * f2, LOG_V, LEVELS_V, True)
+        end = lanes == BLOCK_V - 1                      # the prefix sums' last: the total
+        th, tlo = dd_add(th, tlo, tl.sum(tl.where(end, sh, 0.0), 0),
+                         tl.sum(tl.where(end, sl, 0.0), 0))
     gh, gl = target_of(u, th, tlo)
     carry_h = tl.zeros([], tl.float32)
     carry_l = tl.zeros([], tl.float32)
@@ -274,14 +282,15 @@ def emit_residual(prow, c, qk, u, V, K, BLOCK_V: tl.constexpr, BLOCK_K: tl.const
     for start in range(0, V, BLOCK_V):                # scan 3: the inverse CDF
         offs = start + lanes
         p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float32)
-        wh, wl = residual(p, offs, c, qk, K, BLOCK_K)
+        wh, wl = residual(p, offs, c, qk, K, BLOCK_K, LOG_K, LEVELS_K)
         wh = tl.where(use_p, p, wh) * f1 * f2
         wl = tl.where(use_p, 0.0, wl) * f1 * f2
-        sh, sl = chunk_cdf(wh, wl, LOG_V)
+        sh, sl = chunk_cdf(wh, wl, LOG_V, LEVELS_V, True)
         ch, cl = dd_add(sh, sl, carry_h, carry_l)
         count += tl.sum(tl.where(offs < V, count_le(ch, cl, gh, gl), 0), 0)
-        bh, bl = chunk_sum(wh, wl, LOG_V)
-        carry_h, carry_l = dd_add(carry_h, carry_l, bh, bl)
+        end = lanes == BLOCK_V - 1
+        carry_h, carry_l = dd_add(carry_h, carry_l, tl.sum(tl.where(end, sh, 0.0), 0),
+                                  tl.sum(tl.where(end, sl, 0.0), 0))
     last = tl.where(use_p, tl.max(last_p, 0), tl.max(last_r, 0))
     law = _finite(th) & (th > 0.0) & ~(use_p & (tl.max(negative, 0) > 0))
     return tl.where(law, tl.minimum(count, last), -1)

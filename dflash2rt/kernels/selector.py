@@ -70,7 +70,7 @@ def _fresh(ctx, rec_ptr, used, M, ctxs, e, BLOCK_M: tl.constexpr, BLOCK_G: tl.co
 def _walk_kernel(cand_ptr, unary_ptr, proj_ptr, a_ptr, b_ptr, anchor_ptr, temp_ptr, greedy_ptr,
                  u_ptr, win_ptr, rec_ptr, used_ptr, sub_ptr, draft_ptr, q_ptr, badl_ptr, GAMMA,
                  K, RANK, M, SAMPLED: tl.constexpr, MARKED: tl.constexpr, FP64: tl.constexpr,
-                 BLOCK_K: tl.constexpr, LOG_K: tl.constexpr,
+                 BLOCK_K: tl.constexpr, LOG_K: tl.constexpr, LEVELS_K: tl.constexpr,
                  BLOCK_R: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr,
                  BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
@@ -115,7 +115,7 @@ def _walk_kernel(cand_ptr, unary_ptr, proj_ptr, a_ptr, b_ptr, anchor_ptr, temp_p
                 idx_s = tl.minimum(idx_s, tl.max(tl.where(qs > 0, ks, -1), 0))
                 law = (total > 0) & (total < float("inf"))           # False for NaN
             else:
-                idx_s = exact32.inverse_cdf(qs, u, K, BLOCK_K, LOG_K)   # -1: not a law
+                idx_s = exact32.inverse_cdf(qs, u, K, BLOCK_K, LOG_K, LEVELS_K)   # -1: no law
                 law = idx_s >= 0
             bad = tl.where(greedy | law, bad, 1)
             idx = tl.where(greedy, idx, tl.where(law, idx_s, 0))
@@ -168,6 +168,7 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
                        SAMPLED=sampling.any_sampled, MARKED=marked, FP64=has_fp64,
                        BLOCK_K=triton.next_power_of_2(k),
                        LOG_K=triton.next_power_of_2(k).bit_length() - 1,
+                       LEVELS_K=exact32.levels_for(triton.next_power_of_2(k).bit_length() - 1),
                        BLOCK_R=max(triton.next_power_of_2(rank), 1), H=h,
                        BLOCK_H=triton.next_power_of_2(h), BLOCK_G=triton.next_power_of_2(gamma),
                        BLOCK_M=min(256, triton.next_power_of_2(m)), num_warps=tuning.num_warps,

@@ -159,7 +159,8 @@ def _emit64(prow, c, qk, u, V, BLOCK_V: tl.constexpr):
 def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua_ptr, ur_ptr,
                    ub_ptr, ctx_ptr, fresh_ptr, sub_ptr, acc_ptr, emit_ptr, badq_ptr, V, GAMMA, K,
                    SAMPLED: tl.constexpr, MARKED: tl.constexpr, FP64: tl.constexpr,
-                   BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, LOG_V: tl.constexpr):
+                   BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, LOG_V: tl.constexpr,
+                   LEVELS_V: tl.constexpr, LOG_K: tl.constexpr, LEVELS_K: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)           # 64-bit: (r·rows + j)·V passes 2^31
     rows = GAMMA + 1
     greedy = tl.load(greedy_ptr + r) != 0
@@ -190,7 +191,8 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
                 q_hi = tl.sum(tl.where(c == d, qk, 0.0), 0)
                 q_lo = q_hi
             else:
-                q_hi, q_lo = exact32.hit_mass(c, qk.to(tl.float32), d, K, BLOCK_K)
+                q_hi, q_lo = exact32.hit_mass(c, qk.to(tl.float32), d, K, BLOCK_K, LOG_K,
+                                              LEVELS_K)
             p_d = tl.load(p_ptr + (r * rows + j) * V + d)
             u = tl.load(ua_ptr + r * GAMMA + j)
             q_broken = tl.sum(tl.where(kmask & ((qk != qk) | (qk < 0) | (qk == float("inf"))),
@@ -209,7 +211,7 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
             emit = _emit64(prow, c, qk.to(tl.float64), u, V, BLOCK_V)
         else:
             emit = exact32.emit_residual(prow, c, qk.to(tl.float32), u.to(tl.float32), V, K,
-                                         BLOCK_V, BLOCK_K, LOG_V)
+                                         BLOCK_V, BLOCK_K, LOG_V, LEVELS_V, LOG_K, LEVELS_K)
         if MARKED:                                   # the emitting slot's context is fresh:
             if tl.load(fresh_ptr + r * rows + acc) != 0:       # the keyed draw replaces it
                 emit = _keyed_emit(prow, c, qk.to(tl.float64),
@@ -247,13 +249,17 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
     keyed = (marks.ctx.contiguous(), marks.fresh.to(torch.int8),
              subkey_words(marks.key.target, logits.device)) if marked else (acc, acc, acc)
     block_v = min(tuning.block_v, triton.next_power_of_2(v))
+    block_k = triton.next_power_of_2(k)
     _verify_kernel[(r,)](logits, p, draft, candidates, q.contiguous(),
                          sampling.greedy.to(torch.int8), noise.accept.contiguous(),
                          noise.residual.contiguous(), noise.bonus.contiguous(), *keyed, acc, emit,
                          bad_q, v, rows - 1, k, SAMPLED=sampling.any_sampled, MARKED=marked,
                          FP64=has_fp64,
                          BLOCK_V=block_v, LOG_V=block_v.bit_length() - 1,
-                         BLOCK_K=triton.next_power_of_2(k), num_warps=tuning.num_warps,
+                         LEVELS_V=exact32.levels_for(block_v.bit_length() - 1),
+                         LOG_K=block_k.bit_length() - 1,
+                         LEVELS_K=exact32.levels_for(block_k.bit_length() - 1),
+                         BLOCK_K=block_k, num_warps=tuning.num_warps,
                          **FP_FUSION)
     bad_q = bad_q.bool()
     bad = with_empty_draws(bad_rows(logits).any(dim=1), sampling.greedy, bad_q, emit)
