@@ -98,11 +98,11 @@ class Runner:
             sec.reason = f"deadline: {max(left, 0):.0f} s left, section budget {sec.budget_s:.0f} s"
             self.say(f"{sec.name}: SKIPPED ({sec.reason})")
             return
-        self.say(f"{sec.name}: {sec.title} (budget {sec.budget_s:.0f} s)")
         start = time.monotonic()
         self.section_end = start + sec.budget_s
-        sec.status = "PASS"
+        sec.status = "PASS"            # running: a signal from here on fails the section
         try:
+            self.say(f"{sec.name}: {sec.title} (budget {sec.budget_s:.0f} s)")
             body(sec, *args)
         except Interrupted as exc:
             sec.fail(f"interrupted by {exc}")

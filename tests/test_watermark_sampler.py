@@ -127,3 +127,30 @@ def test_draws_refuse_a_device_without_float64():
             with pytest.raises(sampler.WatermarkUnsupportedError, match="no float64"):
                 call()
         assert sampler.coin(KEY.coin, ctx).shape == (2,)
+
+
+def test_every_draw_path_refuses_before_any_float64_outside_run_context():
+    """A backend without float64 passes has_fp64=False to the watermarked ops; with no
+    run_context() around them (a conformance harness, a direct call) the keyed walk, the marks'
+    emit and the ops must still refuse with the typed error before making any float64 tensor
+    (the float64 guard of cpu-nofp64 would raise on the first one)."""
+    from dflash2rt.cpu.nofp64 import Float64Forbidden
+    from dflash2rt.kernels.smoke import cases
+    from dflash2rt.watermark import generate as wmgen
+
+    args = dict(cases(torch.float32))
+    wm_select = args["select-watermarked"][1]()
+    wm_verify = args["verify-watermarked"][1]()
+    wm = wm_select[0]
+    law, cand = torch.full((2, 3), 1 / 3), torch.zeros(2, 3, dtype=torch.int64)
+    calls = {
+        "walk": lambda: wm.walk(False).pick(0, law, cand, torch.zeros(2, dtype=torch.int64),
+                                           torch.zeros(2, dtype=torch.bool)),
+        "emit": lambda: wm.marks(cand[:, :2], False).emit(law, torch.zeros(2, dtype=torch.int64),
+                                                         torch.zeros(2, dtype=torch.int64)),
+        "select_marked": lambda: wmgen.select_marked(*wm_select, has_fp64=False),
+        "verify_marked": lambda: wmgen.verify_marked(*wm_verify, has_fp64=False),
+    }
+    for name, call in calls.items():
+        with Float64Forbidden(), pytest.raises(sampler.WatermarkUnsupportedError):
+            call()
