@@ -35,19 +35,20 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{**r.as_dict(), **b} for r, b in rows], indent=2))
         return 0
-    print(f"{'backend':<18} {'avail':<6} {'prio':>4}  {'plugin':<28} device / reason")
+    w = max([len("backend"), *(len(r.name) for r, _ in rows)]) + 1
+    print(f"{'backend':<{w}} {'avail':<6} {'prio':>4}  {'plugin':<28} device / reason")
     for r, b in rows:
         plugin = f"{r.distribution} {r.version}"
         prio = "" if r.priority is None else str(r.priority)
         avail = "yes" if r.available else "no"
         where = r.device if r.available else r.reason
-        print(f"{r.name:<18} {avail:<6} {prio:>4}  {plugin:<28} {where}")
+        print(f"{r.name:<{w}} {avail:<6} {prio:>4}  {plugin:<28} {where}")
         if r.available or r.kernels:
             flags = " (opt-in)" if r.opt_in else ""
-            print(f"{'':<18} kernels: {r.kernels}; dtypes: {', '.join(r.dtypes)}; "
+            print(f"{'':<{w}} kernels: {r.kernels}; dtypes: {', '.join(r.dtypes)}; "
                   f"float64: {'yes' if r.fp64 else 'no'}; graphs: {r.graphs}{flags}")
         if b["implementation"]:
-            print(f"{'':<18} runs: {b['implementation']}")
+            print(f"{'':<{w}} runs: {b['implementation']}")
         for f in b["fallbacks"]:
-            print(f"{'':<18} fallback: {f}")
+            print(f"{'':<{w}} fallback: {f}")
     return 0
