@@ -15,7 +15,7 @@ from dflash2rt.models import memory
 @pytest.fixture
 def fake_xpu(monkeypatch):
     """torch.xpu whose mem_get_info raises as Arc drivers without Sysman do."""
-    monkeypatch.setattr(memory, "NOTES", {})
+    monkeypatch.setattr(memory, "NOTES", {}, raising=False)
     state = {"reserved": 3 * 10**9}
 
     def refuse(device=None):

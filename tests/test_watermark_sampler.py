@@ -144,12 +144,12 @@ def test_every_draw_path_refuses_before_any_float64_outside_run_context():
     wm = wm_select[0]
     law, cand = torch.full((2, 3), 1 / 3), torch.zeros(2, 3, dtype=torch.int64)
     calls = {
+        "select_marked": lambda: wmgen.select_marked(*wm_select, has_fp64=False),
+        "verify_marked": lambda: wmgen.verify_marked(*wm_verify, has_fp64=False),
         "walk": lambda: wm.walk(False).pick(0, law, cand, torch.zeros(2, dtype=torch.int64),
                                            torch.zeros(2, dtype=torch.bool)),
         "emit": lambda: wm.marks(cand[:, :2], False).emit(law, torch.zeros(2, dtype=torch.int64),
                                                          torch.zeros(2, dtype=torch.int64)),
-        "select_marked": lambda: wmgen.select_marked(*wm_select, has_fp64=False),
-        "verify_marked": lambda: wmgen.verify_marked(*wm_verify, has_fp64=False),
     }
     for name, call in calls.items():
         with Float64Forbidden(), pytest.raises(sampler.WatermarkUnsupportedError):
