@@ -39,6 +39,7 @@ def test_generate_gives_fresh_keys():
 def test_from_file_formats(tmp_path, content):
     f = tmp_path / "k"
     f.write_bytes(content)
+    f.chmod(0o600)
     assert WatermarkKey.from_file(f) == WatermarkKey(SECRET)
 
 
@@ -46,6 +47,7 @@ def test_from_file_formats(tmp_path, content):
 def test_from_file_rejects_malformed_without_echoing(tmp_path, content):
     f = tmp_path / "k"
     f.write_bytes(content)
+    f.chmod(0o600)
     with pytest.raises(WatermarkKeyError, match="64 hexadecimal digits") as info:
         WatermarkKey.from_file(f)
     assert isinstance(info.value, InvalidInputError)
@@ -88,3 +90,117 @@ def test_secret_never_shown():
     with pytest.raises(TypeError, match="not pickled"):
         pickle.dumps(k)
     assert copy.deepcopy(k) is k and copy.copy(k) is k
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_keys_readable_by_group_or_others_are_refused_saying_how_to_fix(tmp_path, mode):
+    f = tmp_path / "shared.key"
+    f.write_text(SECRET.hex())
+    f.chmod(mode)
+    with pytest.raises(WatermarkKeyError, match=rf"mode {mode:04o}.*chmod 600") as info:
+        WatermarkKey.from_file(f)
+    assert SECRET.hex() not in str(info.value)
+    assert WatermarkKey.from_file(f, allow_shared=True) == WatermarkKey(SECRET)
+    f.chmod(0o600)
+    assert WatermarkKey.from_file(f) == WatermarkKey(SECRET)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o666, 0o400])
+def test_overwriting_gives_a_private_file_whatever_was_there(tmp_path, mode):
+    """keygen --force over an existing file: the new secret is in a 0600 file (not the old
+    file's mode), written whole (a rename), and no temporary file is left behind."""
+    f = tmp_path / "wm.key"
+    f.write_text("old contents\n")
+    f.chmod(mode)
+    k = WatermarkKey.generate()
+    k.save(f, overwrite=True)
+    assert os.stat(f).st_mode & 0o777 == 0o600
+    assert WatermarkKey.from_file(f) == k
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wm.key"]
+
+
+def test_keygen_force_in_the_cli(tmp_path, capsys):
+    from dflash2rt.cli import main
+
+    f = tmp_path / "wm.key"
+    f.write_text("x\n")
+    f.chmod(0o644)
+    assert main(["watermark", "keygen", "--out", str(f)]) == 2          # kept without --force
+    assert f.read_text() == "x\n"
+    assert main(["watermark", "keygen", "--out", str(f), "--force"]) == 0
+    assert os.stat(f).st_mode & 0o777 == 0o600 and WatermarkKey.from_file(f)
+
+
+def _key_texts(key: WatermarkKey) -> list[str]:
+    """Every way key material could be printed: the secret (hex, bytes) and each subkey word
+    (decimal, hex, and as the signed int64 a tensor holds)."""
+    out = [key._secret.hex(), key._secret.hex().upper(), repr(key._secret)]
+    for s in (key.draft, key.target, key.coin):
+        for w in (s.k0, s.k1, s.word):
+            if w >= 1000:                                   # too short to be told apart
+                out += [str(w), f"{w:x}", f"{w:#x}"]
+    return out
+
+
+def _reachable(roots, limit=200_000):
+    """Objects reachable from ``roots`` through gc referents (modules and types excluded)."""
+    import gc
+    import types
+
+    seen, todo, out = set(), list(roots), []
+    while todo and len(out) < limit:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, (types.ModuleType, type, types.FunctionType)):
+            continue
+        seen.add(id(obj))
+        out.append(obj)
+        todo.extend(gc.get_referents(obj))
+    return out
+
+
+def test_no_object_of_a_watermarked_run_prints_the_key(monkeypatch, caplog):
+    """During a watermarked run (graph runners included, through a replaying fake adapter),
+    walk everything the engine and the batch state hold: no dflash2rt object's repr or str,
+    no stats field, no JSON and no log line shows any key material."""
+    import json
+    import logging
+
+    import torch
+
+    from dflash2rt.backend import TorchOpsBackend
+    from dflash2rt.engine import decode
+    from dflash2rt.engine.engine import Engine
+    from dflash2rt.engine.request import Request, SamplingParams
+
+    from test_engine_graphs import ReplayAdapter
+    from tiny_models import tiny_pair
+
+    key = WatermarkKey(SECRET)
+    texts = _key_texts(key)
+    be = TorchOpsBackend("cpu-graphs", "cpu", (torch.float32, torch.float64))
+    be.graph_adapter = ReplayAdapter()
+    engine = Engine(tiny_pair("dflash2", block=4, seed=3), be)
+    held = []
+    real = decode.decode_step
+
+    def spy(stepper, block, st, *a, **k):
+        held.append((stepper, st))
+        return real(stepper, block, st, *a, **k)
+    monkeypatch.setattr(decode, "decode_step", spy)
+    monkeypatch.setattr("dflash2rt.engine.engine.decode_step", spy)
+    caplog.set_level(logging.DEBUG)
+    reqs = [Request((1, 2, 3), SamplingParams(max_new_tokens=10, temperature=1.0, seed=s))
+            for s in range(3)]
+    outs, stats = engine.generate(reqs, block_size=4, watermark=key)
+    assert held and any(st.wm is not None for _, st in held)
+    shown = [json.dumps(stats.as_dict(), default=str), repr(stats), repr(outs),
+             caplog.text]
+    objs = _reachable([engine, stats, outs, *[x for pair in held for x in pair]])
+    ours = [o for o in objs if type(o).__module__.startswith("dflash2rt")]
+    assert any(type(o).__name__ == "WatermarkBatch" for o in ours)
+    assert any(type(o).__name__ == "Bucket" for o in ours)
+    for o in ours:
+        shown += [repr(o), str(o)]
+    leaks = [(t, s[:120]) for s in shown for t in texts if t in s]
+    assert not leaks, leaks
+    engine.close()

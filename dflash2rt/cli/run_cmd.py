@@ -56,6 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print texts, tokens and stats as JSON")
     p.add_argument("--watermark-key-file", metavar="FILE", help="watermark sampled tokens with "
                    "the key in FILE (`dflash2rt watermark keygen`); greedy output is unmarked")
+    p.add_argument("--watermark-key-allow-shared", action="store_true",
+                   help="read a key file that its group or others may read (refused otherwise)")
     p.add_argument("--metrics", metavar="FILE", help="write the run's speculation metrics "
                    "(drafts, drafted / accepted tokens, per position, mean acceptance length) "
                    "to FILE in the Prometheus text format, vLLM's names with a dflash2rt: prefix")
@@ -146,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
     if args.watermark_key_file is not None:      # before loading: a bad key file fails at once
         from ..watermark import WatermarkKey
 
-        key = WatermarkKey.from_file(args.watermark_key_file)
+        key = WatermarkKey.from_file(args.watermark_key_file,
+                                     allow_shared=args.watermark_key_allow_shared)
     selection = Registry.discover().select(args.backend)
     print(selection.describe(), file=sys.stderr)
     dtype = "auto" if args.dtype == "auto" else DTYPES[args.dtype]

@@ -22,6 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.set_defaults(func=keygen)
     d = wsub.add_parser("detect", help="test a text or token list for the watermark of a key")
     d.add_argument("--key-file", required=True, type=Path)
+    d.add_argument("--allow-shared", action="store_true",
+                   help="read a key file that its group or others may read (refused otherwise)")
     src = d.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="the text to test (tokenized with --model's tokenizer)")
     src.add_argument("--tokens", type=Path, help="a JSON file holding a list of token ids")
@@ -76,7 +78,7 @@ def detect(args: argparse.Namespace) -> int:
     from ..watermark.detect import detect as run_detect
     from ..watermark.keys import WatermarkKey
 
-    key = WatermarkKey.from_file(args.key_file)
+    key = WatermarkKey.from_file(args.key_file, allow_shared=args.allow_shared)
     if args.text is not None:
         tokens = _tokenizer(args.model).encode(args.text, add_special_tokens=False)
     else:

@@ -39,8 +39,8 @@ Tensors = dict[str, torch.Tensor]
 @dataclass
 class Bucket:
     size: int
-    inputs: Tensors
-    outputs: Tensors = field(default_factory=dict)
+    inputs: Tensors = field(repr=False)     # static buffers (a watermark's key words among them)
+    outputs: Tensors = field(default_factory=dict, repr=False)
     graph: Graph | None = None
     eager: str = ""              # why capture failed or replay differed: the body runs eagerly
     verified: bool = False       # the post-capture replay equalled the eager warm-up

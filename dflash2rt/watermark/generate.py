@@ -22,7 +22,7 @@ rows never read a draw: greedy output is unchanged and unmarked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -103,7 +103,8 @@ class WatermarkBatch:
     window: torch.Tensor
     record: torch.Tensor
     used: torch.Tensor
-    words: torch.Tensor | None = None      # None: made from the key (a WatermarkKey)
+    # the subkey words: key material, so out of the repr (None: made from the key)
+    words: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.words is None:

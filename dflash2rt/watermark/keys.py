@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import stat
 from pathlib import Path
 
 import torch
@@ -73,15 +74,24 @@ class WatermarkKey:
         return cls(secret)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> "WatermarkKey":
+    def from_file(cls, path: str | os.PathLike, allow_shared: bool = False) -> "WatermarkKey":
         """Read a key file: 64 hexadecimal digits (what ``save`` / ``watermark keygen`` write;
-        surrounding whitespace ignored) or exactly 32 raw bytes."""
+        surrounding whitespace ignored) or exactly 32 raw bytes. As ssh does with private keys,
+        a file that its group or others may read is refused (``allow_shared``: read it anyway)."""
         path = Path(path).expanduser()
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:
+                mode = os.fstat(f.fileno()).st_mode
+                data = f.read()
         except OSError as exc:
             raise WatermarkKeyError(f"cannot read watermark key file {str(path)!r}: "
                                     f"{exc.strerror or type(exc).__name__}") from None
+        if os.name == "posix" and mode & 0o077 and not allow_shared:
+            raise WatermarkKeyError(
+                f"watermark key file {str(path)!r} is readable by its group or others (mode "
+                f"{stat.S_IMODE(mode):04o}): a watermark key is a secret; run `chmod 600 "
+                f"{path}` (or pass allow_shared=True / --watermark-key-allow-shared to read it "
+                "anyway)")
         text = data.strip()
         if len(text) == 2 * SECRET_BYTES:
             try:
@@ -95,20 +105,34 @@ class WatermarkKey:
                                 "`dflash2rt watermark keygen --out FILE`)")
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Write the key as 64 hex digits + newline, readable by the owner only (mode 0600);
-        an existing file is kept unless ``overwrite``."""
+        """Write the key as 64 hex digits + newline, readable by the owner only (mode 0600,
+        whatever was at ``path`` before), atomically: a new file in the same folder, then
+        renamed over ``path`` (``overwrite``) or linked to it (else an existing file is kept)."""
         path = Path(path).expanduser()
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+        if path.exists() and not overwrite:
+            raise WatermarkKeyError(f"{str(path)!r} exists; refusing to overwrite a key "
+                                    "(choose another path or delete it first)")
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
         try:
-            fd = os.open(path, flags, 0o600)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self._secret.hex() + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o600)                    # whatever the umask did
+            if overwrite:
+                os.replace(tmp, path)
+            else:
+                os.link(tmp, path)                  # fails if the path appeared meanwhile
         except FileExistsError:
             raise WatermarkKeyError(f"{str(path)!r} exists; refusing to overwrite a key "
                                     "(choose another path or delete it first)") from None
         except OSError as exc:
             raise WatermarkKeyError(f"cannot write watermark key file {str(path)!r}: "
                                     f"{exc.strerror or type(exc).__name__}") from None
-        with os.fdopen(fd, "w") as f:
-            f.write(self._secret.hex() + "\n")
+        finally:
+            if tmp.exists():
+                tmp.unlink()
         return path
 
     def _derive(self, label: bytes, size: int) -> bytes:
