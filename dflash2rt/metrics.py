@@ -12,17 +12,23 @@ in the same format and under the same names with a ``dflash2rt:`` prefix:
 
 The file suits node_exporter's textfile collector (written whole, then renamed into place) and
 any parser of the format. Counters (``_total``) count this run only; the gauges are the mean
-acceptance length, the acceptance rate and its per-position rates. Two series vLLM lacks:
+acceptance length, the acceptance rate and the per-position rates. Every series named as one of
+vLLM's has vLLM's definition (``vllm/v1/spec_decode/metrics.py``): the acceptance rate is
+accepted / drafted tokens, the mean acceptance length 1 + accepted / drafts, and
+``dflash2rt:spec_decode_acceptance_rate_per_pos`` accepted_per_pos / drafts, what vLLM's
+dashboards compute. Two series vLLM lacks, under names of their own:
 ``dflash2rt:spec_decode_num_reached_tokens_per_pos_total`` (drafts that verified position i:
-with adaptive block sizes not every draft has every position, so accepted / drafts would
-understate a position's rate) and ``dflash2rt:spec_decode_acceptance_rate_per_pos``
+with adaptive block sizes not every draft has every position, so accepted / drafts understates
+a deep position's rate) and ``dflash2rt:spec_decode_conditional_acceptance_rate_per_pos``
 (accepted / reached). Position i is draft slot i + 1, the first token after the anchor being
-position 0, as in vLLM. RunStats documents how each number is counted.
+position 0, as in vLLM. Label names follow Prometheus's grammar, ``[a-zA-Z_][a-zA-Z0-9_]*``
+(ASCII). RunStats documents how each number is counted.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -30,6 +36,7 @@ from .engine.stats import RunStats
 from .errors import InvalidInputError
 
 PREFIX = "dflash2rt:"
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 def _labels(labels: Mapping[str, str]) -> str:
@@ -59,10 +66,12 @@ def prometheus_text(stats: RunStats, labels: Mapping[str, str] | None = None) ->
         raise InvalidInputError(f"prometheus_text needs a RunStats (RunResult.stats), got "
                                 f"{type(stats).__name__}")
     base = dict(labels or {})
-    bad = [k for k in base if not k.isidentifier() or k.startswith("__") or k == "position"]
+    bad = [k for k in base if not isinstance(k, str) or not LABEL_NAME.fullmatch(k)
+           or k.startswith("__") or k == "position"]
     if bad:
-        raise InvalidInputError(f"metric label names must be identifiers, not 'position' nor "
-                                f"starting with '__': {bad}")
+        raise InvalidInputError(f"metric label names must match [a-zA-Z_][a-zA-Z0-9_]* (ASCII, "
+                                f"Prometheus's grammar), not be 'position' nor start with "
+                                f"'__': {bad}")
     one = lambda v: [(base, v)]                                           # noqa: E731
     per_pos = lambda vs: [({**base, "position": str(i)}, v) for i, v in enumerate(vs)]  # noqa: E731
     lines = [
@@ -86,8 +95,12 @@ def prometheus_text(stats: RunStats, labels: Mapping[str, str] | None = None) ->
                  one(stats.mean_acceptance_length)),
         *_family("spec_decode_acceptance_rate", "gauge", "Accepted over drafted tokens "
                  "(0: no drafts).", one(stats.acceptance_rate)),
-        *_family("spec_decode_acceptance_rate_per_pos", "gauge", "P(draft position accepted "
-                 "| reached) (0: never reached).", per_pos(stats.acceptance_rate_per_pos)),
+        *_family("spec_decode_acceptance_rate_per_pos", "gauge", "Drafts that accepted the "
+                 "draft position over all drafts, as vLLM's per-position acceptance rate "
+                 "(0: no drafts).", per_pos(stats.acceptance_rate_per_pos)),
+        *_family("spec_decode_conditional_acceptance_rate_per_pos", "gauge", "P(draft "
+                 "position accepted | reached) (0: never reached).",
+                 per_pos(stats.conditional_acceptance_rate_per_pos)),
     ]
     return "\n".join(lines) + "\n"
 

@@ -83,6 +83,8 @@ def assert_file_equals_stats(text: str, s: RunStats, **labels) -> None:
     assert one("spec_decode_mean_acceptance_length") == s.mean_acceptance_length
     assert one("spec_decode_acceptance_rate") == s.acceptance_rate
     assert per_pos("spec_decode_acceptance_rate_per_pos") == s.acceptance_rate_per_pos
+    assert per_pos("spec_decode_conditional_acceptance_rate_per_pos") == \
+        s.conditional_acceptance_rate_per_pos
 
 
 class Recorder:
@@ -248,3 +250,46 @@ def test_cli_writes_metrics_and_shows_them(tmp_path, capsys):
                      r"[\d.]+, per position \[[\d. ]+\]", err), err
     rc = main([*args[:-1], str(tmp_path / "nope" / "m.prom")])
     assert rc == 2 and "InvalidInputError" in capsys.readouterr().err
+
+
+def test_every_metric_of_a_scripted_run_computed_by_hand():
+    """Six request-steps written out (block 4 twice, block 2, two target-only, block 8) and
+    every number worked out by hand, with vLLM's definitions where the name is vLLM's
+    (vllm/v1/spec_decode/metrics.py: per-position rate = accepted_per_pos / drafts)."""
+    s = RunStats("spec", "cpu", "cpu", 8)
+    for accepted, block in (([3, 0], 4), ([1], 2), ([0, 0], 1), ([7], 8)):
+        s.record_accepts(accepted, block)
+    s.generated = 17
+    assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens) == (4, 14, 11)
+    assert s.accepted_per_pos == [3, 2, 2, 1, 1, 1, 1]
+    assert s.reached_per_pos == [4, 2, 2, 1, 1, 1, 1]
+    assert s.accept_hist == [3, 1, 0, 1, 0, 0, 0, 1] and s.request_steps == 6
+    assert s.block_sizes == {4: 1, 2: 1, 1: 1, 8: 1}
+    assert s.committed == 17 and math.isclose(s.tau, 17 / 6)
+    assert s.mean_acceptance_length == 3.75 and s.acceptance_rate == 11 / 14
+    assert s.acceptance_rate_per_pos == [0.75, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25]
+    assert s.conditional_acceptance_rate_per_pos == [0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    fams = parse(prometheus_text(s, {"model_name": "m"}))
+    v = lambda name: values(fams, name, model_name="m")                # noqa: E731
+    assert v("spec_decode_num_drafts_total") == {None: 4}
+    assert v("spec_decode_num_draft_tokens_total") == {None: 14}
+    assert v("spec_decode_num_accepted_tokens_total") == {None: 11}
+    assert v("generation_tokens_total") == {None: 17}
+    assert v("spec_decode_num_accepted_tokens_per_pos_total") == dict(enumerate([3, 2, 2, 1, 1,
+                                                                                1, 1]))
+    assert v("spec_decode_num_reached_tokens_per_pos_total") == dict(enumerate([4, 2, 2, 1, 1,
+                                                                               1, 1]))
+    assert v("spec_decode_mean_acceptance_length") == {None: 3.75}
+    assert v("spec_decode_acceptance_rate") == {None: 11 / 14}
+    assert v("spec_decode_acceptance_rate_per_pos") == dict(enumerate(
+        [0.75, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25]))
+    assert v("spec_decode_conditional_acceptance_rate_per_pos") == dict(enumerate(
+        [0.75] + [1.0] * 6))
+
+
+@pytest.mark.parametrize("name", ["modèle", "名前", "a-b", "1x", "a b", "__x", "position", ""])
+def test_label_names_follow_the_prometheus_grammar(name):
+    s = RunStats("spec", "cpu", "cpu", 4)
+    with pytest.raises(InvalidInputError, match=r"\[a-zA-Z_\]"):
+        prometheus_text(s, {name: "v"})
+    assert "model_name_2" in prometheus_text(s, {"model_name_2": "ünïcode value ok"})

@@ -201,9 +201,10 @@ def run(args: argparse.Namespace) -> int:
 def _spec_summary(s) -> str:
     """The run's speculation metrics in one phrase (what --metrics writes)."""
     rates = " ".join(f"{r:.2f}" for r in s.acceptance_rate_per_pos)
+    reached = " ".join(f"{r:.2f}" for r in s.conditional_acceptance_rate_per_pos)
     return (f"{s.num_drafts} drafts, {s.num_accepted_tokens}/{s.num_draft_tokens} draft tokens "
             f"accepted, mean acceptance length {s.mean_acceptance_length:.2f}, "
-            f"per position [{rates}]")
+            f"per position [{rates}] (of drafts; of those reaching it [{reached}])")
 
 
 def _shown(pair, prompt: str | list[int]) -> str:

@@ -87,7 +87,16 @@ class RunStats:
 
     @property
     def acceptance_rate_per_pos(self) -> list[float]:
-        """P(position i accepted | reached), per position (0 where it was never reached)."""
+        """vLLM's per-position acceptance rate: drafts that accepted position i over all drafts
+        (``vllm/v1/spec_decode/metrics.py``: accepted_per_pos / num_drafts; 0 without drafts).
+        With adaptive block sizes a draft may lack position i: see the conditional rate."""
+        n = self.num_drafts
+        return [a / n if n else 0.0 for a in self.accepted_per_pos]
+
+    @property
+    def conditional_acceptance_rate_per_pos(self) -> list[float]:
+        """P(position i accepted | reached): over the drafts that verified position i (the
+        block had it and every earlier position was accepted); 0 where never reached."""
         return [a / r if r else 0.0 for a, r in zip(self.accepted_per_pos, self.reached_per_pos)]
 
     @property
@@ -143,5 +152,6 @@ class RunStats:
                  observed_costs=self.observed_costs,
                  mean_acceptance_length=self.mean_acceptance_length,
                  acceptance_rate=self.acceptance_rate,
-                 acceptance_rate_per_pos=self.acceptance_rate_per_pos)
+                 acceptance_rate_per_pos=self.acceptance_rate_per_pos,
+                 conditional_acceptance_rate_per_pos=self.conditional_acceptance_rate_per_pos)
         return d
