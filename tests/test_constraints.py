@@ -50,7 +50,9 @@ def test_regex_matches(pattern, yes, no):
 
 @pytest.mark.parametrize("pattern,match", [
     ("(ab", "unclosed"), ("ab)", "unbalanced"), ("*a", "nothing to repeat"),
-    ("a{2}", "unsupported"), ("[z-a]", "bad range"), (r"\q", "unsupported escape"),
+    ("a{2,1}", "bad bounded repeat"), ("a{x}", "bounded repeat must be"), ("a{2", "bounded"),
+    ("a*{2}", "repeat of a repeat"), ("a{1001}", "bad bounded repeat"),
+    ("[z-a]", "bad range"), (r"\q", "unsupported escape"),
     ("ab\\", "trailing backslash"), ("[ab", "unclosed"), ("^a", "unsupported")])
 def test_regex_errors_name_the_problem(pattern, match):
     with pytest.raises(ConstraintError, match=match):

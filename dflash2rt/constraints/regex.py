@@ -5,9 +5,10 @@ text through it from every state.
 Syntax (a full match of the whole output is what the pattern describes): literals; ``.`` (any
 character but a newline); classes ``[abc]``, ranges ``[0-9a-f]``, negated ``[^...]``; escapes
 ``\\d \\w \\s`` (ASCII digits, word characters, whitespace), ``\\n \\t \\r`` and any escaped
-punctuation (``\\]``, ``\\.``, ``\\\\``); grouping ``( )``; postfix ``*``, ``+``, ``?``;
-alternation ``|``. Anything else (counted repeats ``{m,n}``, anchors, back-references)
-raises ConstraintError rather than being read as a literal.
+punctuation (``\\]``, ``\\.``, ``\\\\``); negated escapes ``\\D \\W \\S``; grouping ``( )``; postfix ``*``,
+``+``, ``?`` and bounded repeats ``{m}``, ``{m,}``, ``{m,n}``; alternation ``|``. Anything else
+(anchors, back-references, lazy quantifiers, lookaround) raises ConstraintError naming it
+rather than being read as a literal.
 """
 
 from __future__ import annotations
@@ -74,10 +75,16 @@ class _Parser:
         return s, e
 
     def repeat(self) -> tuple[int, int]:
+        start = self.i
         a, b = self.atom()
-        while self.peek() in ("*", "+", "?"):
+        while self.peek() in ("*", "+", "?", "{"):
+            if self.peek() == "{":
+                a, b = self.counted(start, a, b)
+                start = -1                      # a repeat of a repeat: not supported
+                continue
             op = self.p[self.i]
             self.i += 1
+            start = -1                          # a bounded repeat may not follow
             s, e = self.state(), self.state()
             self.edges[s].append((None, a))
             self.edges[b].append((None, e))
@@ -87,6 +94,49 @@ class _Parser:
                 self.edges[b].append((None, a))         # again
             a, b = s, e
         return a, b
+
+    MAX_REPEAT = 1000
+
+    def counted(self, start: int, a: int, b: int) -> tuple[int, int]:
+        """``{m}``, ``{m,}``, ``{m,n}`` after the atom ``pattern[start:i]`` (fragment a → b):
+        m copies, then n − m optional ones (``{m,}``: then any number)."""
+        if start < 0:
+            raise self.fail("a bounded repeat of a repeat (group it: (a*){2})")
+        end = self.p.find("}", self.i)
+        body = self.p[self.i + 1:end] if end > 0 else ""
+        parts = body.split(",")
+        if end < 0 or len(parts) > 2 or not parts[0].isdigit() \
+                or (len(parts) == 2 and parts[1] and not parts[1].isdigit()):
+            raise self.fail("a bounded repeat must be {m}, {m,} or {m,n} with decimal m and n")
+        lo = int(parts[0])
+        hi = lo if len(parts) == 1 else (int(parts[1]) if parts[1] else None)
+        if (hi is not None and hi < lo) or max(lo, hi or 0) > self.MAX_REPEAT:
+            raise self.fail(f"bad bounded repeat {{{body}}} (0 <= m <= n <= {self.MAX_REPEAT})")
+        atom_src = self.p[start:self.i]
+        count = lo + 1 if hi is None else hi
+        copies = [(a, b)] + [self._reparse(atom_src) for _ in range(max(count, 1) - 1)]
+        s = e = self.state()
+        for k, (x, y) in enumerate(copies[:count]):
+            if hi is None and k == lo:                          # {m,}: the last copy, starred
+                self.edges[e].append((None, x))
+                self.edges[y].append((None, x))
+                self.edges[x].append((None, y))
+            else:
+                self.edges[e].append((None, x))
+                if k >= lo:                                     # one of the n − m optional
+                    self.edges[x].append((None, y))
+            e = y
+        self.i = end + 1
+        return s, e
+
+    def _reparse(self, src: str) -> tuple[int, int]:
+        """A fresh NFA fragment of the atom text ``src`` (each copy needs states of its own)."""
+        saved = self.p, self.i
+        self.p, self.i = src, 0
+        try:
+            return self.atom()
+        finally:
+            self.p, self.i = saved
 
     def atom(self) -> tuple[int, int]:
         ch = self.peek()
@@ -122,7 +172,7 @@ class _Parser:
         self.i += 1
         if ch in _CLASSES:
             return CharSet(_CLASSES[ch])
-        if ch.upper() in _CLASSES and ch.isupper():
+        if ch.isupper() and ch.lower() in _CLASSES:            # \D \W \S
             return CharSet(_CLASSES[ch.lower()], negated=True)
         if ch in _ESCAPES:
             return CharSet(frozenset(_ESCAPES[ch]))
