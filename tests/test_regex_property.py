@@ -1,4 +1,4 @@
-"""The constraint regex engine against Python's ``re``: random patterns from the supported
+r"""The constraint regex engine against Python's ``re``: random patterns from the supported
 grammar (literals, ., classes and negated classes, every escape class, groups, *, +, ?, bounded
 repeats, alternation) × random strings over an alphabet that hits them; ``CharDFA.matches``
 must equal ``re.fullmatch`` on every pair (with ``re.ASCII``: ``\d \w \s`` are the ASCII
