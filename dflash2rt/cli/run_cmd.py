@@ -48,7 +48,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=None, help="a fixed speculation block "
                    "(reproducible across machines); default: adaptive, each step's block size "
                    "chosen from acceptance and measured step cost (1 = a target-only step)")
-    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable; the "
+                   "text ends where the earliest one starts)")
+    p.add_argument("--include-stop-str-in-output", action="store_true",
+                   help="keep the stop string that ended the text (vLLM's option)")
     p.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto",
                    help="model dtype (default auto: float32 on the CPU, the checkpoint's dtype, "
                         "bfloat16, on accelerators)")
@@ -91,9 +94,11 @@ class _Progress:
     exactly prompt + the API's text (``finish``)."""
 
     def __init__(self, tokenizer, stream_text: bool, prompt: Callable[[], str],
-                 stops: list[str]) -> None:
+                 stops: list[str], prompt_ids: Callable[[], list[int]] = list,
+                 include_stop: bool = False) -> None:
         self.tokenizer, self.stream_text = tokenizer, stream_text and tokenizer is not None
-        self.prompt, self.stops = prompt, stops
+        self.prompt, self.stops, self.include_stop = prompt, stops, include_stop
+        self.prompt_ids = prompt_ids
         self.ids: list[int] = []
         self.shown: str | None = None            # None: not even the prompt is out yet
 
@@ -109,10 +114,12 @@ class _Progress:
     def __call__(self, i: int, ids: list[int]) -> None:
         self.ids += ids
         if self.stream_text:
-            text = self.tokenizer.decode(self.ids)
+            from ..engine.output import output_text
+
+            text = output_text(self.tokenizer, self.prompt_ids(), self.ids)   # as the API's
             if text.endswith("\ufffd"):        # an incomplete UTF-8 sequence: wait for more
                 return
-            self._write(text[:_safe_len(text, self.stops)])
+            self._write(text[:_safe_len(text, self.stops, self.include_stop)])
         else:
             print(f"\r{len(self.ids)} tokens generated", end="", file=sys.stderr, flush=True)
 
@@ -121,12 +128,15 @@ class _Progress:
         sys.stdout.write("\n")
 
 
-def _safe_len(text: str, stops: list[str]) -> int:
-    """Length of the prefix of ``text`` no stop string can still reach into (vLLM's rule): up to
-    the first stop string, or else all but the longest tail that begins some stop string."""
-    hits = [text.index(s) for s in stops if s in text]
-    if hits:                    # the request has stopped: the API's text ends right there
-        return min(hits)
+def _safe_len(text: str, stops: list[str], include: bool = False) -> int:
+    """Length of the prefix of ``text`` no stop string can still reach into: where the API's
+    text ends once a stop string occurs (``request.stop_cut``, the one rule), or else all but
+    the longest tail that begins some stop string."""
+    from ..engine.request import stop_cut
+
+    cut = stop_cut(text, stops, include)
+    if cut is not None:         # the request has stopped: the API's text ends right there
+        return cut
     return len(text) - max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])),
                            default=0)
 
@@ -161,12 +171,13 @@ def run(args: argparse.Namespace) -> int:
           f"(before loading {loaded['rss_before_bytes'] / 1e9:.2f} GB), checkpoint files "
           f"{loaded['checkpoint_bytes'] / 1e9:.2f} GB", file=sys.stderr)
     single = len(prompts) == 1 and not args.json
-    progress = _Progress(pair.tokenizer, single, lambda: _shown(pair, prompts[0]),
-                         args.stop)
+    progress = _Progress(pair.tokenizer, single, lambda: _shown(pair, prompts[0]), args.stop,
+                         lambda: _prompt_ids(pair, prompts[0]), args.include_stop_str_in_output)
     res = api_run(pair, selection.backend, prompts=prompts, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                   seed=args.seed, block_size=args.block_size, spec=not args.no_spec,
                   stop=args.stop, dtype=dtype, on_tokens=progress,
+                  include_stop_str_in_output=args.include_stop_str_in_output,
                   repetition_penalty=args.repetition_penalty,
                   frequency_penalty=args.frequency_penalty,
                   presence_penalty=args.presence_penalty, min_p=args.min_p,
@@ -205,6 +216,11 @@ def _spec_summary(s) -> str:
     return (f"{s.num_drafts} drafts, {s.num_accepted_tokens}/{s.num_draft_tokens} draft tokens "
             f"accepted, mean acceptance length {s.mean_acceptance_length:.2f}, "
             f"per position [{rates}] (of drafts; of those reaching it [{reached}])")
+
+
+def _prompt_ids(pair, prompt: str | list[int]) -> list[int]:
+    """A prompt's token ids, as the API encodes it."""
+    return list(prompt) if not isinstance(prompt, str) else list(pair.tokenizer.encode(prompt))
 
 
 def _shown(pair, prompt: str | list[int]) -> str:

@@ -8,7 +8,20 @@ import numpy as np
 
 from ..constraints.host import ConstraintTracker
 from ..models.tokenizer import TextTokenizer
-from .request import Request, RequestOutput, stop_at
+from .request import Request, RequestOutput, stop_at, stop_cut
+
+CONTEXT = 4    # prompt tokens an output is decoded after, for tokenizers whose text depends on it
+
+
+def output_text(tokenizer, prompt: Sequence[int], ids: Sequence[int]) -> str:
+    """The text ``ids`` add after ``prompt``: decoded after the prompt's last ``CONTEXT``
+    tokens, less their own text (a SentencePiece "▁" token decodes to a space only after
+    another token); ``decode(ids)`` where the context's text is not a prefix of the whole."""
+    ctx = list(prompt[-CONTEXT:])
+    if not ctx:
+        return tokenizer.decode(list(ids))
+    head, full = tokenizer.decode(ctx), tokenizer.decode(ctx + list(ids))
+    return full[len(head):] if full.startswith(head) else tokenizer.decode(list(ids))
 
 
 class Collector:
@@ -78,7 +91,8 @@ class Collector:
         a prefix of the longer text (byte fallback: "\\ufffd" then "é"), so the whole block's
         text alone could miss a stop that one token at a time would have hit."""
         for k in range(before + 1, len(o.token_ids) + 1):
-            if any(s in self.tokenizer.decode(o.token_ids[:k]) for s in stops):
+            text = output_text(self.tokenizer, o.prompt_ids, o.token_ids[:k])
+            if any(s in text for s in stops):
                 del o.token_ids[k:]
                 o.finish_reason = "stop_string"
                 return
@@ -86,8 +100,9 @@ class Collector:
     def finish(self) -> list[RequestOutput]:
         for o, q in zip(self.outputs, self.requests):
             if self.tokenizer is not None:
-                o.text = self.tokenizer.decode(o.token_ids)
-                for s in q.params.stop_strings:
-                    if o.finish_reason == "stop_string" and s in o.text:
-                        o.text = o.text[:o.text.index(s)]
+                o.text = output_text(self.tokenizer, o.prompt_ids, o.token_ids)
+                cut = stop_cut(o.text, q.params.stop_strings,
+                               q.params.include_stop_str_in_output)
+                if o.finish_reason == "stop_string" and cut is not None:
+                    o.text = o.text[:cut]
         return self.outputs

@@ -42,6 +42,7 @@ class SamplingParams:
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
@@ -72,8 +73,10 @@ class SamplingParams:
         if any(unicode_problem(s) for s in self.stop_strings):
             raise SamplingParamsError("a stop string is not valid Unicode text (a lone "
                                       "surrogate): it could never match the decoded text")
-        if not isinstance(self.ignore_eos, bool):
-            raise SamplingParamsError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise SamplingParamsError(f"{name} must be True or False, got "
+                                          f"{getattr(self, name)!r}")
         for name in ("max_new_tokens", "top_k", "seed"):      # numpy integers → int
             object.__setattr__(self, name, int(getattr(self, name)))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -180,6 +183,20 @@ def stop_at(tokens: Sequence[int], params: SamplingParams, eos: Sequence[int]
     if len(tokens) >= params.max_new_tokens:
         return params.max_new_tokens, "length"
     return None
+
+
+def stop_cut(text: str, stops: Sequence[str], include: bool = False) -> int | None:
+    """Where an output's text ends for its stop strings: at the earliest position in the text
+    where any of them starts (ties: the shortest), after it with ``include`` (vLLM's
+    include_stop_str_in_output); None when none occurs. One rule for the API's text, the CLI's
+    streaming and the tests' reference. (vLLM checks its stop strings in list order and cuts at
+    the first one found, which can leave an earlier, overlapping one in the text.)"""
+    best = None
+    for s in stops:
+        k = text.find(s)
+        if k >= 0 and (best is None or (k, len(s)) < best):
+            best = (k, len(s))
+    return None if best is None else best[0] + (best[1] if include else 0)
 
 
 def block_size_or_default(block_size: object, default: int) -> int:
