@@ -158,6 +158,7 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0, min_p: float = 0.0,
         logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+        logprobs_mode: str = "raw",
         regex: str | None = None, constraint: Any = None,
         metrics: str | Path | None = None,
         watermark: WatermarkKey | str | Path | None = None) -> RunResult:
@@ -206,6 +207,7 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
                             frequency_penalty=frequency_penalty,
                             presence_penalty=presence_penalty, min_p=min_p,
                             logit_bias=logit_bias or {}, logprobs=logprobs,
+                            logprobs_mode=logprobs_mode,
                             constraint=constraint)
     requests = [Request(p, params) for p in _encode(pair, prompts)]
     with Engine(pair, be) as engine:

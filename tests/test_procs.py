@@ -90,3 +90,46 @@ def test_mixed_batch_leaves_plain_requests_unchanged_and_logprobs_match():
     assert len(spec[0].top_logprobs[0]) == 2 and spec[2].top_logprobs[0] == {}
     assert spec[0].token_ids == ref[0].token_ids
     assert all(lp <= 0 for lp in spec[0].logprobs)
+
+
+def test_logprobs_are_log_softmax_finite_where_the_law_keeps_the_token():
+    """A kept token whose probability underflows float32 (logit 150 below the top) gets its
+    log-probability, not −inf; a token top-k dropped gets −inf."""
+    from dflash2rt.ops.batch import SamplingBatch
+    from dflash2rt.ops.procs import token_logprobs, unpack_logprobs
+
+    logits = torch.tensor([[[0.0, -150.0, -1.0, -2.0]]])
+    tokens = torch.tensor([[1]])
+    finite = -150.0 - torch.logsumexp(torch.tensor([0.0, -1.0, -2.0]), 0).item()
+    for top_k, want in ((0, finite), (4, finite), (3, float("-inf"))):
+        sampling = SamplingBatch.build([1.0], [top_k], [1.0])
+        packed = token_logprobs(logits, sampling, tokens, 4)
+        lp, top = unpack_logprobs(packed[0].tolist(), 1, 4, 4)[0]
+        assert (lp == pytest.approx(want, abs=1e-3)) if want > -1e9 else lp == want
+        assert top[1] == lp
+        assert torch.log(torch.softmax(logits[0, 0], -1))[1] == float("-inf")   # log(p) was
+
+
+def test_logprobs_mode_raw_is_the_models_law_and_processed_the_final_one():
+    """Same tokens (greedy), two modes: raw is log_softmax of the model's logits, processed is
+    under temperature 0.5 (greedy rows: 1) — at T = 0.5 processed = 2·raw − c per position,
+    and with a bias the two differ by the bias on the biased token."""
+    pair = oracle_pair(8)
+    eng = Engine(pair, get_backend("cpu"))
+
+    def run(mode, **kw):
+        req = Request(PROMPTS[0], SamplingParams(max_new_tokens=12, temperature=0.5, seed=3,
+                                                 logprobs=4, logprobs_mode=mode, **kw))
+        return eng.generate([req], block_size=8)[0][0]
+
+    raw, proc = run("raw"), run("processed")
+    assert raw.token_ids == proc.token_ids
+    for r_top, p_top in zip(raw.top_logprobs, proc.top_logprobs):
+        assert set(r_top) == set(p_top)
+        diffs = [p_top[t] - 2 * r_top[t] for t in r_top]
+        assert max(diffs) - min(diffs) < 1e-3
+    for r, p in zip(raw.logprobs, proc.logprobs):
+        assert r <= 0 and p <= 0
+    assert raw.logprobs != pytest.approx(proc.logprobs, abs=1e-3)
+    with pytest.raises(SamplingParamsError, match="logprobs_mode"):
+        SamplingParams(logprobs=1, logprobs_mode="logits")

@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="return each token's log-probability and its top-N alternatives "
                         "(with --json)")
+    p.add_argument("--logprobs-mode", choices=("raw", "processed"), default="raw",
+                   help="raw: the model's logits before any processing (vLLM's default); "
+                        "processed: the final law the token was drawn from")
     p.add_argument("--regex", metavar="PATTERN", default=None,
                    help="constrain the output to match PATTERN (classes, *, +, ?, |, groups; "
                         "EOS allowed where it fully matches); lossless under speculation")
@@ -182,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
                   frequency_penalty=args.frequency_penalty,
                   presence_penalty=args.presence_penalty, min_p=args.min_p,
                   logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs,
+                  logprobs_mode=args.logprobs_mode,
                   regex=args.regex, metrics=args.metrics, watermark=key)
     if args.json:
         print(file=sys.stderr)

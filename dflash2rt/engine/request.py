@@ -22,8 +22,11 @@ class SamplingParams:
     ``presence_penalty`` (0 = off, in [-2, 2]; over output tokens: minus f · count, minus s if
     present) — then temperature, top-k, top-p and ``min_p`` (0 = off: keep tokens with p ≥
     min_p · max p). See ``ops.procs`` and ``ops.sampling``. ``logprobs``: None (off), or n ≥ 0:
-    each emitted token's log-probability under the final law (greedy requests: that law at
-    temperature 1), with the top-n alternatives (``RequestOutput.logprobs``).
+    each emitted token's log-probability, with the top-n alternatives
+    (``RequestOutput.logprobs``), by log_softmax (finite wherever the law keeps the token):
+    ``logprobs_mode`` "raw" (the default, as vLLM V1's ``raw_logprobs``) of the model's own
+    logits before any processing, or "processed" under the final law (after the processors,
+    the constraint, temperature, top-k, top-p and min-p; greedy requests at temperature 1).
 
     ``constraint`` (structured output, as vLLM's ``structured_outputs`` / SGLang's ``regex``):
     None, or a hook with ``initial()``, ``allowed(state) -> bool[V]`` and ``advance(state,
@@ -50,6 +53,7 @@ class SamplingParams:
     min_p: float = 0.0
     logit_bias: Mapping[int, float] = field(default_factory=dict, hash=False)
     logprobs: int | None = None
+    logprobs_mode: str = "raw"
     constraint: Any = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
@@ -88,6 +92,9 @@ class SamplingParams:
             object.__setattr__(self, name, float(getattr(self, name)))
         if self.logprobs is not None:
             object.__setattr__(self, "logprobs", int(self.logprobs))
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise SamplingParamsError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got "
+                                      f"{self.logprobs_mode!r}")
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise SamplingParamsError(
                 f"constraint must be None or a hook with initial(), allowed(state) and "
@@ -183,6 +190,9 @@ def stop_at(tokens: Sequence[int], params: SamplingParams, eos: Sequence[int]
     if len(tokens) >= params.max_new_tokens:
         return params.max_new_tokens, "length"
     return None
+
+
+LOGPROBS_MODES = ("raw", "processed")
 
 
 def stop_cut(text: str, stops: Sequence[str], include: bool = False) -> int | None:

@@ -53,13 +53,15 @@ def processed(st: BatchState, logits: torch.Tensor, draft: torch.Tensor | None =
     return x if st.constraint is None else st.constraint.mask(x, draft)
 
 
-def logprobs_of(st: BatchState, logits: torch.Tensor, tokens: torch.Tensor
-                ) -> torch.Tensor | None:
-    """Packed log-probabilities of tokens [R, T] under processed logits [R, T, V], or None
-    when no request of the batch asked for logprobs."""
+def logprobs_of(st: BatchState, logits: torch.Tensor, tokens: torch.Tensor,
+                raw: torch.Tensor) -> torch.Tensor | None:
+    """Packed log-probabilities of tokens [R, T] under processed logits [R, T, V] (or, for the
+    rows whose ``logprobs_mode`` is "raw", the model's ``raw`` logits), or None when no request
+    of the batch asked for logprobs."""
     if st.procs is None or st.procs.logprobs is None:
         return None
-    return token_logprobs(logits, st.sampling, tokens, st.procs.logprobs)
+    return token_logprobs(logits, st.sampling, tokens, st.procs.logprobs,
+                          raw if st.procs.any_raw else None, st.procs.raw)
 
 
 def prefill(pair: ModelPair, st: BatchState, backend: Backend, prompts: list[tuple[int, ...]]
@@ -89,7 +91,7 @@ def prefill(pair: ModelPair, st: BatchState, backend: Backend, prompts: list[tup
         st.wm.commit_(token.view(-1, 1), torch.ones_like(n))
     if st.constraint is not None:
         st.constraint.commit_(token.view(-1, 1), torch.ones_like(n))
-    return Prefilled(token, bad, logprobs_of(st, last, token.view(-1, 1)))
+    return Prefilled(token, bad, logprobs_of(st, last, token.view(-1, 1), out.logits[:, :1]))
 
 
 def _next_marks(st: BatchState):
@@ -172,7 +174,7 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
     else:
         ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
                              check=False)
-    return out, ver, logprobs_of(st, logits, ver.tokens)
+    return out, ver, logprobs_of(st, logits, ver.tokens, out.logits)
 
 
 def commit_kv(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor,
@@ -216,5 +218,5 @@ def target_only_forward(pair: ModelPair, st: BatchState, backend: Backend,
     u = uniforms(st.seed, st.key, st.lens + 1, Stream.BONUS)              # decides position n+1
     logits = processed(st, out.logits)
     token, bad = sample_next(logits[:, 0], st.sampling, u, marks=_next_marks(st))
-    return token, bad, out, pos, logprobs_of(st, logits, token.view(-1, 1))
+    return token, bad, out, pos, logprobs_of(st, logits, token.view(-1, 1), out.logits)
 

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 import torch
 
 from ..errors import SamplingParamsError
-from .sampling import target_probs
+from .sampling import target_logprobs
 
 BIAS_LIMIT = 100.0          # |logit_bias| bound, as the OpenAI API and vLLM clamp it
 PENALTY_LIMIT = 2.0         # |frequency_penalty|, |presence_penalty| bound (OpenAI / vLLM)
@@ -105,7 +105,8 @@ class ProcBatch:
     device); ``prompt`` [R, V] bool: tokens of the prompt; ``bias`` [R, V] float32 or None
     (no row has a bias); ``penalized``: some row has a penalty (else the penalty step is
     skipped). ``logprobs``: the largest top-n any row asks for (None: no row wants logprobs);
-    ``wants``: each row's own request (None / n), on the host."""
+    ``wants``: each row's own request (None / n), on the host; ``raw`` [R] bool: the rows
+    whose logprobs are of the raw logits (``logprobs_mode`` "raw"), ``any_raw`` on the host."""
 
     counts: torch.Tensor
     prompt: torch.Tensor
@@ -116,6 +117,8 @@ class ProcBatch:
     penalized: bool
     logprobs: int | None
     wants: tuple[int | None, ...]
+    raw: torch.Tensor | None = None
+    any_raw: bool = False
 
     @staticmethod
     def build(params: Sequence, prompts: Sequence[Sequence[int]], vocab: int,
@@ -145,7 +148,9 @@ class ProcBatch:
             prompt=prompt.to(device), rep=f32([p.repetition_penalty for p in params]),
             freq=f32([p.frequency_penalty for p in params]),
             pres=f32([p.presence_penalty for p in params]), bias=bias, penalized=any(pen),
-            logprobs=max((w for w in wants if w is not None), default=None), wants=wants)
+            logprobs=max((w for w in wants if w is not None), default=None), wants=wants,
+            raw=torch.tensor([p.logprobs_mode == "raw" for p in params], device=device),
+            any_raw=any(p.logprobs_mode == "raw" and p.logprobs is not None for p in params))
 
     def take(self, idx: Sequence[int]) -> "ProcBatch":
         """Rows ``idx`` (host-known; the host facts stay true as upper bounds)."""
@@ -153,6 +158,7 @@ class ProcBatch:
         return replace(self, counts=self.counts[t], prompt=self.prompt[t], rep=self.rep[t],
                        freq=self.freq[t], pres=self.pres[t],
                        bias=None if self.bias is None else self.bias[t],
+                       raw=None if self.raw is None else self.raw[t],
                        wants=tuple(self.wants[i] for i in idx))
 
     def process(self, logits: torch.Tensor, draft: torch.Tensor | None = None) -> torch.Tensor:
@@ -174,17 +180,22 @@ class ProcBatch:
         self.counts.scatter_add_(1, tokens.clamp(min=0), take.to(self.counts.dtype))
 
 
-def token_logprobs(logits: torch.Tensor, sampling, tokens: torch.Tensor, n: int
+def token_logprobs(logits: torch.Tensor, sampling, tokens: torch.Tensor, n: int,
+                   raw_logits: torch.Tensor | None = None, raw: torch.Tensor | None = None
                    ) -> torch.Tensor:
     """Processed logits [R, T, V], tokens [R, T] (−1: none) → int64 [R, T·(1+2n)]: per row
     the float32 log-probability of each token under the final law (temperature / top-k /
-    top-p / min-p of ``sampling``; greedy rows at temperature 1), then the top-n
-    log-probabilities and their ids, the floats' bits as integers so that they travel in the
-    step's one int64 device→host transfer (``unpack_logprobs`` reads them)."""
-    p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                     top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows,
-                     min_p=sampling.min_p)
-    lp = torch.log(p)                                                     # −inf where p = 0
+    top-p / min-p of ``sampling``; greedy rows at temperature 1; log_softmax over the kept
+    tokens, finite wherever the law keeps one), or for the ``raw`` rows [R] bool under the
+    model's own law (log_softmax of ``raw_logits``, before any processing: vLLM's default),
+    then the top-n log-probabilities and their ids, the floats' bits as integers so that they
+    travel in the step's one int64 device→host transfer (``unpack_logprobs`` reads them)."""
+    lp = target_logprobs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                         top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows,
+                         min_p=sampling.min_p)
+    if raw_logits is not None and raw is not None:
+        r = lp.shape[0]
+        lp = torch.where(raw.view(r, 1, 1), torch.log_softmax(raw_logits.float(), -1), lp)
     r, t, _ = lp.shape
     own = lp.gather(-1, tokens.clamp(min=0).unsqueeze(-1))                # [R, T, 1]
     top = torch.topk(lp, n, dim=-1)                                       # [R, T, n]

@@ -75,18 +75,44 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     logits, masked below the k-th largest value (``torch.topk`` of ``top_k_max``) when a row
     keeps fewer than all.
     """
+    out = torch.softmax(_masked(logits, temperature, top_k, top_p, top_k_max, top_p_rows), -1)
+    return out if min_p is None else apply_min_p(out, min_p)
+
+
+def target_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                    top_p: torch.Tensor, top_k_max: int | None = None,
+                    top_p_rows: Sequence[int] | None = None,
+                    min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """The log of ``target_probs``'s law, float32 [R, T, V], by log_softmax over the kept
+    tokens: finite wherever the law keeps a token (also where its probability underflows
+    float32), −inf exactly where it does not."""
+    x = _masked(logits, temperature, top_k, top_p, top_k_max, top_p_rows)
+    lp = torch.log_softmax(x, dim=-1)
+    if min_p is None:
+        return lp
+    r = lp.shape[0]
+    p = torch.softmax(x, dim=-1)                    # min-p decides on the law, as target_probs
+    kept = p >= min_p.float().view(r, 1, 1) * p.amax(dim=-1, keepdim=True)
+    cut = lp.masked_fill(~kept, NEG_INF)
+    cut = cut - torch.logsumexp(cut, dim=-1, keepdim=True)
+    return torch.where((min_p > 0).view(r, 1, 1), cut, lp)
+
+
+def _masked(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+            top_p: torch.Tensor, top_k_max: int | None, top_p_rows: Sequence[int] | None
+            ) -> torch.Tensor:
+    """The scaled logits [R, T, V] with what top-k / top-p drop at −inf (``target_probs``)."""
     r, t, v = logits.shape
     x = scale(logits, temperature.view(r, 1, 1))                          # [R, T, V], ≤ 0
     nucleus = list(range(r) if top_p_rows is None else top_p_rows)
     kmax = v if top_k_max is None else min(int(top_k_max), v)
     if len(nucleus) == r:
-        out = _sorted_probs(x, top_k, top_p)
-    else:
-        out = _top_k_probs(x, top_k, kmax)                                # [R, T, V]
-        if nucleus:
-            rows = torch.tensor(nucleus, dtype=torch.int64, device=x.device)
-            out = out.index_copy(0, rows, _sorted_probs(x[rows], top_k[rows], top_p[rows]))
-    return out if min_p is None else apply_min_p(out, min_p)
+        return _sorted_masked(x, top_k, top_p)
+    out = _top_k_masked(x, top_k, kmax)                                   # [R, T, V]
+    if nucleus:
+        rows = torch.tensor(nucleus, dtype=torch.int64, device=x.device)
+        out = out.index_copy(0, rows, _sorted_masked(x[rows], top_k[rows], top_p[rows]))
+    return out
 
 
 def apply_min_p(p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -98,22 +124,23 @@ def apply_min_p(p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return torch.where(mp > 0, kept / kept.sum(dim=-1, keepdim=True), p)
 
 
-def _top_k_probs(x: torch.Tensor, top_k: torch.Tensor, kmax: int) -> torch.Tensor:
-    """Rows without top-p: softmax of x [R, T, V] where x ≥ the row's k-th largest value (ties
-    kept), the k-th value read from ``torch.topk`` of kmax (≥ every row's top_k, or V)."""
+def _top_k_masked(x: torch.Tensor, top_k: torch.Tensor, kmax: int) -> torch.Tensor:
+    """Rows without top-p: x [R, T, V] where x ≥ the row's k-th largest value (ties kept), else
+    −inf, the k-th value read from ``torch.topk`` of kmax (≥ every row's top_k, or V)."""
     if kmax == 0:
-        return torch.softmax(x, dim=-1)
+        return x
     r, t, v = x.shape
     vals = torch.topk(x, kmax, dim=-1).values                             # [R, T, kmax] desc
     truncates = ((top_k > 0) & (top_k < v)).view(r, 1, 1)
     k = top_k.clamp(min=1, max=kmax).view(r, 1, 1)
     kth = torch.where(truncates, vals.gather(-1, (k - 1).expand(r, t, 1)), NEG_INF)
-    return torch.softmax(x.masked_fill(~(x >= kth), NEG_INF), dim=-1)
+    return x.masked_fill(~(x >= kth), NEG_INF)
 
 
-def _sorted_probs(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The full law on scaled logits x [R, T, V]: one stable descending sort per row, the k-th
-    value, the top-p prefix of the sorted law (mass strictly ahead < top_p, ties by lower id)."""
+def _sorted_masked(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Scaled logits x [R, T, V] with what top-k and top-p drop at −inf: one stable descending
+    sort per row, the k-th value, the top-p prefix of the sorted law (mass strictly ahead <
+    top_p, ties by lower id)."""
     r, _, v = x.shape
     srt, order = sort_desc_stable(x)                                       # [R, T, V]
     rank = torch.arange(v, device=x.device).view(1, 1, v)
@@ -125,8 +152,7 @@ def _sorted_probs(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> 
     before = torch.cumsum(p_sorted, dim=-1) - p_sorted                     # mass ahead of a token
     keep_p = (before < top_p.float().view(r, 1, 1)) | (top_p >= 1).view(r, 1, 1) | (rank == 0)
     srt = srt.masked_fill(~keep_p, NEG_INF)
-    masked = torch.full_like(x, NEG_INF).scatter(-1, order, srt)
-    return torch.softmax(masked, dim=-1)
+    return torch.full_like(x, NEG_INF).scatter(-1, order, srt)
 
 
 def staged_float32(x: float) -> float:
