@@ -181,6 +181,43 @@ class DigitsHook:
         return ("state", self.a.advance(state[1], token))
 
 
+class CompleteHook(DigitsHook):
+    """A generic hook that says where its output is complete."""
+
+    def accepting(self, state):
+        return self.a.accepting(state[1])
+
+
+class NeverCompleteHook(DigitsHook):
+    def accepting(self, state):
+        return False
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_a_dead_end_says_whether_the_output_is_complete(bundled, spec):
+    """A request whose constraint allows no more token ends "constraint" only where the hook
+    says the output is a match there; a hook that cannot say, or says no, ends
+    "constraint_unsatisfiable" — never as if matched. Same tokens either way."""
+    eng, ids = bundled
+    a = _digits(eng, eos=False)                      # "…]" is a dead end, and a full match
+    runs = {}
+    for name, make in (("auto", lambda: a), ("complete", lambda: CompleteHook(a)),
+                       ("plain", lambda: DigitsHook(a)), ("never", lambda: NeverCompleteHook(a))):
+        reqs = [Request(p, SamplingParams(max_new_tokens=30, constraint=make())) for p in ids]
+        runs[name], _ = eng.generate(reqs, spec=spec, block_size=8 if spec else None)
+    tokens = [o.token_ids for o in runs["auto"]]
+    ended = [i for i, o in enumerate(runs["auto"]) if o.finish_reason != "length"]
+    assert ended, [o.text for o in runs["auto"]]
+    for name, want in (("auto", "constraint"), ("complete", "constraint"),
+                       ("plain", "constraint_unsatisfiable"),
+                       ("never", "constraint_unsatisfiable")):
+        assert [o.token_ids for o in runs[name]] == tokens, name
+        for i in ended:
+            o = runs[name][i]
+            assert o.finish_reason == want, (name, o.text)
+            assert CharDFA(DIGITS).matches(o.text)         # the same (complete) text
+
+
 def test_generic_hook_runs_target_only_with_counted_host_masks(bundled):
     eng, ids = bundled
     a = _digits(eng)

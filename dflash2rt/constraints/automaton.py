@@ -8,8 +8,11 @@ as xgrammar and outlines expose:
 - ``allowed(state) -> bool[V]``: the tokens that may come next (V: the target's vocabulary);
 - ``advance(state, token) -> state``: the state after one more token.
 
-A state with no allowed token is a dead end: the request finishes there with finish_reason
-"constraint" (the token that reached it is the last one returned).
+A state with no allowed token is a dead end: the request finishes there (the token that reached
+it is the last one returned) with finish_reason "constraint" when the hook says the output is
+complete there (optional ``accepting(state) -> bool``), else "constraint_unsatisfiable": the
+output does not match, and no token could have continued it. A ``TokenAutomaton`` built from a
+regex prunes every state from which no complete match can be reached, so it never gets stuck.
 
 ``TokenAutomaton`` is that contract held as a table: ``next`` int32 [S, V], -1 where a token is
 forbidden, so ``allowed(s) = next[s] >= 0`` and ``advance(s, t) = next[s, t]``. Its tables go to
@@ -17,8 +20,9 @@ the device, where verify row j's state is gathered along the drafts with no host
 (``constraints.device``). A generic hook (any other object) has its masks built on the host:
 each step's next-token mask, and in a speculative step every verify row's mask from the
 step's drafts, copied to the host for it (one more round trip per step, counted).
-Build one from a regex (``from_regex``: the pattern's character DFA lifted to tokens by walking
-each token's text from every state) or from a token set (``token_set``).
+Build one from a regex (``from_regex``: the pattern's automaton over UTF-8 bytes lifted to tokens
+by walking each token's bytes from every state; special tokens are never text) or from a token
+set (``token_set``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import numpy as np
 
 from ..errors import ConstraintError
 from .regex import CharDFA
+from .utf8 import ByteDFA
+from .vocab import vocab_bytes
 
 
 @runtime_checkable
@@ -48,7 +54,8 @@ class TokenAutomaton:
     """A token-level DFA: ``next`` int32 [S, V] (-1: forbidden), start state ``start``.
     Immutable once built (the table is copied and made read-only)."""
 
-    def __init__(self, next_table: np.ndarray, start: int = 0) -> None:
+    def __init__(self, next_table: np.ndarray, start: int = 0,
+                 accepting: np.ndarray | None = None) -> None:
         t = np.asarray(next_table)
         if t.ndim != 2 or t.shape[0] < 1 or t.shape[1] < 1:
             raise ConstraintError(f"a token automaton's table must be [states, vocab], got "
@@ -66,6 +73,12 @@ class TokenAutomaton:
         self.start = int(start)
         self.dead = ~(self.next >= 0).any(axis=1)                  # [S] no allowed token
         self.dead.flags.writeable = False
+        acc = np.ones(s, bool) if accepting is None else np.asarray(accepting, bool)
+        if acc.shape != (s,):
+            raise ConstraintError(f"accepting must be bool [{s}] (one per state), got shape "
+                                  f"{acc.shape}")
+        self.final = acc.copy()                                   # [S] a complete output
+        self.final.flags.writeable = False
         if self.dead[self.start]:
             raise ConstraintError("the start state allows no token: the constraint could never "
                                   "produce any output")
@@ -87,6 +100,10 @@ class TokenAutomaton:
     def advance(self, state: int, token: int) -> int:
         return int(self.next[state, token])
 
+    def accepting(self, state: int) -> bool:
+        """Whether the output so far is complete (a match) at ``state``."""
+        return bool(self.final[state])
+
     def __repr__(self) -> str:
         return f"TokenAutomaton(states={self.num_states}, vocab={self.vocab_size})"
 
@@ -105,18 +122,24 @@ class TokenAutomaton:
 
     @staticmethod
     def from_regex(pattern: str, tokenizer, vocab_size: int | None = None,
-                   eos: Sequence[int] = ()) -> "TokenAutomaton":
-        """The tokens whose concatenated text fully matches ``pattern`` (``regex.CharDFA``),
-        and at every accepting state the ``eos`` ids (which lead to a dead end). Each token's
-        text is ``tokenizer.decode([id])``; ids past the tokenizer's vocabulary, and tokens with
-        empty text, are never allowed. Only states reachable at token boundaries are kept."""
+                   eos: Sequence[int] = (), allow_special: Sequence[int] = ()
+                   ) -> "TokenAutomaton":
+        """The tokens whose output bytes (``vocab.vocab_bytes``) spell, as UTF-8 text, a full
+        match of ``pattern`` (``regex.CharDFA``; ``utf8.ByteDFA``), with the ``eos`` ids
+        allowed exactly at complete matches (leading to a dead end). Special tokens (the
+        tokenizer's, and EOS) are never matched as text; ``allow_special``: special token ids
+        allowed in every state, leaving it unchanged. States from which no complete match can
+        be reached are pruned, so every allowed token keeps a match possible; a vocabulary
+        that cannot spell any match is a ConstraintError. Tokens with no bytes, and ids past
+        the tokenizer's vocabulary, are never allowed."""
         vocab = tokenizer.vocab_size if vocab_size is None else vocab_size
         if not isinstance(vocab, numbers.Integral) or vocab < 1:
             raise ConstraintError(f"vocab_size must be a positive integer, got {vocab!r}")
         eos = _token_ids(eos, vocab, "eos")
-        dfa = CharDFA(pattern)
-        trie = _Trie([(i, tokenizer.decode([i])) for i in range(min(vocab,
-                                                                    tokenizer.vocab_size))])
+        special = _token_ids(allow_special, vocab, "allow_special")
+        dfa = ByteDFA(CharDFA(pattern))
+        spelled = vocab_bytes(tokenizer, vocab, special=list(eos) + list(special))
+        trie = _Trie([(i, b) for i, b in enumerate(spelled) if b])
         index, order, rows = {0: 0}, [0], []
         while len(rows) < len(order):                          # breadth-first over states
             s = order[len(rows)]
@@ -127,21 +150,45 @@ class TokenAutomaton:
                     order.append(end)
                 row[tok] = index[end]
             rows.append(row)
-        table = np.stack(rows)
-        if eos:
-            final = np.full((1, vocab), -1, dtype=np.int64)
-            table = np.concatenate([table, final])
-            for k, s in enumerate(order):
-                if dfa.accepting(s):
-                    table[k, eos] = len(order)
-        return TokenAutomaton(table, 0)
+        table, final = _prune(np.stack(rows), np.array([dfa.accepting(s) for s in order]),
+                              pattern)
+        n = table.shape[0]
+        if eos:                                               # EOS at complete matches only
+            table = np.concatenate([table, np.full((1, vocab), -1, dtype=np.int64)])
+            table[np.flatnonzero(final)[:, None], eos] = n
+            final = np.append(final, True)
+        if special:
+            live = np.flatnonzero((table >= 0).any(axis=1))
+            table[live[:, None], special] = live[:, None]
+        return TokenAutomaton(table, 0, final)
+
+
+def _prune(table: np.ndarray, final: np.ndarray, pattern: str) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the states from which a complete match (``final``) is reachable, renumbered in
+    order; a transition into any other state becomes -1."""
+    live = final.copy()
+    while True:
+        step = ((table >= 0) & live[np.maximum(table, 0)]).any(axis=1)
+        grown = live | step
+        if (grown == live).all():
+            break
+        live = grown
+    if not live[0]:
+        raise ConstraintError(f"regex {pattern!r}: no text the vocabulary can spell matches it "
+                              "(every path dies before a complete match)")
+    keep = np.flatnonzero(live)
+    new = np.full(len(live), -1, dtype=np.int64)
+    new[keep] = np.arange(len(keep))
+    t = table[keep]
+    t = np.where(t >= 0, new[np.maximum(t, 0)], -1)
+    return t, final[keep]
 
 
 class _Trie:
-    """Token texts in a character trie, so a walk from a DFA state prunes every token that
-    shares a dead prefix at once."""
+    """Token byte strings in a trie, so a walk from a state prunes every token that shares a
+    dead prefix at once."""
 
-    def __init__(self, texts: Sequence[tuple[int, str]]) -> None:
+    def __init__(self, texts: Sequence[tuple[int, bytes]]) -> None:
         self.root: dict = {}
         for tok, text in texts:
             if not text:
@@ -151,8 +198,9 @@ class _Trie:
                 node = node.setdefault(ch, {})
             node.setdefault(None, []).append(tok)
 
-    def walk(self, dfa: CharDFA, state: int):
-        """(token, end state) for every token whose whole text stays alive from ``state``."""
+    def walk(self, dfa: ByteDFA, state: int):
+        """(token, end state) for every token whose whole byte string stays alive from
+        ``state``."""
         stack = [(self.root, state)]
         while stack:
             node, s = stack.pop()
@@ -161,7 +209,7 @@ class _Trie:
                     yield from ((tok, s) for tok in child)
                     continue
                 nxt = dfa.step(s, key)
-                if nxt != CharDFA.DEAD:
+                if nxt != ByteDFA.DEAD:
                     stack.append((child, nxt))
 
 

@@ -1,5 +1,6 @@
 """The host's walk of a request's constraint along the tokens it commits: where it reaches a
-dead end (the request finishes there, finish_reason "constraint"), a check that every
+dead end (the request finishes there: "constraint" when the output is complete there,
+"constraint_unsatisfiable" when it is not, ``ConstraintTracker.complete``), a check that every
 returned token was allowed, and a generic hook's mask for the next token. It runs on the
 step's host copy of the tokens, so it costs no device→host transfer."""
 
@@ -41,6 +42,12 @@ class ConstraintTracker:
     def _allowed(self, state) -> np.ndarray:
         return self.c.allowed(state) if self.table else checked_mask(self.c.allowed(state),
                                                                      self.vocab)
+
+    def complete(self) -> bool:
+        """Whether the hook says the output so far is complete (``accepting(state)``; a hook
+        without that method cannot say, and a dead end there counts as not complete)."""
+        accepting = getattr(self.c, "accepting", None)
+        return bool(accepting(self.state)) if callable(accepting) else False
 
     def feed(self, tokens: Sequence[int]) -> int | None:
         """Advance by ``tokens``; → k when the state after ``tokens[:k]`` is a dead end (the

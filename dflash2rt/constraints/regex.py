@@ -220,7 +220,8 @@ class _Parser:
 
 class CharDFA:
     """The pattern's DFA over characters, its states made on demand: state 0 is the start,
-    ``DEAD`` (-1) the empty set; ``step(state, ch)``, ``accepting(state)``."""
+    ``DEAD`` (-1) the empty set; ``step(state, ch)``, ``accepting(state)``. ``mentioned``: the
+    characters the pattern names; every other character steps as any other one does."""
 
     DEAD = -1
 
@@ -232,6 +233,8 @@ class CharDFA:
         if parser.i != len(pattern):
             raise parser.fail("unbalanced ')'")
         self.edges = parser.edges
+        self.mentioned = frozenset().union(*(label.chars for out in self.edges
+                                             for label, _ in out if label is not None))
         self.sets: list[frozenset] = []
         self.ids: dict[frozenset, int] = {}
         self.memo: dict[tuple[int, str], int] = {}

@@ -71,7 +71,8 @@ class Collector:
             k = self.trackers[i].feed(o.token_ids[before:])
             if k is not None:
                 del o.token_ids[before + k:]
-                o.finish_reason = "constraint"
+                o.finish_reason = "constraint" if self.trackers[i].complete() \
+                    else "constraint_unsatisfiable"
         if params.stop_strings:
             self._stop_strings(o, params.stop_strings, before)
         if o.logprobs is not None:                         # cut where the tokens were cut

@@ -35,7 +35,8 @@ class SamplingParams:
     the device; any other hook builds its masks on the host (``advance`` must return a new
     state): one host→device mask copy per step, and in speculative steps one more round trip
     for the drafts (counted in ``RunStats.constraint_host_masks`` and ``syncs``). A request whose
-    state allows no token finishes with finish_reason "constraint".
+    state allows no token finishes there: finish_reason "constraint" where the output is a
+    complete match (the hook's ``accepting(state)``), else "constraint_unsatisfiable".
     """
 
     max_new_tokens: int = 64
@@ -167,8 +168,10 @@ class Request:
 
 @dataclass
 class RequestOutput:
-    """What one request produced; ``finish_reason`` is "length", "stop_token", "stop_string" or
-    "constraint" (the constraint reached a state that allows no token)."""
+    """What one request produced; ``finish_reason`` is "length", "stop_token", "stop_string",
+    "constraint" (the output is a complete match and the constraint allows no more token) or
+    "constraint_unsatisfiable" (the constraint allows no token and the output is not a match:
+    a generic hook that got stuck, or one that cannot say)."""
 
     prompt_ids: tuple[int, ...]
     token_ids: list[int] = field(default_factory=list)
