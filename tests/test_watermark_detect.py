@@ -111,3 +111,28 @@ def test_short_texts_and_bad_input():
         detect(key, [1, 2], context_width=0)
     with pytest.raises(InvalidInputError, match="WatermarkKey"):
         detect(b"\0" * 32, [1, 2])
+
+
+def test_repeated_unmarked_text_is_no_evidence():
+    """Text repeated many times (a model stuck in a loop, a quoted passage) is scored once per
+    distinct (context, token) pair: the p-value of a repeated unmarked text is that of its
+    distinct pairs, however many copies, so a loop never turns into a detection. Over texts
+    whose single copy already scores above its mean (the case a per-token count would blow
+    up), the p-value of 30 copies stays the single copy's up to the few pairs the copies'
+    seams add."""
+    key = _key(5)
+    g = np.random.default_rng(55)
+    checked = 0
+    for _ in range(60):
+        seq = g.integers(0, 1000, 24).tolist()
+        one = detect(key, seq)
+        if one.score <= one.tokens_scored:                  # at or below the null mean
+            continue
+        many = detect(key, seq * 30)
+        ev = token_evidence(key, seq * 30)
+        distinct = len(set(zip(ev["context"].tolist(), ev["token"].tolist())))
+        assert many.tokens_scored == distinct <= one.tokens_scored + 4
+        assert many.log10_p_value >= one.log10_p_value - 2, (one, many)
+        assert many.watermarked <= (one.p_value < 0.05)
+        checked += 1
+    assert checked >= 10

@@ -54,15 +54,20 @@ def _triple(sub):
 
 
 def watermarked_step(backend, key: WatermarkKey, windows: np.ndarray, draft_logits, target_logits,
-                     temp: float, top_p: float, torch_ops: bool = False):
+                     temp: float, top_p: float, torch_ops: bool = False,
+                     record: np.ndarray | None = None, used: np.ndarray | None = None,
+                     plain: bool = False):
     """One watermarked spec step per row (window [R, H] of tokens before the anchor's
-    successor, all contexts fresh) → (accept_len [R], tokens [R, γ+1]) as NumPy; the backend's
-    ``select_marked`` / ``verify_marked``, or with ``torch_ops`` ``watermark.generate``'s."""
+    successor; the record of used contexts [R, M] with ``used`` [R] entries, default empty)
+    → (accept_len [R], tokens [R, γ+1]) as NumPy; the backend's ``select_marked`` /
+    ``verify_marked``, or with ``torch_ops`` ``watermark.generate``'s; ``plain``: the
+    backend's unwatermarked ``select`` / ``verify`` on the same noise."""
     dev = backend.device
     r = windows.shape[0]
     win = torch.tensor(windows, dtype=torch.int64, device=dev)
-    wm = wmgen.WatermarkBatch(key, H, win, torch.zeros(r, 1, dtype=torch.int64, device=dev),
-                              torch.zeros(r, dtype=torch.int64, device=dev))
+    rec = torch.zeros(r, 1, dtype=torch.int64) if record is None else torch.tensor(record)
+    n_used = torch.zeros(r, dtype=torch.int64) if used is None else torch.tensor(used)
+    wm = wmgen.WatermarkBatch(key, H, win, rec.to(dev), n_used.to(dev))
     sampling = SamplingBatch.build([temp] * r, [0] * r, [top_p] * r, dev)
     dl = torch.tensor(draft_logits, dtype=torch.float32, device=dev).expand(r, GAMMA, V)
     tl = torch.tensor(target_logits, dtype=torch.float32, device=dev).expand(r, GAMMA + 1, V)
@@ -72,7 +77,10 @@ def watermarked_step(backend, key: WatermarkKey, windows: np.ndarray, draft_logi
                                                                       device=dev), GAMMA)
     args = (dl, torch.zeros(r, GAMMA, 0, device=dev), win[:, -1], zero, zero, SelectorParams(K),
             sampling, noise.walk)
-    if torch_ops:
+    if plain:
+        sel = backend.select(*args)
+        ver = backend.verify(tl, sel.draft, sel.candidates, sel.q, sampling, noise, False)
+    elif torch_ops:
         sel = wmgen.select_marked(wm, *args, backend.has_fp64)
         ver = wmgen.verify_marked(wm, tl, sel, sampling, noise, backend.has_fp64)
     else:
@@ -251,3 +259,53 @@ def test_keyed_acceptance_on_a_coin_lattice(case, backend, results, sizes):
             f"[L4 watermark-lattice case={case} slot={j}] the lattice never both accepts and " \
             f"rejects there (accept lengths {sorted(set(got[0].tolist()))}): it tests nothing"
 
+
+
+def _every_context(window: np.ndarray) -> list[int]:
+    """The context of every slot a step from ``window`` can reach, over every draft path (the
+    drafts are ids < V): 1 + V + V² + V³ contexts."""
+    out = []
+    for j in range(GAMMA + 1):
+        for path in itertools.product(range(V), repeat=j):
+            out.append(int(ref.context_hash(np.array(list(window[j:]) + list(path))[None])[0]))
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_recorded_contexts_draw_with_the_ordinary_noise(case, backend, results, sizes):
+    """Non-empty records. Rows whose record holds every context the step can reach draw every
+    slot with the ordinary noise: exactly the backend's unwatermarked step. Rows whose record
+    is as full but of another window's contexts, or holds this window's contexts only past its
+    ``used`` count, are all fresh: exactly the keyed reference."""
+    skip_without_fp64(backend)
+    temp, top_p = CASES[case]
+    draft_logits, target_logits = _tables("wm-" + case)
+    rows = 24 if sizes.l4_samples is None else 9
+    key = WatermarkKey(np.random.default_rng(7300).bytes(32))
+    windows = _windows(400, rows)
+    decoys = _windows(401, rows)
+    n = len(_every_context(windows[0]))
+    record = np.zeros((rows, 2 * n), np.int64)
+    used = np.full(rows, n)
+    kind = np.arange(rows) % 3                        # 0 recorded, 1 decoys, 2 past `used`
+    for i in range(rows):
+        mine, other = _every_context(windows[i]), _every_context(decoys[i])
+        record[i] = (mine + other) if kind[i] == 0 else (other + mine)
+        if kind[i] == 1:
+            record[i, n:] = 0
+    got = watermarked_step(backend, key, windows, draft_logits, target_logits, temp, top_p,
+                           record=record, used=used)
+    plain = watermarked_step(backend, key, windows, draft_logits, target_logits, temp, top_p,
+                             plain=True)
+    keyed = reference_step(key, windows, draft_logits, target_logits, temp, top_p)
+    want = tuple(np.where((kind == 0).reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+                 for a, b in zip(plain, keyed))
+    bad = np.flatnonzero((got[0] != want[0]) | (got[1] != want[1]).any(1))
+    assert not len(bad), \
+        f"[L4 watermark-record case={case}] rows {bad[:5].tolist()} (kinds " \
+        f"{kind[bad[:5]].tolist()}: 0 recorded, 1 decoys, 2 past used): accept " \
+        f"{got[0][bad[:3]].tolist()} vs {want[0][bad[:3]].tolist()}"
+    differs = int(((plain[1] != keyed[1]).any(1)).sum())
+    assert differs, "the keyed and the ordinary noise give the same tokens: nothing is tested"
+    results.metric("L4", f"watermark record {case}",
+                   dict(rows=rows, record_entries=int(used[0]), keyed_vs_plain_differ=differs))
