@@ -16,7 +16,8 @@ from dflash2rt.constraints.regex import CharDFA
 
 ALPHABET = "ab01 _-\n.é"
 ATOMS = ["a", "b", "0", "1", " ", "_", "-", "é", r"\.", ".", r"\d", r"\D", r"\w", r"\W",
-         r"\s", r"\S", "[ab]", "[^a]", "[0-9]", "[^0-9\\n]", "[a-b_]", "[\\d.]"]
+         r"\s", r"\S", "[ab]", "[^a]", "[0-9]", "[^0-9\\n]", "[a-b_]", "[\\d.]", r"\-", r"\ ",
+         r"[\-\.]", r"\é"]
 
 
 def _pattern(g: random.Random, depth: int = 0) -> str:

@@ -22,7 +22,6 @@ _CLASSES = {"d": frozenset(string.digits),
             "w": frozenset(string.ascii_letters + string.digits + "_"),
             "s": frozenset(" \t\n\r\f\v")}
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
-_SPECIAL = set("()[]{}|*+?.^$\\")
 
 
 @dataclass(frozen=True)
@@ -176,7 +175,7 @@ class _Parser:
             return CharSet(_CLASSES[ch.lower()], negated=True)
         if ch in _ESCAPES:
             return CharSet(frozenset(_ESCAPES[ch]))
-        if ch in _SPECIAL or ch in "-/]":
+        if not (ch.isascii() and ch.isalnum()):               # as re: \" \- \. \\ ...
             return CharSet(frozenset(ch))
         raise self.fail(f"unsupported escape \\{ch}")
 
