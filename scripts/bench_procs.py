@@ -1,4 +1,4 @@
-"""Logit processors under speculation on the bundled pair (issue 18's evidence), one process:
+"""Logit processors under speculation on the bundled pair, one process:
 
 1. For each parameter alone and all together, greedy speculative decoding (adaptive and block 8)
    equals greedy target-only decoding on the held-out prompts, token for token.

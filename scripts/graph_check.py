@@ -49,7 +49,7 @@ def main() -> int:
     prompts = [tuple(pair.tokenizer.encode(t)) for t in PROMPTS]
     configs = [(True, b, t, False) for b in (1, 3, 8) for t in ((0.0,), (0.0, 1.0))] + \
         [(False, b, (0.0, 1.0), False) for b in (1, 8)] + \
-        [(spec, 8, (1.0, 0.7), True) for spec in (True, False)]       # watermarked (issue 17)
+        [(spec, 8, (1.0, 0.7), True) for spec in (True, False)]       # watermarked
     key = WatermarkKey(bytes(range(32)))        # a public test key: the tokens are compared
     rows = []
     for spec, batch, temps, marked in configs:

@@ -1,4 +1,4 @@
-"""Watermark evidence on the bundled pair (issue 17), as JSON.
+"""Watermark evidence on the bundled pair, as JSON.
 
 * Detection power: N documents generated with the watermark (prompts cut from held-out corpus
   files, keys rotating over ``--keys``), at each temperature; for each length L (new tokens) the
@@ -8,9 +8,8 @@
   (fresh per text); the empirical rate at nominal 1% and 0.1% (with its binomial standard
   error). Fresh keys per text make the scores independent across texts: generated code repeats
   whole lines across documents, so under one shared key texts that share (context, token) pairs
-  score alike, and the binomial standard error would understate the spread (one run scored
-  1,000 texts under 5 shared keys at 1.54 % at nominal 1 %; the same generations under 25 other
-  shared keys scored 0.82 %).
+  score alike, and the binomial standard error would understate the spread
+  (docs/benchmarks/watermark.md).
 * Cost: tau and tokens/s with the watermark on vs off (same prompts, seeds and block policy),
   side by side; detector throughput in tokens/s.
 

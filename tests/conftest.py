@@ -16,7 +16,7 @@ def _has_gpu() -> bool:
 
 
 # The Triton kernels are tested on CPU through the interpreter, which must be chosen before triton
-# is first imported in this process (PORTABILITY.md). Not on a machine with a GPU: pytest also
+# is first imported in this process (docs/portability.md). Not on a machine with a GPU: pytest also
 # loads this file for `pytest --pyargs dflash2rt_conformance` run from the repository root (the
 # testpaths' conftests), and there the GPU backend under test must get the real compiler.
 if not _has_gpu():

@@ -1,4 +1,5 @@
-"""Out-of-tree mutant backends, one planted bug each, for the bug classes of issues 13, 15, 17 and 18.
+"""Out-of-tree mutant backends, one planted bug each: kernels, adaptive speculation,
+watermarking, logit processors and constraints.
 
 Each mutant is a TorchOpsBackend subclass (or a patched runtime op) installed as a real
 distribution with a ``dflash2rt.backends`` entry point; ``source(name, dtypes)`` writes it for a
@@ -267,7 +268,7 @@ def _conv(x, base, delta, block_size):
         return super().verify(logits, draft, candidates, q, sampling,
                               BlockNoise(noise.walk, coin, noise.residual, noise.bonus), check)
 '''),
-    # Adaptive speculation that peeks (issue 15): the step's block size is chosen from the
+    # Adaptive speculation that peeks: the step's block size is chosen from the
     # current step's own slot-0 acceptance coin — the whole block when it is small (< 1/2, the
     # draft will likely be accepted), else a target-only step (accept 0, the token drawn from
     # target row 0 with the bonus coin, as ops.verify.sample_next does).
@@ -282,18 +283,18 @@ def _conv(x, base, delta, block_size):
                               out.tokens.gather(1, out.accept_len.view(-1, 1)).view(-1))
         return VerifyOut(acc, assemble_tokens(draft, acc, emitted), out.bad, out.bad_q)
 '''),
-    # Issue 18: a penalty applied to every verify row with the pre-block (committed) counts,
+    # Logit processors: a penalty applied to every verify row with the pre-block (committed) counts,
     # not the counts after d_1..d_j.
     "procs-pre-block-counts": (_PROCS_PRE_BLOCK, "    pass\n"),
-    # Issue 18: row 0's processing (its change to the logits) added to every verify row.
+    # Logit processors: row 0's processing (its change to the logits) added to every verify row.
     "procs-row0-everywhere": (_PROCS_ROW0, "    pass\n"),
-    # Issue 17: the watermark's residual / bonus draws keyed by the draft's subkey A.
+    # Watermark: the residual / bonus draws keyed by the draft's subkey A.
     "wm-one-key": (_WM_ONE_KEY, "    pass\n"),
-    # Issue 17: the acceptance coin reuses the draft draw's keyed value.
+    # Watermark: the acceptance coin reuses the draft draw's keyed value.
     "wm-coin-reuses-draw": (_WM_COIN_FROM_DRAW, "    pass\n"),
-    # Issue 17: the keyed acceptance compares the coin with p(d) alone (q(d) left out).
+    # Watermark: the keyed acceptance compares the coin with p(d) alone (q(d) left out).
     "wm-accept-ignores-q": ("import dataclasses\n" + _WM_ACCEPT_IGNORES_Q, "    pass\n"),
-    # Issue 18: every verify row masked with row 0's constraint state (the committed one).
+    # Constraints: every verify row masked with row 0's constraint state (the committed one).
     "constraint-row0-everywhere": (_CONSTRAINT_ROW0, "    pass\n"),
     # The acceptance coin is read from the walk stream (it differs from the accept stream).
     "walk-as-accept": ("", '''

@@ -1,4 +1,4 @@
-"""Each bug class of issues 13 and 15 planted in an out-of-tree backend (tests/fixture_mutants.py)
+"""Each bug class planted in an out-of-tree backend (tests/fixture_mutants.py)
 is killed by the conformance suite: by the full suite on a backend declaring float32, float64 and
 bfloat16, and by ``--dflash2rt-quick`` (small samples only) on a backend that declares only
 float32 — so no kill hangs on an exhaustive sample or a bf16 accident. The ``-k`` selections are
@@ -54,7 +54,7 @@ FULL_ONLY = {  # exhaustive-tier cases (too slow for the Triton-interpreter lane
     "chunk-icdf-no-carry": ["[L1 verify case=real_vocab_v151936"],
 }
 MODES = {"quick-float32-only": ("float32", ["--dflash2rt-quick"]), "full": ("all", [])}
-# The quick mode of the issue-18 mutants runs their L1 cases only (about a minute less each):
+# The quick mode of the logit-processor and constraint mutants runs their L1 cases only:
 # the full mode shows that L3 kills them too.
 QUICK = {"procs-pre-block-counts": ("L1 and procs", [
              "[L1 procs case=frequency]", "[L1 procs case=repetition]"]),

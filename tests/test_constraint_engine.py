@@ -1,4 +1,4 @@
-"""Constrained requests through the engine (issue 18): on the bundled pair, the automaton that
+"""Constrained requests through the engine: on the bundled pair, the automaton that
 allows only digits and a closing bracket, spec on and off — identical tokens at T = 0, every
 emitted token allowed at T = 0 and T = 1, logprobs equal; dead ends finish with "constraint";
 generic hooks (host masks, also under speculation); graph mode runs constrained batches eagerly and says so."""

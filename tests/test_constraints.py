@@ -1,4 +1,4 @@
-"""Constraint hooks (issue 18), the parts below the engine: the regex engine, token automata
+"""Constraint hooks, the parts below the engine: the regex engine, token automata
 (validation, regex lifting, token sets), the device masking of verify rows along the drafts,
 and the host's walk."""
 

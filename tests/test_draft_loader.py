@@ -17,7 +17,7 @@ from dflash2rt.models.pair import load_pair
 
 from tiny_models import tiny_pair
 
-# Copied verbatim from ../shared/formats/ (DESIGN.md §2) so this runs in CI; see data/README.md.
+# A published draft's config and tensor list (docs/design.md §2, tests/data/README.md).
 FORMATS = Path(__file__).resolve().parent / "data"
 
 

@@ -1,5 +1,5 @@
 """The watermark's keyed draws in the Triton kernels (interpreter) against the torch ops, bit for
-bit (issue 17): Philox words, context hashes, keyed uniforms and -log values; the keyed walk and
+bit: Philox words, context hashes, keyed uniforms and -log values; the keyed walk and
 the keyed residual / bonus draw on batches with fresh, recorded and repeated contexts, greedy rows
 and broken laws; and the engine on triton-interpret against cpu."""
 

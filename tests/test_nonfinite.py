@@ -1,6 +1,6 @@
 """Non-finite draft selectors and bad rows: a typed error naming the request and the source, at
-the step's one sync, and an engine that stays usable (issue repros; the fuzzing property is in
-test_fuzz_weights.py)."""
+the step's one sync, and an engine that stays usable (one test per reported failure; the fuzzing
+property is in test_fuzz_weights.py)."""
 
 from __future__ import annotations
 

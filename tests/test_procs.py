@@ -1,5 +1,6 @@
-"""Issue 18's sampling parameters under speculation: validation, greedy spec == target-only
-with each parameter, logprobs equal to target-only's, requests without them unchanged."""
+"""Sampling parameters under speculation (logit bias, penalties, min-p, logprobs): validation,
+greedy spec == target-only with each parameter, logprobs equal to target-only's, requests
+without them unchanged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 18, per sampling parameter on the bundled pair's held-out prompts: greedy speculative
+"""Per sampling parameter on the bundled pair's held-out prompts: greedy speculative
 decoding (fixed block and adaptive) returns exactly target-only decoding's tokens, and the
 parameter does change the output (so the comparison is not vacuous)."""
 

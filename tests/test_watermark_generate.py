@@ -1,4 +1,4 @@
-"""Watermarked generation (issue 17): sampled output detectable under its key and not under
+"""Watermarked generation: sampled output detectable under its key and not under
 another, greedy output bit-identical with and without a watermark, the same tokens on cpu and
 triton-interpret (where the kernels draw), repeated contexts fall back to the ordinary
 uniforms, the key stays out of stats / JSON / CLI output, and what runs instead of kernels or

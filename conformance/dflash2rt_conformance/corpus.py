@@ -1,6 +1,6 @@
-"""The adversarial corpus of the verifier (VERIFY.md "Edge cases"): u exactly at p/q and ±1 ulp,
-p = 0 (u → 0), p = q, the empty residual, ties, NaN / +inf / all −inf rows, duplicated
-candidates, T = 1e-3, the mask id as a token, V not a multiple of 16/32/64, batch 1.
+"""The adversarial corpus of the verifier (docs/verification.md, "Edge cases"): u exactly at p/q
+and ±1 ulp, p = 0 (u → 0), p = q, the empty residual, ties, NaN / +inf / all −inf rows,
+duplicated candidates, T = 1e-3, the mask id as a token, V not a multiple of 16/32/64, batch 1.
 
 Each case returns numpy inputs; thresholds use probabilities every softmax computes exactly
 (equal logits over 2 or 4 tokens, −inf elsewhere), so the decision is defined bit for bit.

@@ -1,10 +1,10 @@
 """Instance sizes of the law levels L2–L4: ``FULL`` for every backend by default, ``SMALL`` with
 ``--dflash2rt-small`` for lanes that pay per kernel program (the Triton interpreter runs one
-program per lattice row, ~55 ms each on a CPU core). SMALL keeps every lattice check exact
-(quarter tables on the 4-point lattice, TV ≤ 1e-12) on smaller instances: fewer draft slots
-and rounds, a coarser lattice for the float tables (compared with the reference on the same
-lattice), fewer greedy tokens and a χ² sample whose detectable TV is printed. The run's header
-and reports name the sizes used."""
+program per lattice row, in Python: docs/benchmarks/conformance-lanes.md). SMALL keeps every
+lattice check exact (quarter tables on the 4-point lattice, TV ≤ 1e-12) on smaller instances:
+fewer draft slots and rounds, a coarser lattice for the float tables (compared with the
+reference on the same lattice), fewer greedy tokens and a χ² sample whose detectable TV is
+printed. The run's header and reports name the sizes used."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Op specs of the watermark (issue 17): keyed values and context hashes (bit-exact float32 /
+"""Op specs of the watermark: keyed values and context hashes (bit-exact float32 /
 int64), the Gumbel-max draws over a dense law and a sparse candidate set and the keyed coin
 (tokens exact, -log values bit-exact float64), and the key / detector input errors.
 

@@ -1,11 +1,11 @@
 """Every float tolerance of the suite, per op × dtype, with the reason for each loosening.
 
-This module is the single owner (STYLE 14). The base row of a dtype is what an op computing in
-that dtype with a handful of roundings meets; an entry in ``LOOSENED`` may only widen it and
-must say why. Tolerances are keyed by op and dtype, never by backend: a backend cannot relax
-its own (the suite never reads tolerances from a backend or a plugin). Integers (tokens, accept
-lengths, candidate ids, flags) and the uniforms (bit-exact by design) are compared exactly and
-have no entry here.
+This module is the single owner (docs/design.md §5). The base row of a dtype is what an op
+computing in that dtype with a handful of roundings meets; an entry in ``LOOSENED`` may only
+widen it and must say why. Tolerances are keyed by op and dtype, never by backend: a backend
+cannot relax its own (the suite never reads tolerances from a backend or a plugin). Integers
+(tokens, accept lengths, candidate ids, flags) and the uniforms (bit-exact by design) are
+compared exactly and have no entry here.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ BASE = MappingProxyType({
                     "meet the float32 row"),
 })
 
-_F32_CONTRACT = ("the op returns float32 by contract (DESIGN §1.1: probabilities and q are "
+_F32_CONTRACT = ("the op returns float32 by contract (docs/design.md §1: probabilities and q are "
                  "float32) whatever the input dtype, so float64 inputs meet the float32 row")
 _BF16_ACCUM = ("the conv works in the input dtype (ops/conv.py): it rounds base+δ, each tap's "
                "product and the sum to bf16 (2^-8 relative each; a kernel may keep the sum in "

@@ -123,14 +123,12 @@ def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
 def fresh_placement(st: BatchState, steppers: Steppers, peer_layers: Sequence[Any] = ()) -> None:
     """Copy our target K/V cache (``st.target_storage``) and a peer's (transformers' cache
     layers: ``keys`` / ``values`` attributes) into fresh memory, layer by layer, ours and
-    theirs alternately, before timed steps. On this VM (Firecracker, free-page reporting, no
-    transparent huge pages) the same read runs up to 5 % faster from memory allocated later
-    (28 layers of Qwen3-0.6B cache at 2k context, the same SDPA call: 24.45 against 23.42 ms
-    with ours allocated first, 23.69 against 24.99 ms with theirs first), and transformers
-    allocates its static cache lazily during its prefill while ours exists before our prefill,
-    so which side's cache reads faster would be decided by where each landed, not by code.
-    Interleaved fresh copies give both the same luck (whole steps at 2k: 126.83 / 126.52 and
-    124.22 / 124.44 ms, ours / theirs, copying ours first or theirs first). Contents and
+    theirs alternately, before timed steps. On some VMs (free-page reporting, no transparent
+    huge pages) the same read runs a few percent faster from memory allocated later, and
+    transformers allocates its static cache lazily during its prefill while ours exists before
+    our prefill, so which side's cache reads faster would be decided by where each landed, not
+    by code. Interleaved fresh copies give both the same luck
+    (docs/benchmarks/real-scale.md). Contents and
     layout are unchanged; our old buffers are freed. Eager steps only, before the run's first
     step: step bodies bind the cache storage when ``steppers`` makes them (a graphed run's
     storage is the engine's static caches, which captured graphs read)."""

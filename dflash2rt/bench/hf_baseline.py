@@ -54,11 +54,10 @@ class HFGreedy:
     def share_weights(self, target: torch.nn.Module) -> int:
         """Point transformers' parameters at ``target``'s tensors of the same names (a
         ``models.target.TargetModel`` of the same checkpoint): both models then read the same
-        memory, and transformers' own copy is freed. On this VM (Firecracker, free-page
-        reporting, no transparent huge pages) two copies of the same weights stream at speeds
-        up to 5 % apart depending on which was allocated last (Qwen3-0.6B, batch 1: the same
-        step read 104.8 against 109.4 ms from one copy or the other, interleaved in one
-        process), which would decide a side-by-side comparison by allocation order. → the
+        memory, and transformers' own copy is freed. On some VMs (free-page reporting, no
+        transparent huge pages) two copies of the same weights stream at speeds a few percent
+        apart depending on which was allocated last, which would decide a side-by-side
+        comparison by allocation order (docs/benchmarks/real-scale.md). → the
         number of tensors shared; a missing name, shape or dtype raises ``ValueError``."""
         ours, theirs = target.state_dict(), self.model.state_dict()
         for name, t in theirs.items():

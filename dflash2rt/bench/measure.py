@@ -45,7 +45,7 @@ FIXED, ADAPTIVE = "fixed", "adaptive"        # speculative contenders of measure
 ENGINE_CONTENDERS = (TARGET_ONLY, FIXED, ADAPTIVE)
 STEP_PHASES = ("draft", "verify", "host")    # profile_steps: per-step split (+ "step", the total)
 SEED = 1234                                  # measure_rows: prompt i of a row has seed SEED + i
-SAMPLED_OVER_GREEDY_GOAL = 1.25              # issue goal: sampled spec step <= 1.25x greedy
+SAMPLED_OVER_GREEDY_GOAL = 1.25              # goal: a sampled spec step costs <= 1.25x a greedy one
 PHASES = ("draft", "select", "verify", "graphs", "host", "catch_up")
 # Deprecated JSON keys (one release), each written with the value of its new key.
 DEPRECATED_ALIASES = {"ar_tokens_per_s": "target_only_tokens_per_s",

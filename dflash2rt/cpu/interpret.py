@@ -1,10 +1,11 @@
 """The opt-in ``triton-interpret`` backend: the GPU Triton kernels run on CPU tensors through
 Triton's interpreter (``TRITON_INTERPRET=1``), so CI exercises the kernels' logic.
 
-Known blind spots of the interpreter (PORTABILITY.md), not tested on this lane: bf16 arithmetic
-and bf16 ``tl.dot`` give wrong values silently (so bf16 is refused here), out-of-bounds accesses
-are not checked, ``device_assert`` never fires, and autotuning with several configs needs a
-driver (the kernels use one config from a tuning table). Checked on real devices only.
+Known blind spots of the interpreter (docs/portability.md, "Triton"), not tested on this lane:
+bf16 arithmetic and bf16 ``tl.dot`` give wrong values silently (so bf16 is refused here),
+out-of-bounds accesses are not checked, ``device_assert`` never fires, and autotuning with
+several configs needs a driver (the kernels use one config from a tuning table). Checked on real
+devices only.
 """
 
 from __future__ import annotations

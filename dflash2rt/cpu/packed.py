@@ -2,9 +2,8 @@
 
 Why: a decode step is a handful of rows through every weight matrix. torch's default CPU
 ``F.linear`` (MKL sgemm) re-packs the weight on every call for small row counts, so a verify
-pass (9 rows) through Qwen3-0.6B's 151,936 x 1,024 LM head took 262-330 ms against 75 ms
-packed (this 2-core machine, one process, side by side; one decode row then measured 63-70 ms
-against 35-47 ms, but see below). oneDNN's packed format is what ``torch.compile``'s CPU
+pass (9 rows) through a large LM head runs several times slower than through a weight packed
+once (docs/benchmarks/real-scale.md). oneDNN's packed format is what ``torch.compile``'s CPU
 freezing pass uses (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``).
 
 The pass keeps every module's dense weight (training, ``state_dict``, other devices and the
@@ -15,9 +14,8 @@ packed again, and calls that need autograd run plain ``F.linear``. Where this to
 no oneDNN (or the models are not float32 on the CPU) the pass says so and changes nothing.
 
 One row (a batch-1 target-only step) runs the dense weight through ``F.linear``: MKL's
-matrix-vector product reads it faster than oneDNN's packed one (2026-12-02, one process, side
-by side: the LM head 21.8 against 24.4 ms, the 1024-wide projections 10-15 % faster), while
-from 2 rows on packing pays (9 rows: LM head 77 against 31 ms, projections 2x).
+matrix-vector product reads it faster than oneDNN's packed one, while from 2 rows on packing
+pays.
 """
 
 from __future__ import annotations
@@ -35,9 +33,8 @@ PACK_ATTR = "_dflash2rt_onednn"
 ENV = "DFLASH2RT_CPU_PACK"      # "0": leave the linears to F.linear (A/B runs, a suspect build)
 HEADROOM = 0.5          # pack only when the copies take at most this share of the free memory
 # Only weights of at least this many elements (4 MiB in float32) are packed: below it oneDNN's
-# per-call cost outweighs the bandwidth it saves (the bundled pair, hidden 192: one-row decode
-# fell from 96 to 59 tok/s packed, while its 9-row verify gained; Qwen3-0.6B's smallest
-# projection, 1024 x 1024, gains).
+# per-call cost outweighs the bandwidth it saves (the bundled pair's hidden-192 layers decode
+# slower packed; Qwen3-0.6B's smallest projection, 1024 x 1024, gains).
 MIN_ELEMENTS = 1 << 20
 
 
@@ -97,10 +94,9 @@ def pack_linears(modules: list[nn.Module]) -> str:
 
 # Half-precision linears on the CPU: torch's CPU matmul (2.13) serves a 3-D bfloat16 / float16
 # input that is a strided slice (a draft block's rows h[:, 1:], the last row of each request
-# h[:, -1:]) by expanding the weight over the batch and copying it on every call: measured on
-# the two cores, Qwen3-0.6B's LM head (151,936 x 1,024) for [1, 7] rows sliced from [1, 8]:
-# 1,210 ms bf16 against 18 ms for the same rows as 2-D ([2, 1] from [2, 8]: 2,163 against 19
-# ms; float16 alike; float32 and float64 take 1.0-1.6x). A bfloat16 draft step took 1.3 s.
+# h[:, -1:]) by expanding the weight over the batch and copying it on every call, which costs
+# far more than the product itself for a large weight (float16 alike; float32 and float64 are
+# barely affected). So those linears get 2-D inputs (docs/benchmarks/real-scale.md).
 FLAT_ATTR = "_dflash2rt_flat"
 
 
@@ -156,8 +152,6 @@ def _pack(modules: list[nn.Module]) -> str:
 # projections of an MLP read the same input, so one product over their stacked weights does the
 # work of three (two). The stacked weight is the storage and each layer's weight a view of it
 # (no copy kept; state_dict, training and the single-layer calls still see the same weights).
-# Measured on the two cores, all 28 Qwen3-0.6B layers' q, k, v, gate and up weights streamed from
-# memory: one row 41.0 against 39.0 ms fused, eight rows (packed) 56.5 against 52.8 ms.
 FUSE_ATTR = "_dflash2rt_fused"
 PART_ATTR = "_dflash2rt_fused_part"     # a layer whose weight is a view of a stacked weight
 

@@ -15,9 +15,9 @@ from .cost_table import FIRST_CALL_GAP, MAX_CALL_GAP, bucket_of
 
 # ``plan``: a call speculates only if its first step projects this × the target-only rate, both
 # projections scaled by what planned calls realized (``_fold_plan``). First set for the costs a
-# speculative call pays besides its steps (at T = 1, batch 8 on the bundled pair: a call
-# projected 1.4 % faster than target-only ran 4-9 % slower), which the realized scaling now
-# measures; kept because the bench's rounds on this machine spread by more than 5 %.
+# speculative call pays besides its steps (a call projected slightly faster than target-only
+# can run slower), which the realized scaling now measures; kept because timed rounds on a
+# shared machine spread by more than 5 % (docs/benchmarks/adaptive.md).
 PLAN_MARGIN = 1.05
 
 
@@ -25,26 +25,24 @@ class CallPlan:
     """``plan`` / ``project`` of an ``AdaptiveSchedule`` (module docstring)."""
 
     def plan(self, rows: int, remaining: Sequence[int]) -> str:
-        """After ``begin``, before the call's prefill: "" to decode it speculatively (choosing each
-        step), or why it runs as a plain target-only call. Speculation has fixed costs a call pays
-        even if every step it takes is target-only: the prefill builds the draft's context of every
-        prompt, target-only steps keep that context, and each probe re-scores every row (at T = 1,
-        batch 8 on the bundled pair: ×0.91–0.95 target-only where target-only steps were 360 of
-        375). So a learning schedule (``track`` > 0) whose pooled acceptance for this (mode, law)
-        and cost table at this bucket say that speculation does not pay at the call's first step
-        (``project``: ``finish_scores`` of fresh requests, each mode's rate scaled by what earlier
-        planned calls of this (mode, law, bucket) in that mode realized against their projection,
-        whole calls timed (``end``): the fixed costs above, and a target-only step calibrated
-        between other blocks' steps at 6.1–6.8 ms that runs at 5 ms in a run of them, at T = 1,
-        batch 8 on the bundled pair; speculation must still project ``PLAN_MARGIN`` × the
-        target-only rate: the rounds of a machine this noisy spread by more than that) runs the call
-        target-only; every (gap + 1)-th such call speculates anyway, so the pool keeps learning
-        (the gap starts at ``FIRST_CALL_GAP`` and doubles up to ``MAX_CALL_GAP`` while speculation
-        keeps losing; it resets once it wins: a probe right after the call that taught the plan to
-        stop would re-measure what that call just measured).
-        Like vLLM's speculative_disable_by_batch_size, a decision about whole calls, made from
-        earlier calls only: every step stays lossless. Fixed tables and ``track=0`` never plan
-        (their calls must repeat exactly)."""
+        """After ``begin``, before the call's prefill: "" to decode it speculatively (choosing
+        each step), or why it runs as a plain target-only call. Speculation has fixed costs a
+        call pays even if every step it takes is target-only: the prefill builds the draft's
+        context of every prompt, target-only steps keep that context, and each probe re-scores
+        every row. So a learning schedule (``track`` > 0) whose pooled acceptance for this
+        (mode, law) and cost table at this bucket say that speculation does not pay at the
+        call's first step (``project``: ``finish_scores`` of fresh requests, each mode's rate
+        scaled by what earlier planned calls of this (mode, law, bucket) in that mode realized
+        against their projection, whole calls timed (``end``): the fixed costs above, and a
+        target-only step calibrated between other blocks' steps that runs faster in a run of
+        them; speculation must still project ``PLAN_MARGIN`` × the target-only rate: the rounds
+        of a noisy machine spread by more than that) runs the call target-only; every (gap+1)-th
+        such call speculates anyway, so the pool keeps learning (the gap starts at
+        ``FIRST_CALL_GAP`` and doubles up to ``MAX_CALL_GAP`` while speculation keeps losing; it
+        resets once it wins: a probe right after the call that taught the plan to stop would
+        re-measure what that call just measured). Like vLLM's speculative_disable_by_batch_size,
+        a decision about whole calls, made from earlier calls only: every step stays lossless.
+        Fixed tables and ``track=0`` never plan (their calls must repeat exactly)."""
         if self._replay_plan is not None:    # a replica: the plan of the call it copies
             return self._replay_plan
         self.last_plan = self._plan(rows, remaining)

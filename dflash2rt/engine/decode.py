@@ -106,17 +106,17 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
 def calibrate(steppers: Steppers, st: BatchState, sched: AdaptiveSchedule, stats: RunStats,
               fallbacks: Fallbacks, out: Collector | None = None,
               noise: CostNoise | None = None) -> None:
-    """Time the candidates the schedule lacks at this batch's bucket and at every smaller
-    bucket (the batch's first rows: a prefix of its slots, so nothing moves), so that a
-    choice never depends on which buckets earlier runs happened to time: steps whose results
-    are discarded (the batch state stays as it is; cache rows past the committed lengths are
-    scratch), under other RNG keys, in rounds over the candidates, each timed to its sync,
-    capture excluded. Each timed step follows an untimed one of the same block: a step right
-    after another block size runs on what that one left in the caches (on the CPU the bundled
-    target-only step at batch 8 took 6.6-7.6 ms right after speculative steps against
-    4.7-5.2 ms in a run of them), and the schedule decides between runs of steps, not single
-    ones; what a single switch costs, the calls' observed steps teach the table. ``noise``:
-    the timings go to the schedule distorted (``CostNoise``; the run's stats keep the real ones)."""
+    """Time the candidates the schedule lacks at this batch's bucket and at every smaller bucket
+    (the batch's first rows: a prefix of its slots, so nothing moves), so that a choice never
+    depends on which buckets earlier runs happened to time: steps whose results are discarded
+    (the batch state stays as it is; cache rows past the committed lengths are scratch), under
+    other RNG keys, in rounds over the candidates, each timed to its sync, capture excluded.
+    Each timed step follows an untimed one of the same block: a step right after another block
+    size runs on what that one left in the caches (a target-only step right after speculative
+    steps runs slower than in a run of them), and the schedule decides between runs of steps,
+    not single ones; what a single switch costs, the calls' observed steps teach the table.
+    ``noise``: the timings go to the schedule distorted (``CostNoise``; the run's stats keep the
+    real ones)."""
     scratch: dict[str, float] = collections.defaultdict(float)
     k = bucket_of(st.size)
     while k >= 1:

@@ -13,9 +13,9 @@ row r needs n_r = ⌈rem_r / E_r[b]⌉ more steps (near its end, the exact expec
 finish are random (σ_r = √(rem_r·Var[X] / E[X]³) for the tokens X a step commits, renewal
 CLT), and the batch waits for its slowest row: the sorted n_r are spread by the expected
 normal order statistics of R rows (``order_z``; 0 at batch 1, ±1.42 σ at batch 8), which
-target-only steps (σ = 0) never pay. Without the spread the bundled pair at T = 1, batch 8
-took block 4 (τ 2.65 per row, a step 2.3 target-only steps) where the batch's last row needed
-56 steps against a mean of 48, and ran at ×0.88–0.97 target-only.
+target-only steps (σ = 0) never pay. Without the spread a sampled batch takes blocks whose
+mean rate looks good while its last row keeps the batch running well past the mean
+(docs/benchmarks/adaptive.md).
 At batch 1 this is the rate rule (with the last steps' rounding: one token left is a
 target-only step); in a batch it sees what the rate rule misses: the batch runs until its
 slowest row is done, so tokens that rows ahead of it commit only pay back through cheaper
@@ -28,9 +28,8 @@ acceptance of slot i over earlier calls with the same sampling settings, once it
 α_{r,i−1}, ``prior`` for slot 1, so a slot the chain never reaches is expected to do as the
 last one reached did, not as well as the prior) and exponential forgetting (``decay`` per
 observation of the slot) so it tracks changes. The pool is what makes a new request start
-with the blocks the pair earns: with the chain alone, one early rejection made the deep slots
-of a new request look hopeless (α 0.3–0.45 where the bundled pair accepts 0.9 at T = 0) and
-shrank its first blocks.
+with the blocks the pair earns: with the chain alone, one early rejection makes the deep slots
+of a new request look hopeless and shrinks its first blocks.
 cost(b, bucket): seconds of one decode step of block b for a batch of that bucket (the next
 power of two ≥ its rows, as graphs bucket).
 
@@ -59,8 +58,7 @@ share of the way from its entry to the call's median step). An entry the call di
 follows the entries it did: it is its calibration scaled by the bucket's drift, the geometric
 mean of observed / calibrated over the entries observed so far. So a machine that slows down
 (or a calibration that caught it in a fast moment) stops steering the choice after a call or
-two: the bundled pair's sampled target-only step at batch 1 was calibrated at 10.4 ms and then
-ran at 14–15 ms, which made the adaptive run pick speculation it could not afford. Within a
+two, instead of making the adaptive run pick speculation it cannot afford. Within a
 call choices are a deterministic function of the frozen table, the pool and the batch's
 committed outcomes (so every step verifies losslessly; ``replica()`` gives another engine the
 same decisions: eager == graphs); seeded sampled output can differ between calls whose tables
@@ -103,10 +101,8 @@ MODES = ("greedy", "sampled")
 # Pseudo-observations of the prior per mode. Greedy acceptance is a function of the context, so
 # a request's own recent outcomes say where it is predictable (runs of boilerplate): a light
 # prior. A sampled slot is accepted by a coin as well, so a request's last few outcomes are
-# mostly that noise: the pooled law weighs more. Measured on the bundled pair (held-out prompts
-# 8-15, batch 1, three rounds; × target-only): weight 1 vs 4 gave ×2.68 vs ×2.47 at T = 0 and
-# ×1.27 vs ×1.40 at T = 1 (weight 1 at T = 1 fell back to target-only after chance rejections:
-# 411 of 1,254 steps, against 33 with weight 4).
+# mostly that noise: the pooled law weighs more (with a light prior a sampled request falls back
+# to target-only steps after chance rejections). Evidence: docs/benchmarks/adaptive.md.
 PRIOR_WEIGHT = {"greedy": 1.0, "sampled": 4.0}
 
 
@@ -114,8 +110,8 @@ def default_candidates(block: int) -> tuple[int, ...]:
     """1, the powers of two below the draft's block size, that block size and twice it: few
     sizes, so graphs capture few buckets (the bundled block 8: 1, 2, 4, 8, 16). A draft keeps
     being accepted past its trained block where the target is predictable (the bundled pair at
-    T = 0: τ 7.25 at block 16 against 5.85 at 8, ×2.72 against ×2.59 target-only), and the
-    schedule only takes the larger block where its measured acceptance pays for it."""
+    T = 0), and the schedule only takes the larger block where its measured acceptance pays for
+    it."""
     return tuple(sorted({1, block, 2 * block} | {1 << k for k in range(1, block.bit_length())
                                                  if 1 << k < block}))
 
@@ -363,8 +359,8 @@ class AdaptiveSchedule(CallPlan):
         decides (``finish_scores``) instead of the per-step rate (``scores``).
         A run of target-only steps keeps its choice until its probe is due or a row leaves,
         without scoring: target-only steps observe nothing, so the rows' estimates stand still
-        (the rate rule's scores exactly; the finish rule's budgets shrink by a token a step).
-        At batch 8 scoring took 0.11 ms a step, 2% of a target-only step."""
+        (the rate rule's scores exactly; the finish rule's budgets shrink by a token a step),
+        and scoring them again would only cost time."""
         key = tuple(rows)
         if self._held == key and self._only < self._gap:
             self._only += 1

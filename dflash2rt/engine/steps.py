@@ -1,4 +1,4 @@
-"""The decode algorithm as named functions, in the order of DESIGN §1.1.
+"""The decode algorithm as named functions, in the order of docs/design.md §1.
 
 prefill, then per step draft_block → select_block → verify_block → commit_kv (step.py puts
 them into step bodies). Nothing here reads a device value on the host: the engine does exactly

@@ -34,7 +34,7 @@ def two_sum(a, b):
 
 
 # The functions the chunk loops call are written out, not composed of smaller ones: the
-# interpreter pays about 0.1 ms for every call of a jitted function.
+# interpreter pays a Python-level call for every call of a jitted function.
 @triton.jit
 def dd_add(ah, al, bh, bl):
     """Double-float a + b: TwoSum of the highs, the lows added to the error, TwoSum again."""

@@ -44,7 +44,7 @@ class KVCache:
             if value <= 0:
                 raise InvalidInputError(f"KVCache.empty: {name} must be positive, got {value}")
         # Stored head-major, [R, n_kv, max_len, hd] (each head's rows contiguous, as attention
-        # reads them: 10-15% faster decode attention at 2k context on the CPU than position-major),
+        # reads them: faster decode attention than position-major),
         # seen through [R, max_len, n_kv, hd] views (``k[layer][r, t]`` is position t).
         shape = (batch, n_kv_heads, max_len, head_dim)
         k = tuple(torch.zeros(shape, dtype=dtype, device=device).transpose(1, 2)

@@ -77,13 +77,13 @@ def range_mask(lo: torch.Tensor, hi: torch.Tensor, n_keys: int) -> torch.Tensor:
 class _LastMask:
     """The visible-key mask of the last (lo, hi, n_keys) asked for, on the CPU, and whether it
     is all True. A model passes the same lo / hi to every layer of a forward, so the mask is
-    built once per forward, not once per layer (seven small ops per layer: about 1 ms of a
-    0.6B-parameter step on the CPU). The entry is keyed by copies of lo / hi's values (two
+    built once per forward, not once per layer (seven small ops that every layer would repeat).
+    The entry is keyed by copies of lo / hi's values (two
     ``torch.equal`` of [R, T] per call), so a tensor changed in place, or a new one, rebuilds
     it. Accelerators build the mask every time and never call it full: comparing or reducing
     values there would sync the host (and break capture). → (mask [R, T, n_keys], full): with
     ``full`` every row sees every key, and the attention runs without a mask (a decode step of
-    one request: 0.65 ms of 24.5 at 2k context, 28 Qwen3-0.6B layers)."""
+    one request)."""
 
     def __init__(self) -> None:
         self.entry: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, bool] | None = None
@@ -127,12 +127,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tenso
 
 
 # ``attention`` runs ``grouped_attention`` for up to GROUPED_ROWS query rows per request whose
-# keys take GROUPED_MIN_BYTES or more: measured on the 2-core CPU (fp32, 28 layers' caches
-# streamed from memory), grouped against SDPA with GQA, Qwen3-0.6B heads: at 512 keys (2 MiB a
-# request) 49.3 / 56.1 ms (batch 8, T = 1), 5.52 / 5.72 ms (batch 1), 134 / 143 ms (batch 8,
-# T = 17); at 128 keys (512 KiB) a tie (13.45 / 13.17 ms at batch 8, 1.35 / 1.34 at batch 1)
-# or SDPA ahead (3.35 / 3.06 ms at T = 9, batch 1); the bundled pair's heads at 200 keys (50
-# KiB), T = 9: 39 / 28 µs a layer.
+# keys take GROUPED_MIN_BYTES or more: there the grouped form reads faster than SDPA with GQA;
+# below it the two tie or SDPA is ahead (docs/benchmarks/real-scale.md, "Grouped attention").
 GROUPED_ROWS = 32
 GROUPED_MIN_BYTES = 1 << 20
 
@@ -145,9 +141,8 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: tor
     each head's rows contiguous). This is transformers' ``pack_gqa`` for decode, generalised
     to T rows and per-row key ranges. Decode attention is a matrix–vector product per head,
     which SDPA's GQA form reads more slowly (see ``GROUPED_MIN_BYTES``); the packed form also
-    beat two batched matrix products with a softmax between them by 5–9 % (Qwen3-0.6B heads,
-    28 layers' caches streamed from memory, 2k context: 0.90 / 0.95 ms a layer at batch 1,
-    T = 1; 1.67 / 1.83 ms at T = 9; 6.36 / 6.68 ms at batch 8), which is what this op was."""
+    beats two batched matrix products with a softmax between them, which is what this op was
+    (docs/benchmarks/real-scale.md)."""
     _check(q, k, v, "attention")
     r, t, nh, hd = q.shape
     n_keys, n_kv = k.shape[1], k.shape[2]

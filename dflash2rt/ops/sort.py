@@ -1,8 +1,8 @@
 """A stable descending sort of float32 rows: the order top-p needs, fast on the CPU.
 
 ``torch.sort(x, descending=True, stable=True)`` orders by value, ties by lower index. On the
-CPU it is slow for rows of a vocabulary (measured: 2.3 ms for 9 × 2,048 float32 values, 208 ms
-for 9 × 151,936, one thread), while NumPy's SIMD sort of int64 keys takes 0.12 ms and 32 ms.
+CPU it is several times slower for rows of a vocabulary than NumPy's SIMD sort of int64 keys
+(docs/benchmarks/real-scale.md).
 Each value becomes one key that carries its index, so the sorted keys give the permutation:
 
     key = order_bits(value) << 32 | (V - 1 - index)

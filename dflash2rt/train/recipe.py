@@ -28,10 +28,8 @@ from .progress import Progress, fmt_s
 from .target import TargetShape
 from .tokenizer import train_tokenizer
 
-# The default counts on 2 cores: the shipped target's stage took 18 min 37 s (seed 0,
-# 2026-12-01, a slow day) and 8 min 7 s on 2026-12-02; the shipped draft's run (--target
-# stdlib-code: data 5 min 34 s, draft 19 min 56 s, eval 57 s) 26 min 33 s on 2026-12-02. A
-# whole run: about 35 min on that day (about 64 on the slow one).
+# What a whole run of the default counts takes on 2 cores, in minutes (the shipped pair's runs:
+# docs/benchmarks/bundled-pair.md).
 DEFAULT_MINUTES = 35.0
 
 # Distillation continuations: (temperature, top_p, share of the prompts). Greedy continuations keep
@@ -64,10 +62,10 @@ class RecipeConfig:
     gen_prompt_tokens: tuple[int, int] = (16, 128)
     gen_new_tokens: int = 128
     gen_mix: tuple[tuple[float, float, float], ...] = GEN_MIX   # (temperature, top_p, share)
-    gen_batch: int = 128             # target-only decoding in large batches (3x the tok/s of 32)
-    # 5,760 continuations and 4,000 draft steps (from 3,840 and 2,500): held-out tau at block 8
-    # 6.07 / 4.33 / 3.42 at T = 0 / 0.7 / 1, from 5.73 / 4.26 / 3.17 (validation tau at T = 0
-    # was still rising at 2,500 steps; more steps want more data: 1,920 continuations overfitted).
+    gen_batch: int = 128             # target-only decoding in large batches (faster than 32)
+    # gen_prompts and the draft's steps grow together: validation tau at T = 0 kept rising with
+    # more steps, and more steps want more data (fewer continuations overfit). The held-out tau
+    # of each setting: docs/benchmarks/bundled-pair.md.
     soft_top: int = 32               # the target's top-M law kept per row for the soft targets
     draft: DraftShape = field(default_factory=DraftShape)
     draft_steps: int = 4000

@@ -1,4 +1,4 @@
-"""Dual-key Gumbel-max watermarking (issue 17): keys (``keys``), keyed values bit-exact on every
+"""Dual-key Gumbel-max watermarking: keys (``keys``), keyed values bit-exact on every
 device (``values``), watermarked draws (``sampler``) and the model-free detector (``detect``)."""
 
 from .detect import DEFAULT_CONTEXT_WIDTH, Detection, detect, token_evidence

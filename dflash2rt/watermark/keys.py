@@ -26,7 +26,7 @@ from ..errors import InvalidInputError
 
 SECRET_BYTES = 32
 _LABEL = b"dflash2rt watermark v1 "
-DRAFT, TARGET, COIN = "A", "B", "C"          # the subkey names of the issue (draft/target/coin)
+DRAFT, TARGET, COIN = "A", "B", "C"          # subkeys: draft walk, target draws, the coin
 
 
 class WatermarkKeyError(InvalidInputError):

@@ -91,7 +91,7 @@ VENDOR = plugin_kit.GpuVendor(
     driver_hint="no Intel GPU or Level Zero driver visible",
     describe="{p.name} ({gib:.0f} GiB)", dtypes=("float32", "float16", "bfloat16"),
     triton=TRITON,
-    # XPU graphs are driver-sensitive (see PORTABILITY.md): opt-in, gated by the self-test.
+    # XPU graphs are driver-sensitive (docs/portability.md): opt-in, gated by the self-test.
     graphs=plugin_kit.GraphPolicy(graph_class="XPUGraph", label="XPU graphs",
                                   opt_in_env=GRAPHS_OPT_IN),
     # Peak DRAM bandwidth (GB/s) by device-name substring, from the data sheets.

@@ -1,4 +1,5 @@
-"""Seeded bugs the L0 oracle must detect (VERIFY.md): an oracle that catches none proves nothing.
+"""Seeded bugs the L0 oracle must detect (docs/verification.md): an oracle that catches none
+proves nothing.
 
 Each name is a change to the reference pipeline in ``laws.spec_round``:
 

@@ -4,9 +4,9 @@ token drawn from the target row with the bonus stream) is a deterministic functi
 past — ``schedule(history, ctx, peek) -> b`` in 1..bmax, where ``history`` holds (block,
 accepted) of every earlier step (accepted = 0 for a target-only step) and ``ctx`` the committed
 tokens. ``peek`` is the current step's slot-0 acceptance coin: a lossless schedule never reads
-it (``mutants.peeking_schedule`` does, and the law tests must catch it). VERIFY.md, "Adaptive
-block size": each step is lossless given everything before it, so any such schedule keeps the
-joint law equal to the target's.
+it (``mutants.peeking_schedule`` does, and the law tests must catch it). Each step is lossless
+given everything before it, so any such schedule keeps the joint law equal to the target's
+(docs/verification.md, "Conditions the proof needs").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One full speculative step in float64: prefill token, draft block, selector, verify, accept.
 
 Weights are NumPy dicts (target and draft state_dicts); configs as in ``reference.model``. The
-step mirrors DESIGN §1.1: the anchor is the token sampled after the prompt (BONUS stream at
+step mirrors docs/design.md §1: the anchor is the token sampled after the prompt (BONUS stream at
 position n), the block [anchor, MASK × γ] at positions n..n+γ is embedded with the target's
 embedding, the draft sees the prompt's target taps as context, the selector walks with the WALK
 stream, the target verifies [anchor, d_1..d_γ] and the ACCEPT / RESIDUAL / BONUS streams decide.

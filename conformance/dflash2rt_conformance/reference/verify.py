@@ -1,4 +1,4 @@
-"""Lossless verification in float64 (DESIGN §1.1 step 6, VERIFY.md).
+"""Lossless verification in float64 (docs/design.md §1 step 5, docs/verification.md).
 
 Greedy rows: accept the longest prefix with d_j == argmax(logits_j) (lowest index on ties), emit
 the argmax at the first mismatch or after the last slot. Sampled rows: accept d_j iff

@@ -1,6 +1,6 @@
 """Graph conformance: replay == eager bit for bit — across batch buckets, after the pool is
-reused, on a second stream, with mixed greedy / sampled batches (DESIGN §3.1), for the
-target-only step, and when one engine replays its kept graphs in later generate() calls.
+reused, on a second stream, with mixed greedy / sampled batches (docs/design.md, "Graphs"), for
+the target-only step, and when one engine replays its kept graphs in later generate() calls.
 
 These tests run when the backend captures graphs (``backend.graph_adapter`` is set; the engine
 then replays its steps per batch-size bucket of ``dflash2rt.engine.graphed.BUCKETS``). Eager mode

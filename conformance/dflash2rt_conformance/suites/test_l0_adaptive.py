@@ -1,8 +1,8 @@
-"""L0, adaptive block size (VERIFY.md "Adaptive block size"): on the reference, a block size
-chosen per step from the past alone (``reference/schedules.py``, 1 = a target-only step with
-the bonus coin) keeps the joint law of the first L tokens equal to the target's — exactly, in
-Fractions — and a schedule that peeks at the current step's acceptance coin
-(``reference/mutants.SCHEDULE_MUTANTS``) is detected (TV > 1e-3)."""
+"""L0, adaptive block size (docs/adaptive.md; docs/verification.md, "Extensions"): on the
+reference, a block size chosen per step from the past alone (``reference/schedules.py``, 1 = a
+target-only step with the bonus coin) keeps the joint law of the first L tokens equal to the
+target's — exactly, in Fractions — and a schedule that peeks at the current step's acceptance
+coin (``reference/mutants.SCHEDULE_MUTANTS``) is detected (TV > 1e-3)."""
 
 from __future__ import annotations
 

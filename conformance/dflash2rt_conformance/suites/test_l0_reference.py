@@ -1,5 +1,5 @@
 """L0: the float64 / Fraction reference reproduces the target law exactly and detects every
-seeded mutation (VERIFY.md). An oracle that catches no mutation proves nothing."""
+seeded mutation (docs/verification.md). An oracle that catches no mutation proves nothing."""
 
 from __future__ import annotations
 

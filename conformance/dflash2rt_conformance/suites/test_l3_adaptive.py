@@ -1,12 +1,13 @@
-"""L3, adaptive block size (VERIFY.md "Adaptive block size"): the block size changes from step
-to step as a deterministic function of the past (``reference/schedules.py``: the previous accept
-length, the committed prefix, a hash of both, per-slot acceptance against a fixed cost table;
-block 1 = a target-only step, the runtime's ``sample_next`` on the bonus lattice) and drives
-the backend's real ``select`` + ``verify`` over several steps on the L3 quarter tables. The
-joint law of the first L tokens must equal the target's (TV ≤ 1e-12; exact on the lattice).
-A schedule that peeks at the current step's acceptance coin (``reference/mutants.py``) must
-be detected on the same backend (TV > 1e-3): the test is sharp for the bug it exists for.
-``--dflash2rt-small`` (sizes.py): blocks 1..2, L = 3, verify once per distinct draft."""
+"""L3, adaptive block size (docs/adaptive.md; docs/verification.md, "Extensions"): the block
+size changes from step to step as a deterministic function of the past
+(``reference/schedules.py``: the previous accept length, the committed prefix, a hash of both,
+per-slot acceptance against a fixed cost table; block 1 = a target-only step, the runtime's
+``sample_next`` on the bonus lattice) and drives the backend's real ``select`` + ``verify`` over
+several steps on the L3 quarter tables. The joint law of the first L tokens must equal the
+target's (TV ≤ 1e-12; exact on the lattice). A schedule that peeks at the current step's
+acceptance coin (``reference/mutants.py``) must be detected on the same backend (TV > 1e-3): the
+test is sharp for the bug it exists for. ``--dflash2rt-small`` (sizes.py): blocks 1..2, L = 3,
+verify once per distinct draft."""
 
 from __future__ import annotations
 
@@ -115,8 +116,7 @@ def test_adaptive_engine_schedule(backend, results, sizes):
     except ModuleNotFoundError as exc:
         if exc.name != "dflash2rt.engine.schedule":
             raise
-        pytest.skip("dflash2rt.engine.schedule (AdaptiveSchedule, issue 15) is not in this "
-                    "dflash2rt")
+        pytest.skip("dflash2rt.engine.schedule (AdaptiveSchedule) is not in this dflash2rt")
     _check(backend, results, sizes, "engine-AdaptiveSchedule", schedule, "float32")
 
 

@@ -1,4 +1,4 @@
-"""L4 watermark (issue 17): a watermarked speculative step is distortion-free, and exactly the
+"""L4 watermark: a watermarked speculative step is distortion-free, and exactly the
 float64 reference's keyed step.
 
 * Law over keys (χ², detectable TV printed as L4 does): for many keys and contexts, one
