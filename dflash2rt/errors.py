@@ -40,6 +40,17 @@ class NonFiniteLogitsError(InvalidInputError):
     """Logits or probabilities that contain NaN (or no finite entry at all)."""
 
 
+class ModelNotFoundError(InvalidInputError, LookupError):
+    """A model name that is no local directory, no bundled model, and no hub id that can be
+    had (not in the cache offline, no such repository or revision); the message says how to
+    get it."""
+
+
+class MissingExtraError(DFlash2Error, ImportError):
+    """A feature whose optional dependencies are not installed; the message names the pip
+    extra that brings them (``pip install 'dflash2rt[hub]'``)."""
+
+
 class CheckpointError(DFlash2Error):
     """A checkpoint that is malformed, incomplete, or does not match its partner model."""
 
