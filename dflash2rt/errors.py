@@ -55,6 +55,12 @@ class CheckpointError(DFlash2Error):
     """A checkpoint that is malformed, incomplete, or does not match its partner model."""
 
 
+class DraftMismatchError(CheckpointError):
+    """A draft that does not fit its target: vocabulary (size or mapping), hidden size, tap
+    layers, mask token or tokenizer. Raised from the configs and safetensors headers, before
+    any weight is read; the message names the mismatch and what would fix it."""
+
+
 class ResourceError(DFlash2Error, MemoryError):
     """A run that needs more memory (or another resource) than the device has; the message says
     how much it needs, how much there is, and what to lower."""
