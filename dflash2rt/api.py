@@ -16,6 +16,7 @@ from .engine.request import Request, RequestOutput, SamplingParams, is_int, unic
 from .engine.stats import RunStats
 from .errors import InvalidInputError
 from .metrics import check_metrics_path, write_metrics
+from .models import hub
 from .models.pair import ModelPair, load_pair, resolve_dtype
 from .registry import Registry
 from .watermark import WatermarkKey
@@ -70,43 +71,25 @@ def _load(target: Path, draft: Path | None, dtype: torch.dtype | str, device: to
 
 
 def resolve_model(model: ModelSpec, device: torch.device | str = "cpu",
-                  dtype: torch.dtype | str = "auto") -> ModelPair:
-    """A bundled name, a directory with target/ and draft/, a (target, draft) pair of
-    directories, or an already loaded ModelPair. ``dtype="auto"``: float32 on the CPU, the
-    checkpoint's dtype (bfloat16) on accelerators."""
+                  dtype: torch.dtype | str = "auto", *, draft: str | Path | None = None,
+                  revision: str | None = None, draft_revision: str | None = None) -> ModelPair:
+    """A bundled name; a directory holding target/ and draft/, or one checkpoint (the target);
+    a Hugging Face hub id ``"ORG/NAME"`` (fetched into the hub's cache, safetensors only:
+    ``dflash2rt.models.hub``); a (target, draft) pair of directories or hub ids; or an already
+    loaded ModelPair. A string naming an existing local path is always that path.
+
+    ``draft``: a directory or hub id for the draft (it replaces a draft/ beside the target;
+    without one a lone checkpoint runs target-only). ``revision`` / ``draft_revision``: the
+    branch, tag or commit of the target's / the draft's hub id (None: main). ``dtype="auto"``:
+    float32 on the CPU, the checkpoint's dtype (bfloat16) on accelerators."""
     if isinstance(model, ModelPair):
+        if draft is not None or revision or draft_revision:
+            raise InvalidInputError("a loaded ModelPair takes no draft, revision or "
+                                    "draft_revision")
         return model
-    if isinstance(model, tuple):
-        if len(model) != 2:
-            raise InvalidInputError("model as a tuple must be (target_dir, draft_dir)")
-        dirs = [None if d is None else _dir_arg(d) for d in model]
-        for what, d in zip(("target", "draft"), dirs):
-            if d is not None and not d.is_dir():
-                raise InvalidInputError(f"no such {what} directory {str(d)!r}")
-        if dirs[0] is None:
-            raise InvalidInputError("model tuple (target_dir, draft_dir) needs a target_dir")
-        return _load(dirs[0], dirs[1], dtype, device, dirs[0].name)
-    if not isinstance(model, (str, Path)):
-        raise InvalidInputError(f"model must be a bundled name, a directory, a (target_dir, "
-                                f"draft_dir) tuple or a ModelPair, got {model!r}")
-    path = _dir_arg(model)
-    if path.exists() and not path.is_dir():
-        raise InvalidInputError(f"model {str(model)!r} is a file; give a directory with "
-                                "target/ and draft/")
-    if not path.is_dir():
-        from .bundled import bundled_path  # raises "no such model directory", with the names
-
-        path = bundled_path(str(model))
-    if not (path / "target").is_dir():
-        raise InvalidInputError(f"{path} has no target/ directory (expected target/ and draft/)")
-    draft = path / "draft"
-    return _load(path / "target", draft if draft.is_dir() else None, dtype, device, path.name)
-
-
-def _dir_arg(d: object) -> Path:
-    if not isinstance(d, (str, Path)):
-        raise InvalidInputError(f"model directories must be paths, got {d!r}")
-    return Path(d).expanduser()
+    target, draft_loc, name = hub.locate_pair(model, draft, revision, draft_revision)
+    return _load(target.path, None if draft_loc is None else draft_loc.path, dtype, device,
+                 name)
 
 
 def _encode(pair: ModelPair, prompts: str | Sequence[str] | Sequence[Sequence[int]]
@@ -150,6 +133,8 @@ def _encode_text(pair: ModelPair, i: int, p: str) -> tuple[int, ...]:
 
 def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, *,
         prompts: str | Sequence[str] | Sequence[Sequence[int]],
+        draft: str | Path | None = None, revision: str | None = None,
+        draft_revision: str | None = None,
         max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
         seed: int = 0, block_size: int | None = None, spec: bool = True,
         stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
@@ -163,6 +148,10 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         metrics: str | Path | None = None,
         watermark: WatermarkKey | str | Path | None = None) -> RunResult:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
+
+    ``model``, ``draft``, ``revision``, ``draft_revision``: see ``resolve_model`` (a bundled
+    name, a directory, a hub id such as ``"Qwen/Qwen3-8B"`` with ``draft=
+    "z-lab/Qwen3-8B-DFlash-b16"``, a (target, draft) tuple, or a loaded ModelPair).
 
     The penalties, ``min_p``, ``logit_bias`` and ``logprobs`` are ``SamplingParams``'s (their
     definitions and order are documented there); every one keeps speculation lossless.
@@ -190,7 +179,8 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     metrics_path = None if metrics is None else check_metrics_path(metrics)
     key = _watermark_key(watermark)
     be = backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
-    pair = resolve_model(model, be.device, dtype)
+    pair = resolve_model(model, be.device, dtype, draft=draft, revision=revision,
+                         draft_revision=draft_revision)
     if regex is not None:
         if constraint is not None:
             raise InvalidInputError("give regex or constraint, not both")

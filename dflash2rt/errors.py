@@ -40,8 +40,25 @@ class NonFiniteLogitsError(InvalidInputError):
     """Logits or probabilities that contain NaN (or no finite entry at all)."""
 
 
+class ModelNotFoundError(InvalidInputError, LookupError):
+    """A model name that is no local directory, no bundled model, and no hub id that can be
+    had (not in the cache offline, no such repository or revision); the message says how to
+    get it."""
+
+
+class MissingExtraError(DFlash2Error, ImportError):
+    """A feature whose optional dependencies are not installed; the message names the pip
+    extra that brings them (``pip install 'dflash2rt[hub]'``)."""
+
+
 class CheckpointError(DFlash2Error):
     """A checkpoint that is malformed, incomplete, or does not match its partner model."""
+
+
+class DraftMismatchError(CheckpointError):
+    """A draft that does not fit its target: vocabulary (size or mapping), hidden size, tap
+    layers, mask token or tokenizer. Raised from the configs and safetensors headers, before
+    any weight is read; the message names the mismatch and what would fix it."""
 
 
 class ResourceError(DFlash2Error, MemoryError):

@@ -22,6 +22,10 @@ def _has_gpu() -> bool:
 if not _has_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).parent))
+# No test reaches the model hub: hub ids resolve from a test's own cache (tests/test_hub.py), or
+# fail at once as 'not in the cache' instead of going to the network (a name like "a/b" is a
+# hub id when no such directory exists).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # ``@triton.jit`` picks the interpreter when the decorated module is imported, not at launch:
 # import every kernel module now, while TRITON_INTERPRET=1 holds, so that a test which unsets
 # it for a while (monkeypatch.delenv, to exercise a GPU probe) cannot leave this worker with

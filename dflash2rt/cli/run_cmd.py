@@ -19,8 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="decode prompts with DFlash2 speculative decoding")
     p.add_argument("--backend", default=None, help="backend name (default: $DFLASH2RT_BACKEND "
                    "or the best available)")
-    p.add_argument("--model", default="stdlib-code", help="bundled model name, a directory "
-                   "with target/ and draft/, or TARGET_DIR,DRAFT_DIR")
+    add_model_arguments(p)
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompt-file", help="a JSON file holding a non-empty list of prompts: all "
                    "non-empty strings, or all non-empty lists of integer token ids")
@@ -68,6 +67,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(drafts, drafted / accepted tokens, per position, mean acceptance length) "
                    "to FILE in the Prometheus text format, vLLM's names with a dflash2rt: prefix")
     p.set_defaults(func=run)
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--model, --draft, --revision, --draft-revision (docs/models.md)."""
+    p.add_argument("--model", default="stdlib-code", help="bundled model name, a directory "
+                   "with target/ and draft/ (or one checkpoint: the target), a Hugging Face hub "
+                   "id such as Qwen/Qwen3-8B, or TARGET,DRAFT (directories or hub ids)")
+    p.add_argument("--draft", default=None, metavar="PATH_OR_ID", help="the draft: a directory "
+                   "or a hub id such as z-lab/Qwen3-8B-DFlash-b16 (replaces the model's draft/)")
+    p.add_argument("--revision", default=None, help="branch, tag or commit of the --model hub "
+                   "id (default main)")
+    p.add_argument("--draft-revision", default=None, help="branch, tag or commit of the "
+                   "--draft hub id (default main)")
+
+
+def resolve_model_args(args: argparse.Namespace, device, dtype):
+    """The pair --model / --draft / --revision / --draft-revision name."""
+    from ..api import resolve_model
+
+    return resolve_model(_model_arg(args.model), device, dtype, draft=args.draft,
+                         revision=args.revision, draft_revision=args.draft_revision)
 
 
 def _logit_bias(items: list[str]) -> dict[int, float]:
@@ -145,7 +165,7 @@ def _safe_len(text: str, stops: list[str], include: bool = False) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import resolve_model, run as api_run
+    from ..api import run as api_run
     from ..errors import InvalidInputError
     from ..metrics import check_metrics_path
     from ..registry import Registry
@@ -167,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     print(selection.describe(), file=sys.stderr)
     dtype = "auto" if args.dtype == "auto" else DTYPES[args.dtype]
     load = _LoadWatch()
-    pair = resolve_model(_model_arg(args.model), selection.backend.device, dtype)
+    pair = resolve_model_args(args, selection.backend.device, dtype)
     loaded = load.done(pair)
     print(f"loaded {pair.name} ({str(pair.dtype).replace('torch.', '')}) in "
           f"{loaded['seconds']:.1f}s: peak host RSS {loaded['peak_rss_bytes'] / 1e9:.2f} GB "

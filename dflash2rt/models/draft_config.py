@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dflash2rt.errors import CheckpointError
+from dflash2rt.errors import CheckpointError, DraftMismatchError
 from dflash2rt.models.config import TargetConfig
 
 ARCH_V2, ARCH_V1 = "DFlash2DraftModel", "DFlashDraftModel"
@@ -116,23 +116,35 @@ class DraftConfig:
                 raise CheckpointError(f"final_logit_softcapping must be > 0 or null, got {cap}")
 
     def check_target(self, target: TargetConfig) -> None:
-        """Raise CheckpointError if this draft cannot run on ``target``, naming the mismatch."""
+        """Raise DraftMismatchError if this draft cannot run on ``target``, naming the mismatch
+        and what would fix it (``dflash2rt inspect`` reports every check)."""
         a = self.arch
+        other = "use a draft made for this target"
         if a.hidden_size != target.hidden_size:
-            raise CheckpointError(f"draft hidden_size={a.hidden_size} does not match the target's "
-                                  f"hidden_size={target.hidden_size}")
+            raise DraftMismatchError(
+                f"draft hidden_size={a.hidden_size} does not match the target's hidden_size="
+                f"{target.hidden_size}: the draft was trained on another model's hidden states; "
+                f"{other}")
         if a.vocab_size != target.vocab_size:
-            raise CheckpointError(f"draft vocab_size={a.vocab_size} does not match the target's "
-                                  f"vocab_size={target.vocab_size}")
+            raise DraftMismatchError(
+                f"draft vocab_size={a.vocab_size} does not match the target's vocab_size="
+                f"{target.vocab_size}, and a DFlash draft has no d2t/t2d mapping between "
+                f"vocabularies: it reads the target's embedding and LM head; {other} (with "
+                f"vocab_size={target.vocab_size} and the target's tokenizer)")
         bad = [i for i in self.target_layer_ids if not 0 <= i < target.num_hidden_layers]
         if bad:
-            raise CheckpointError(f"dflash_config.target_layer_ids {bad} are outside the target's "
-                                  f"{target.num_hidden_layers} layers")
+            raise DraftMismatchError(
+                f"dflash_config.target_layer_ids {bad} are outside the target's "
+                f"{target.num_hidden_layers} layers: the draft taps a deeper model; {other}")
         if self.num_target_layers not in (None, target.num_hidden_layers):
-            raise CheckpointError(f"draft was trained for num_target_layers={self.num_target_layers}"
-                                  f", the target has {target.num_hidden_layers}")
+            raise DraftMismatchError(
+                f"draft was trained for num_target_layers={self.num_target_layers}, the target "
+                f"has {target.num_hidden_layers}; {other}")
         if not 0 <= self.mask_token_id < target.vocab_size:
-            raise CheckpointError(f"mask_token_id={self.mask_token_id} is outside the vocabulary")
+            raise DraftMismatchError(
+                f"mask_token_id={self.mask_token_id} is outside the vocabulary (target "
+                f"vocab_size={target.vocab_size}); {other}, or set dflash_config.mask_token_id "
+                "to the id it was trained with")
 
 
 def _int(d: dict[str, Any], key: str) -> int:

@@ -24,6 +24,28 @@ def expected_tensors(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
+def check_draft_tensors(cfg: DraftConfig, found: dict[str, tuple[Path, tuple[int, ...], str]],
+                        where: object) -> dict[str, tuple[int, ...]]:
+    """CheckpointError unless ``found`` (name → (file, shape, dtype), from the safetensors
+    headers) holds exactly the tensors of ``cfg``; returns the expected shapes."""
+    expected = expected_tensors(cfg)
+    for name, (file, shape, dt) in sorted(found.items()):
+        if name not in expected:
+            hint = " (DFlash2 tensors in a DFlash v1 draft?)" if cfg.variant == "dflash1" else ""
+            raise CheckpointError(f"unexpected tensor {name} in {Path(file).name}{hint}")
+        if shape != expected[name]:
+            raise CheckpointError(f"tensor {name} has shape {list(shape)}, expected "
+                                  f"{list(expected[name])}")
+        if dt not in _FLOAT_DTYPES:
+            raise CheckpointError(f"tensor {name} has dtype {dt}; only float tensors are supported")
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise CheckpointError(f"missing tensor {missing[0]}" + (
+            f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") +
+            f" in the {cfg.variant} draft at {where}")
+    return expected
+
+
 def load_draft(path: str | Path, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu",
                target: TargetConfig | None = None) -> tuple[DraftModel, DraftConfig]:
@@ -34,22 +56,8 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32,
     cfg = DraftConfig.from_dict(read_config(path))
     if target is not None:
         cfg.check_target(target)
-    expected = expected_tensors(cfg)
     found = _scan(_tensor_files(path))
-    for name, (file, shape, dt) in sorted(found.items()):
-        if name not in expected:
-            hint = " (DFlash2 tensors in a DFlash v1 draft?)" if cfg.variant == "dflash1" else ""
-            raise CheckpointError(f"unexpected tensor {name} in {file.name}{hint}")
-        if shape != expected[name]:
-            raise CheckpointError(f"tensor {name} has shape {list(shape)}, expected "
-                                  f"{list(expected[name])}")
-        if dt not in _FLOAT_DTYPES:
-            raise CheckpointError(f"tensor {name} has dtype {dt}; only float tensors are supported")
-    missing = sorted(set(expected) - set(found))
-    if missing:
-        raise CheckpointError(f"missing tensor {missing[0]}" + (
-            f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") +
-            f" in the {cfg.variant} draft at {path}")
+    expected = check_draft_tensors(cfg, found, path)
     check_weights_fit(expected, dtype, device, f"the draft at {path}")
     state: dict[str, torch.Tensor] = {}
     for file in sorted({f for f, _, _ in found.values()}):
