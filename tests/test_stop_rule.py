@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import dflash2rt
-from dflash2rt.engine.output import output_text
-from dflash2rt.engine.request import SamplingParams, stop_cut
+from dflash2rt.engine.request import SamplingParams
 from dflash2rt.errors import SamplingParamsError
 from dflash2rt.models.tokenizer import TextTokenizer
 
@@ -48,6 +47,8 @@ def test_overlapping_stops_cut_at_the_earliest_whatever_their_order(pair, stops)
 
 
 def test_the_rule_itself():
+    from dflash2rt.engine.request import stop_cut
+
     assert stop_cut("xabc", ("bc", "ab")) == 1 and stop_cut("xabc", ("bc", "ab"), True) == 3
     assert stop_cut("xabc", ("abc", "ab"), True) == 3            # a tie: the shortest
     assert stop_cut("xabc", ("zz",)) is None and stop_cut("", ("a",)) is None
@@ -73,6 +74,8 @@ def test_cli_streaming_prints_exactly_the_api_text(pair, capsys, include):
 def test_stops_match_the_text_after_the_prompt():
     """With a SentencePiece decoder a "▁x" token reads "x" alone but " x" after the prompt:
     the stop " x" ends the request at that token, and the text is what follows the prompt."""
+    from dflash2rt.engine.output import output_text
+
     tok = _tokenizer({CA[0]: "▁x", CA[1]: "▁y", A[-1]: "▁p"}, metaspace=True)
     assert tok.decode([CA[0]]) == "x" and output_text(tok, [A[-1]], [CA[0]]) == " x"
     p = oracle_pair(4, dtype=torch.float32)
