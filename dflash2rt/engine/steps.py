@@ -111,24 +111,26 @@ def draft_block(pair: ModelPair, st: BatchState, backend: Backend, pos: torch.Te
     r, b = pos.shape
     ids = torch.full((r, b), cfg.mask_token_id, dtype=torch.int64, device=pos.device)
     ids[:, 0] = st.anchor
-    h = pair.draft(pair.target.embed(ids), pos, st.draft_cache, st.lens, backend, ctx_len)
+    emb = pair.draft.embed(ids, pair.target)                              # [R, B, H]
+    h = pair.draft(emb, pos, st.draft_cache, st.lens, backend, ctx_len)
     return h[:, 1:]
 
 
 def selector_params(pair: ModelPair) -> SelectorParams:
     cfg = pair.draft.cfg
-    if cfg.variant == "dflash1":
-        return SelectorParams(top_k=1)                                   # per-slot argmax
+    if cfg.variant == "dflash1":                                         # per-slot argmax
+        return SelectorParams(1, cfg.output_multiplier, cfg.final_logit_softcapping)
     return SelectorParams(cfg.selector_top_k, cfg.output_multiplier, cfg.final_logit_softcapping)
 
 
 def draft_logits(pair: ModelPair, st: BatchState, h_e: torch.Tensor) -> torch.Tensor:
-    """Draft hidden [R, γ, H] → draft logits [R, γ, V] through the target's LM head, processed
+    """Draft hidden [R, γ, H] → draft logits [R, γ, V] through the target's LM head (or the
+    draft's own; a reduced draft vocabulary placed at its target ids, −inf elsewhere), processed
     as the target's rows are where the batch asks for it: logit bias and penalties with the
     committed counts (the block's own drafts are not known before the walk), then the
     constraint's candidate masks (``ConstraintBatch.draft_logits``). Proposals only: the
     selector's q is the law of what it draws from these, so any processing stays lossless."""
-    logits = pair.target.lm_head(h_e)
+    logits = pair.draft.logits(h_e, pair.target)                          # [R, γ, V]
     if st.procs is not None and (st.procs.bias is not None or st.procs.penalized):
         logits = st.procs.process(logits)
     return logits if st.constraint is None else st.constraint.draft_logits(logits)

@@ -5,6 +5,12 @@ embedding attend (non-causally) to each other and to the draft context KV of com
 ``k_proj/v_proj(hidden_norm(fc(target taps)))``. In DFlash2 every attention and MLP sublayer is
 wrapped by the grouped dynamic conv (``prepare`` on its normed input, ``finish`` on its output);
 DFlash v1 drafts have no conv and no selector.
+
+A speculators draft may ship its own embedding (``embed_tokens``, over the target's ids) and LM
+head (``lm_head``, over its own vocabulary); with a reduced vocabulary, ``d2t`` maps draft id
+``i`` to target id ``i + d2t[i]`` and ``logits`` places the draft's logits there, at −inf
+elsewhere: the draft proposes in its own ids, every later stage (processors, selector, verify)
+works over the target's ids, and a token the draft cannot propose has q = 0.
 """
 
 from __future__ import annotations
@@ -88,8 +94,36 @@ class DraftModel(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(a.num_hidden_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.candidate_selector = CandidateSelector(cfg) if cfg.variant == "dflash2" else None
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size) if cfg.own_embedding \
+            else None
+        self.lm_head = nn.Linear(a.hidden_size, cfg.head_rows, bias=False) if cfg.own_head \
+            else None
+        if cfg.reduced_vocab:
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+            self.register_buffer("t2d", torch.zeros(a.vocab_size, dtype=torch.bool))
+        else:
+            self.d2t = self.t2d = None
         inv, self.attention_scaling = inv_freq(a.rope, a.head_dim)
         self.register_buffer("rope_inv_freq_bits", inv.view(torch.int32), persistent=False)
+
+    def embed(self, ids: torch.Tensor, target) -> torch.Tensor:
+        """ids [R, B] → [R, B, H]: the draft's own embedding if it ships one, else the target's."""
+        return target.embed(ids) if self.embed_tokens is None else self.embed_tokens(ids)
+
+    def logits(self, h: torch.Tensor, target) -> torch.Tensor:
+        """Draft hidden [R, γ, H] → logits over the target's ids [R, γ, V]: the draft's own head
+        if it ships one (else the target's); a reduced vocabulary placed by d2t, −inf elsewhere."""
+        if self.lm_head is None:
+            return target.lm_head(h)
+        own = self.lm_head(h)                                                 # [R, γ, Vd]
+        if self.d2t is None:
+            return own
+        out = own.new_full((*own.shape[:-1], self.cfg.arch.vocab_size), float("-inf"))
+        return out.index_copy_(-1, self.target_ids(), own)                   # [R, γ, V]
+
+    def target_ids(self) -> torch.Tensor:
+        """[Vd] the target id of each draft id (``i + d2t[i]``)."""
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
         return rope_cos_sin(self.rope_inv_freq_bits.view(torch.float32), self.attention_scaling,
@@ -122,7 +156,8 @@ class DraftModel(nn.Module):
         """block_emb [R, B, H] at positions [R, B] (lens[r] + i); context rows [0, lens[r]) →
         hidden [R, B, H]. The block rows' K/V are written into the cache at their positions
         first (scratch past the context: the commit after verification overwrites them) and
-        every row attends to its context window and the whole block (``backend.attention``)."""
+        every row attends to its context window and the whole block (``backend.attention``), or
+        in a causal layer (``cfg.causal``) to the block rows up to its own."""
         r, b, _ = block_emb.shape
         n_keys = cache.max_len if ctx_len is None else min(ctx_len + b, cache.max_len)
         h = block_emb * self.cfg.input_embedding_scale
@@ -131,9 +166,13 @@ class DraftModel(nn.Module):
         hi = (start + b).expand(r, b)                                         # the whole block
         for i, layer in enumerate(self.layers):
             window = self.cfg.sliding_windows[i]
-            lo = torch.zeros_like(positions) if window is None \
-                else torch.minimum((positions - window + 1).clamp(min=0), start)  # [R, B]
-            attend = (lambda a, x, i=i, lo=lo: a.forward_cached(
-                x, cos, sin, cache.k[i], cache.v[i], positions, lo, hi, n_keys, backend.attention))
+            causal = self.cfg.causal(i)
+            lo = torch.zeros_like(positions) if window is None else \
+                (positions - window + 1).clamp(min=0) if causal else \
+                torch.minimum((positions - window + 1).clamp(min=0), start)    # [R, B]
+            top = positions + 1 if causal else hi                # causal: block rows up to its own
+            attend = (lambda a, x, i=i, lo=lo, top=top: a.forward_cached(
+                x, cos, sin, cache.k[i], cache.v[i], positions, lo, top, n_keys,
+                backend.attention))
             h = layer(h, attend, backend, b)
         return self.norm(h)

@@ -3,7 +3,9 @@ weights need, read from configs, tokenizer.json and safetensors headers only (no
 ever read, and for a hub id only configs are fetched: headers come by range requests).
 
 Draft formats: ``dflash2`` (DFlash2DraftModel), ``dflash`` (DFlash v1, DFlashDraftModel) and
-``speculators`` (vLLM's speculators format, e.g. EAGLE-3: detected and described, not run).
+``speculators`` (vLLM's speculators format: its DFlash / DFlash2 drafts run, with a reduced
+vocabulary mapped by d2t/t2d; its other algorithms, e.g. EAGLE-3, are detected and described,
+not run).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import torch
 from dflash2rt.errors import CheckpointError, DraftMismatchError
 from dflash2rt.models import hub
 from dflash2rt.models.config import TargetConfig
-from dflash2rt.models.draft_config import ARCH_V1, ARCH_V2, DraftConfig
-from dflash2rt.models.draft_loader import check_draft_tensors
+from dflash2rt.models.draft_config import ARCH_V1, ARCH_V2, SPECULATORS_TYPES, DraftConfig
+from dflash2rt.models.draft_loader import canonical_names, check_draft_tensors
 from dflash2rt.models.hf_loader import (INDEX_FILE, SINGLE_FILE, _check_names, _tensor_files,
                                         read_config, target_tensors)
 from dflash2rt.models.memory import GB, available_bytes
@@ -193,7 +195,8 @@ def inspect_models(model: object, draft: object = None, revision: str | None = N
     report.draft = dpart
     if tpart is not None and dpart is not None:
         report.checks = _fit(tpart, tcfg, dpart, d_loc)
-        if dcfg is not None and not report.problems and not dpart["vocab_mapping"]:
+        native_mapped = dpart["vocab_mapping"] and dcfg is not None and not dcfg.reduced_vocab
+        if dcfg is not None and not report.problems and not native_mapped:
             try:                          # the loader's own check agrees (a safety net)
                 dcfg.check_target(tcfg)
             except DraftMismatchError as exc:
@@ -296,22 +299,29 @@ def _draft_part(loc: hub.Located, raw: dict[str, Any]
                             "eos_token_id": raw.get("eos_token_id"),
                             "bos_token_id": raw.get("bos_token_id"),
                             "tokenizer": _tokenizer(loc.path)}
-    if fmt == "speculators":
+    if fmt == "speculators" and raw.get("speculators_model_type") not in SPECULATORS_TYPES:
         part.update(_speculators(raw))
         part["parameters"] = sum(math.prod(s) for n, (_, s, _) in found.items()
                                  if n not in MAPPING_TENSORS)
         return part, None
     cfg = DraftConfig.from_dict(raw)
-    expected = check_draft_tensors(
-        cfg, {n: v for n, v in found.items() if n not in MAPPING_TENSORS}, loc.source)
+    if fmt == "speculators":
+        cfg = cfg.with_tensors(canonical_names(found).values())
+        part.update(_speculators(raw))
+        body = found
+    else:
+        body = {n: v for n, v in found.items() if n not in MAPPING_TENSORS}
+    expected = check_draft_tensors(cfg, body, loc.source)
     a = cfg.arch
     part.update(layers=a.num_hidden_layers, hidden=a.hidden_size, heads=a.num_attention_heads,
                 kv_heads=a.num_key_value_heads, head_dim=a.head_dim,
                 intermediate=a.intermediate_size, vocab=a.vocab_size,
-                draft_vocab=found["d2t"][1][0] if "d2t" in found else a.vocab_size,
+                draft_vocab=found["d2t"][1][0] if "d2t" in found else cfg.head_rows,
                 block_size=cfg.block_size, tap_layers=list(cfg.target_layer_ids),
                 num_target_layers=cfg.num_target_layers, mask_token_id=cfg.mask_token_id,
                 sliding_windows=list(cfg.sliding_windows),
+                causal_layers=[cfg.causal(i) for i in range(a.num_hidden_layers)],
+                own_embedding=cfg.own_embedding, own_head=cfg.own_head,
                 parameters=sum(math.prod(s) for s in expected.values()))
     if cfg.variant == "dflash2":
         part.update(selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k,
@@ -487,12 +497,16 @@ def _runnable(report: Report, dcfg: DraftConfig | None) -> bool | None:
         return True
     d = report.draft
     ok = not report.problems
-    if d["format"] == "speculators":
+    if dcfg is None:
         report.notes.append(f"speculators format ({d.get('algorithm')}) detected: dflash2rt "
                             "runs DFlash and DFlash2 drafts only")
         ok = False
-    if d.get("vocab_mapping"):
-        report.notes.append("a reduced-vocabulary draft (d2t/t2d): dflash2rt runs drafts over "
-                            "the target's whole vocabulary only")
+    elif d.get("vocab_mapping") and not dcfg.reduced_vocab:
+        report.notes.append("d2t/t2d tensors in a draft whose config declares no reduced "
+                            "vocabulary (the speculators format's draft_vocab_size): not run")
         ok = False
+    elif dcfg.reduced_vocab:
+        report.notes.append(f"a reduced-vocabulary draft: it proposes among "
+                            f"{dcfg.draft_vocab_size} of the target's {dcfg.arch.vocab_size} ids "
+                            "(d2t), the others with probability 0; verification stays exact")
     return ok
