@@ -106,12 +106,28 @@ SHAPES: dict[str, Shape] = {
                              PUBLISHED_DRAFT["dflash_config"]["mask_token_id"]),
 }
 
+# Toy sizes in the same layouts (config keys, token-id layout, tied or not, rope), for tests and
+# CI: a 64-wide Qwen3 with Qwen3's specials after 1,000 regular ids (padded to 1,088 as Qwen3
+# pads its vocabulary), and a 64-wide Llama 3.1 with its 256 specials after 1,000 regular ids.
+TOY_SHAPES: dict[str, Shape] = {
+    "toy-qwen3": Shape("toy-qwen3", {
+        **_qwen3(64, 128, 4, 4, True), "head_dim": 16, "num_key_value_heads": 2,
+        "bos_token_id": 1000, "eos_token_id": 1002, "vocab_size": 1088,
+        "max_position_embeddings": 4096}, 1000, _QWEN3_SPECIALS, 1026),
+    "toy-llama3": Shape("toy-llama3", {
+        **SHAPES["llama3.1-8b"].target, "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4,
+        "bos_token_id": 1000, "eos_token_id": 1001, "vocab_size": 1256,
+        "max_position_embeddings": 4096}, 1000, _LLAMA_SPECIALS, 1002),
+}
+
 
 def get_shape(name: str, layers: int | None = None) -> Shape:
     """A named shape; ``layers``: the same layout with fewer target layers (tests, CI)."""
-    if name not in SHAPES:
-        raise InvalidInputError(f"unknown shape {name!r}; choose one of {', '.join(SHAPES)}")
-    shape = SHAPES[name]
+    known = {**SHAPES, **TOY_SHAPES}
+    if name not in known:
+        raise InvalidInputError(f"unknown shape {name!r}; choose one of {', '.join(known)}")
+    shape = known[name]
     if layers is None:
         return shape
     if not 1 <= layers <= shape.num_layers:
@@ -148,4 +164,62 @@ def draft_config(shape: Shape, draft_layers: int | None = None) -> dict[str, Any
              num_attention_heads=t["num_attention_heads"],
              num_key_value_heads=t["num_key_value_heads"], num_target_layers=t["num_hidden_layers"],
              rms_norm_eps=t["rms_norm_eps"], rope_parameters=rope, vocab_size=t["vocab_size"])
+    return d
+
+
+DRAFT_FORMATS = ("dflash2", "dflash", "speculators")
+# Layouts per format (the first is the default), each as a published checkpoint has it:
+LAYOUTS = {
+    # the published DFlash2 draft; its codebooks stored as ``.weight`` (nn.Embedding saves);
+    # draft layers mixing sliding and full attention (no is_causal: sliding layers causal)
+    "dflash2": ("published", "codebook-weight", "mixed-attention"),
+    # older Qwen3 / Llama b16 drafts: block_size at the top level; Qwen3.5+: in dflash_config
+    "dflash": ("block-at-top", "nested"),
+    # speculators' DFlash (v1) and DFlash2
+    "speculators": ("dflash", "dflash2"),
+}
+
+
+def check_layout(draft_format: str, layout: str | None, draft_vocab: int | None) -> str:
+    """The layout to write (``layout`` or the format's default); InvalidInputError otherwise."""
+    if draft_format not in LAYOUTS:
+        raise InvalidInputError(f"unknown draft format {draft_format!r}; choose one of "
+                                f"{', '.join(DRAFT_FORMATS)}")
+    layout = layout or LAYOUTS[draft_format][0]
+    if layout not in LAYOUTS[draft_format]:
+        raise InvalidInputError(f"layout {layout!r} is not one of {draft_format}'s: "
+                                f"{', '.join(LAYOUTS[draft_format])}")
+    if draft_vocab is not None and (draft_format, layout) != ("speculators", "dflash"):
+        raise InvalidInputError("a reduced draft vocabulary (--draft-vocab) exists in the "
+                                "speculators format's DFlash drafts only")
+    return layout
+
+
+def v1_config(shape: Shape, draft_layers: int | None = None, block_at_top: bool = True
+              ) -> dict[str, Any]:
+    """A DFlash v1 draft for ``shape`` as z-lab publishes them (Qwen3-8B-DFlash-b16): full
+    attention layers, ``dflash_config`` with the mask and taps, block 16."""
+    d = draft_config(shape, draft_layers)
+    n = d["num_hidden_layers"]
+    dc = d["dflash_config"]
+    d["dflash_config"] = {"mask_token_id": dc["mask_token_id"],
+                          "target_layer_ids": dc["target_layer_ids"]}
+    if block_at_top:
+        d["block_size"] = dc["block_size"]
+    else:
+        d["dflash_config"]["block_size"] = dc["block_size"]
+    d.pop("is_causal")
+    d.update(architectures=["DFlashDraftModel"], auto_map={"AutoModel": "dflash.DFlashDraftModel"},
+             layer_types=["full_attention"] * n, use_sliding_window=False, sliding_window=None)
+    return d
+
+
+def mixed_attention(d: dict[str, Any]) -> dict[str, Any]:
+    """The same draft with alternating sliding / full attention layers (the last one full) and
+    no ``is_causal`` (the z-lab rule: the sliding layers are causal within the block)."""
+    n = d["num_hidden_layers"]
+    d = copy.deepcopy(d)
+    d.pop("is_causal", None)
+    d["layer_types"] = ["sliding_attention" if (n - 1 - i) % 2 else "full_attention"
+                        for i in range(n)]
     return d

@@ -43,8 +43,11 @@ def plan_shards(shapes: dict[str, tuple[int, ...]], itemsize: int, max_bytes: in
 
 
 def write_safetensors(out: Path, shapes: dict[str, tuple[int, ...]], seed: int,
-                      dtype: torch.dtype, max_shard_bytes: int) -> list[Path]:
-    """The tensors ``shapes`` as one ``model.safetensors`` or as shards with an index."""
+                      dtype: torch.dtype, max_shard_bytes: int,
+                      fixed: dict[str, Any] | None = None) -> list[Path]:
+    """The tensors ``shapes`` as one ``model.safetensors`` or as shards with an index;
+    ``fixed``: name → a function returning that tensor (the others are ``tensor_for``)."""
+    fixed = fixed or {}
     from safetensors.torch import save_file
 
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -53,8 +56,9 @@ def write_safetensors(out: Path, shapes: dict[str, tuple[int, ...]], seed: int,
     files, weight_map, total = [], {}, 0
     for i, names in enumerate(shards):
         file = SINGLE_FILE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-        state = {name: tensor_for(name, shapes[name], seed, dtype) for name in names}
-        total += sum(t.numel() * itemsize for t in state.values())
+        state = {name: fixed[name]() if name in fixed else
+                 tensor_for(name, shapes[name], seed, dtype) for name in names}
+        total += sum(t.numel() * t.element_size() for t in state.values())
         save_file(state, str(out / file), metadata={"format": "pt"})
         del state
         weight_map.update({name: file for name in names})
@@ -66,7 +70,8 @@ def write_safetensors(out: Path, shapes: dict[str, tuple[int, ...]], seed: int,
 
 
 def write_model(out: Path, config: dict[str, Any], shapes: dict[str, tuple[int, ...]], seed: int,
-                dtype: torch.dtype, max_shard_bytes: int) -> list[Path]:
+                dtype: torch.dtype, max_shard_bytes: int,
+                fixed: dict[str, Any] | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return write_safetensors(out, shapes, seed, dtype, max_shard_bytes)
+    return write_safetensors(out, shapes, seed, dtype, max_shard_bytes, fixed)
