@@ -20,6 +20,7 @@ import torch
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
 from dflash2rt.ops import selector as ops_selector
 from dflash2rt.ops.selector import SelectorParams
+from dflash2rt.ops.vocab import place_draft_logits
 
 from .reference import laws
 
@@ -46,10 +47,15 @@ class SelectorTables:
     """Encodes draft laws q(· | ctx, slot e, prev) exactly in the selector's low-rank lattice:
     rank V², A[x] = one-hot block of x, Bc[c] = e_{i·V+c} for every i, P_e[prev·V + c] =
     log q(c | ctx, e, prev); the draft logits make the candidate set C(ctx, e) (equal logits,
-    so unary scores cancel in the softmax)."""
+    so unary scores cancel in the softmax).
 
-    def __init__(self, v: int, k: int, q_fn, cand_fn) -> None:
+    ``draft_ids`` (a reduced draft vocabulary, ascending target ids): the draft's logits are
+    over those ids only and reach the selector through the runtime's mapping
+    (``ops.vocab.place_draft_logits``, −inf at every other id), as ``DraftModel.logits`` does."""
+
+    def __init__(self, v: int, k: int, q_fn, cand_fn, draft_ids=None) -> None:
         self.v, self.k, self.q_fn, self.cand_fn = v, k, q_fn, cand_fn
+        self.draft_ids = None if draft_ids is None else np.asarray(draft_ids, np.int64)
         self.a = np.zeros((v, v * v))
         self.b = np.zeros((v, v * v))
         for x in range(v):
@@ -68,10 +74,13 @@ class SelectorTables:
                 q = np.asarray(self.q_fn(ctx, e, prev), float)
                 assert set(np.flatnonzero(q > 0)) <= set(cset), "q outside its candidates"
                 proj[e, prev * v:(prev + 1) * v] = np.maximum(log_or_neg(q), NEG)
+        if self.draft_ids is not None:
+            own = torch.tensor(logits[:, self.draft_ids])                 # [γ, Vd] draft ids
+            logits = place_draft_logits(own, torch.tensor(self.draft_ids), v).numpy()
         return logits, proj
 
 
-def context_tables(salt: str, v: int, k: int, masked: bool = False):
+def context_tables(salt: str, v: int, k: int, masked: bool = False, draft_ids=None):
     """Context-dependent quarter tables keyed by (last token, position): target rows
     p(· | x_last, t) with zeros; candidates C(t) of size K; draft laws q(· | prev, t) over C(t)
     of shape {1}, {1/2, 1/2} or {1/2, 1/4, 1/4}, chosen so that the residual mass Σ(p − q)+ is
@@ -79,6 +88,8 @@ def context_tables(salt: str, v: int, k: int, masked: bool = False):
     Level L3 (fixed and adaptive block sizes). ``masked``: the draft's walk is masked to the
     support of p (a constraint allowing exactly that support), so each q is chosen so that
     its *masked* law (q on supp p, renormalised) has those shapes and residual masses.
+    ``draft_ids``: a reduced draft vocabulary (target ids): candidates and q lie among those ids
+    (at most K of them; with fewer than K the rest of the top-K are −inf ids with q = 0).
     → (p_fn(ctx), SelectorTables)."""
     p_memo: dict = {}
     q_memo: dict = {}
@@ -94,18 +105,21 @@ def context_tables(salt: str, v: int, k: int, masked: bool = False):
     def p_fn(ctx):
         return p_at(ctx[-1], len(ctx))
 
+    pool = np.arange(v) if draft_ids is None else np.asarray(draft_ids, np.int64)
+
     def cand_at(t):
-        return np.sort(rs("C", t).choice(v, k, replace=False))
+        return np.sort(rs("C", t).choice(pool, min(k, len(pool)), replace=False))
 
     def q_at(prev, t):
         if (prev, t) not in q_memo:
             p, c = p_at(prev, t), cand_at(t)
             options = []
-            for pattern in [(1.0,), (0.5, 0.5), (0.5, 0.25, 0.25)]:
-                for first in range(k):
+            n = len(c)
+            for pattern in [(1.0,), (0.5, 0.5), (0.5, 0.25, 0.25)][:n]:
+                for first in range(n):
                     q = np.zeros(v)
                     q[c[first]] = pattern[0]
-                    q[[c[(first + i) % k] for i in range(1, len(pattern))]] = pattern[1:]
+                    q[[c[(first + i) % n] for i in range(1, len(pattern))]] = pattern[1:]
                     if masked:
                         if _masks_on_lattice(q, p, c):
                             options.append(q)
@@ -116,7 +130,7 @@ def context_tables(salt: str, v: int, k: int, masked: bool = False):
         return q_memo[(prev, t)]
 
     sel = SelectorTables(v, k, lambda ctx, e, prev: q_at(prev, len(ctx) + e),
-                         lambda ctx, e: cand_at(len(ctx) + e))
+                         lambda ctx, e: cand_at(len(ctx) + e), draft_ids)
     return p_fn, sel
 
 

@@ -23,6 +23,7 @@ from dflash2rt.models.draft_config import DraftConfig
 from dflash2rt.models.kv_cache import KVCache
 from dflash2rt.models.layers import Attention, RMSNorm, SwiGLU
 from dflash2rt.models.rope import inv_freq, rope_cos_sin
+from dflash2rt.ops.vocab import place_draft_logits, target_ids
 
 
 class DynamicConv(nn.Module):
@@ -118,12 +119,7 @@ class DraftModel(nn.Module):
         own = self.lm_head(h)                                                 # [R, γ, Vd]
         if self.d2t is None:
             return own
-        out = own.new_full((*own.shape[:-1], self.cfg.arch.vocab_size), float("-inf"))
-        return out.index_copy_(-1, self.target_ids(), own)                   # [R, γ, V]
-
-    def target_ids(self) -> torch.Tensor:
-        """[Vd] the target id of each draft id (``i + d2t[i]``)."""
-        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+        return place_draft_logits(own, target_ids(self.d2t), self.cfg.arch.vocab_size)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
         return rope_cos_sin(self.rope_inv_freq_bits.view(torch.float32), self.attention_scaling,

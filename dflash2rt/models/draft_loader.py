@@ -21,6 +21,7 @@ from dflash2rt.models.draft import DraftModel
 from dflash2rt.models.draft_config import DraftConfig, draft_config_dict
 from dflash2rt.models.hf_loader import (CONFIG_FILE, SINGLE_FILE, _scan, _tensor_files,
                                         check_weights_fit, read_config)
+from dflash2rt.ops.vocab import target_ids
 
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 _INT_TENSORS = {"d2t": ("I64", "I32"), "t2d": ("BOOL", "U8")}      # mapping tensors, not weights
@@ -112,7 +113,7 @@ def check_vocab_mapping(d2t: torch.Tensor, t2d: torch.Tensor, cfg: DraftConfig,
     """CheckpointError unless d2t places the draft's ids on distinct target ids (``i + d2t[i]``
     in [0, V)) and t2d marks exactly those ids."""
     v = cfg.arch.vocab_size
-    ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t
+    ids = target_ids(d2t)
     bad = ((ids < 0) | (ids >= v)).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
