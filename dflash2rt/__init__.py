@@ -1,6 +1,7 @@
 """dflash2rt: DFlash2 speculative decoding, verified losslessly, on CPU, CUDA, ROCm and XPU.
 
-Importing this package does no work: ``run`` and the registry load on first use.
+Importing this package does no work: ``run``, ``LLM``, ``SamplingParams`` and the registry load
+on first use.
 """
 
 from __future__ import annotations
@@ -8,11 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["run", "get_backend", "list_backends", "WatermarkKey", "__version__"]
+__all__ = ["run", "LLM", "SamplingParams", "get_backend", "list_backends", "WatermarkKey",
+           "__version__"]
 
 if TYPE_CHECKING:
-    from .api import run
+    from .api import LLM, run
     from .backend import Backend
+    from .engine.request import SamplingParams
     from .registry import BackendStatus
     from .watermark import WatermarkKey
 
@@ -22,6 +25,14 @@ def __getattr__(name: str) -> Any:
         from .api import run
 
         return run
+    if name == "LLM":
+        from .api import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from .engine.request import SamplingParams
+
+        return SamplingParams
     if name == "WatermarkKey":
         from .watermark import WatermarkKey
 

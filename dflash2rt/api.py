@@ -1,7 +1,9 @@
-"""``dflash2rt.run``: the one-call API (load a model pair, decode prompts, return texts and stats)."""
+"""``dflash2rt.run``: the one-call API (load a model pair, decode prompts, return texts and stats);
+``dflash2rt.LLM``: the same, vLLM-shaped (load once, ``generate`` many times)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +16,7 @@ from .constraints import TokenAutomaton
 from .engine.engine import Engine
 from .engine.request import Request, RequestOutput, SamplingParams, is_int, unicode_problem
 from .engine.stats import RunStats
-from .errors import InvalidInputError
+from .errors import ConflictingArgumentsError, DFlash2Error, InvalidInputError
 from .metrics import check_metrics_path, write_metrics
 from .models import hub
 from .models.pair import ModelPair, load_pair, resolve_dtype
@@ -131,20 +133,35 @@ def _encode_text(pair: ModelPair, i: int, p: str) -> tuple[int, ...]:
     return tuple(pair.tokenizer.encode(p))
 
 
+class _Default:
+    """A keyword of ``run`` left at its default (so that a keyword given can be told from one
+    not given, even when it is given its default value); it reads as the default in help()."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
 def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, *,
         prompts: str | Sequence[str] | Sequence[Sequence[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         draft: str | Path | None = None, revision: str | None = None,
         draft_revision: str | None = None,
-        max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-        seed: int = 0, block_size: int | None = None, spec: bool = True,
-        stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
-        include_stop_str_in_output: bool = False, dtype: torch.dtype | str = "auto",
+        max_new_tokens: int = _Default(64), temperature: float = _Default(0.0),
+        top_p: float = _Default(1.0), top_k: int = _Default(0),
+        seed: int = _Default(0), block_size: int | None = None, spec: bool = True,
+        stop: str | Sequence[str] = _Default(()), stop_token_ids: Sequence[int] = _Default(()),
+        include_stop_str_in_output: bool = _Default(False), dtype: torch.dtype | str = "auto",
         on_tokens: Callable[[int, list[int]], None] | None = None,
-        repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0, min_p: float = 0.0,
-        logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-        logprobs_mode: str = "raw",
-        regex: str | None = None, constraint: Any = None,
+        repetition_penalty: float = _Default(1.0), frequency_penalty: float = _Default(0.0),
+        presence_penalty: float = _Default(0.0), min_p: float = _Default(0.0),
+        logit_bias: dict[int, float] | None = _Default(None),
+        logprobs: int | None = _Default(None), logprobs_mode: str = _Default("raw"),
+        regex: str | None = None, constraint: Any = _Default(None),
         metrics: str | Path | None = None,
         watermark: WatermarkKey | str | Path | None = None) -> RunResult:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
@@ -153,19 +170,28 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     name, a directory, a hub id such as ``"Qwen/Qwen3-8B"`` with ``draft=
     "z-lab/Qwen3-8B-DFlash-b16"``, a (target, draft) tuple, or a loaded ModelPair).
 
+    The sampling keywords (``max_new_tokens`` to ``logprobs_mode``, ``stop`` being
+    ``stop_strings``, and ``constraint``) are ``SamplingParams``'s fields, one set for every
+    prompt. ``sampling_params`` instead: a ``dflash2rt.SamplingParams`` for every prompt, or a
+    list of them, one per prompt (as vLLM's ``LLM.generate``); giving it with any sampling
+    keyword is a ``ConflictingArgumentsError``, a list of the wrong length an
+    ``InvalidInputError``.
+
     The penalties, ``min_p``, ``logit_bias`` and ``logprobs`` are ``SamplingParams``'s (their
     definitions and order are documented there); every one keeps speculation lossless.
     ``regex``: every output must match the pattern (``dflash2rt.constraints.regex`` syntax),
-    EOS allowed where it fully matches: a ``TokenAutomaton`` over the model's tokenizer.
-    ``constraint``: a hook of your own (``SamplingParams.constraint``); not both.
+    EOS allowed where it fully matches: a ``TokenAutomaton`` over the model's tokenizer, the
+    constraint of every request (of every ``sampling_params`` without one of its own; one with
+    a constraint is a conflict). ``constraint``: a hook of your own
+    (``SamplingParams.constraint``); not both.
 
     ``backend``: a name, a Backend, or None for $DFLASH2RT_BACKEND / the best available one.
     ``block_size``: None (default) chooses each step's block size adaptively (1, a target-only
     step, included: engine/schedule.py); an int >= 2 decodes with that fixed block.
-    Every request uses ``seed``. With a fixed block a request's tokens depend only on its prompt
-    and parameters, not on the batch it runs in. Adaptive: greedy output is the same; seeded
-    sampled output follows the block sizes chosen, which depend on the batch and on the cost
-    table, measured once per model pair and device in this process, so repeated calls
+    Every request uses its ``seed``. With a fixed block a request's tokens depend only on its
+    prompt and parameters, not on the batch it runs in. Adaptive: greedy output is the same;
+    seeded sampled output follows the block sizes chosen, which depend on the batch and on the
+    cost table, measured once per model pair and device in this process, so repeated calls
     reproduce it (other processes or machines may differ: fix block_size for that).
     ``metrics``: a file to write the run's speculation metrics to, in the Prometheus text
     format under vLLM's names with a ``dflash2rt:`` prefix (``dflash2rt.metrics``; labelled
@@ -176,37 +202,233 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     or ``dflash2rt watermark detect``); greedy requests are unchanged and unmarked. The key is
     never written to stats, JSON or logs.
     """
+    keywords = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                    top_k=top_k, seed=seed, stop=stop, stop_token_ids=stop_token_ids,
+                    include_stop_str_in_output=include_stop_str_in_output,
+                    repetition_penalty=repetition_penalty,
+                    frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                    min_p=min_p, logit_bias=logit_bias, logprobs=logprobs,
+                    logprobs_mode=logprobs_mode, constraint=constraint)
+    given = [k for k, v in keywords.items() if not isinstance(v, _Default)]
+    if sampling_params is not None and given:
+        raise ConflictingArgumentsError(
+            f"give the sampling settings either as keywords or as sampling_params, not both: "
+            f"{', '.join(given)} given with sampling_params (set them in the SamplingParams)")
+    values = {k: v.value if isinstance(v, _Default) else v for k, v in keywords.items()}
     metrics_path = None if metrics is None else check_metrics_path(metrics)
     key = _watermark_key(watermark)
-    be = backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
+    be = _backend(backend)
     pair = resolve_model(model, be.device, dtype, draft=draft, revision=revision,
                          draft_revision=draft_revision)
-    if regex is not None:
-        if constraint is not None:
-            raise InvalidInputError("give regex or constraint, not both")
-        if pair.tokenizer is None:
-            raise InvalidInputError("regex needs a tokenizer; this model pair has none")
-        constraint = TokenAutomaton.from_regex(regex, pair.tokenizer,
-                                               pair.target.cfg.vocab_size, pair.eos_token_ids)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                            top_p=top_p, seed=seed,
-                            stop_strings=(stop,) if isinstance(stop, str) else stop,
-                            stop_token_ids=stop_token_ids,
-                            include_stop_str_in_output=include_stop_str_in_output,
-                            repetition_penalty=repetition_penalty,
-                            frequency_penalty=frequency_penalty,
-                            presence_penalty=presence_penalty, min_p=min_p,
-                            logit_bias=logit_bias or {}, logprobs=logprobs,
-                            logprobs_mode=logprobs_mode,
-                            constraint=constraint)
-    requests = [Request(p, params) for p in _encode(pair, prompts)]
+    if regex is not None and values["constraint"] is not None:
+        raise InvalidInputError("give regex or constraint, not both")
+    automaton = None if regex is None else regex_constraint(pair, regex)
+    if sampling_params is None:
+        stop = values.pop("stop")
+        sampling_params = SamplingParams(
+            **{**values, "stop_strings": (stop,) if isinstance(stop, str) else stop,
+               "logit_bias": values["logit_bias"] or {}})
+    prompt_ids = _encode(pair, prompts)
+    params = _params_list(sampling_params, len(prompt_ids))
+    if automaton is not None:
+        params = _constrained(params, automaton)
     with Engine(pair, be) as engine:
-        outputs, stats = engine.generate(requests, spec=spec, block_size=block_size,
-                                         on_tokens=on_tokens, watermark=key)
+        outputs, stats = _generate(engine, prompt_ids, params, spec=spec, block_size=block_size,
+                                   on_tokens=on_tokens, watermark=key)
     if metrics_path is not None:
         labels = {"model_name": pair.name} if pair.name else {}
         write_metrics(stats, metrics_path, {**labels, "backend": stats.backend})
     return RunResult([o.text for o in outputs], [o.token_ids for o in outputs], stats, outputs)
+
+
+def _backend(backend: str | Backend | None) -> Backend:
+    return backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
+
+
+def regex_constraint(pair: ModelPair, regex: str) -> TokenAutomaton:
+    """The ``TokenAutomaton`` that constrains a request's output to a full match of ``regex``
+    over ``pair``'s tokenizer (what ``run(regex=...)`` uses)."""
+    if pair.tokenizer is None:
+        raise InvalidInputError("regex needs a tokenizer; this model pair has none")
+    return TokenAutomaton.from_regex(regex, pair.tokenizer, pair.target.cfg.vocab_size,
+                                     pair.eos_token_ids)
+
+
+def _constrained(params: list[SamplingParams], automaton: TokenAutomaton
+                 ) -> list[SamplingParams]:
+    """``params`` with ``run``'s regex automaton as their constraint (none may have its own)."""
+    clash = [i for i, p in enumerate(params) if p.constraint is not None]
+    if clash:
+        raise ConflictingArgumentsError(
+            f"regex given and sampling_params {clash[:5]} carry a constraint of their own: "
+            "give one of them")
+    done: dict[int, SamplingParams] = {}            # one copy per distinct SamplingParams
+    for p in params:
+        if id(p) not in done:
+            done[id(p)] = dataclasses.replace(p, constraint=automaton)
+    return [done[id(p)] for p in params]
+
+
+def _params_list(sampling_params: object, n: int) -> list[SamplingParams]:
+    """One ``SamplingParams`` per prompt, from None (the defaults), one for every prompt, or a
+    list / tuple of exactly ``n``."""
+    if sampling_params is None:
+        return [SamplingParams()] * n
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    if not isinstance(sampling_params, (list, tuple)):
+        raise InvalidInputError(f"sampling_params must be a dflash2rt.SamplingParams or a list "
+                                f"of them (one per prompt), got "
+                                f"{type(sampling_params).__name__}")
+    bad = [i for i, p in enumerate(sampling_params) if not isinstance(p, SamplingParams)]
+    if bad:
+        raise InvalidInputError(f"sampling_params[{bad[0]}] is "
+                                f"{type(sampling_params[bad[0]]).__name__}, not a "
+                                "dflash2rt.SamplingParams")
+    if len(sampling_params) != n:
+        raise InvalidInputError(f"sampling_params has {len(sampling_params)} entries for {n} "
+                                f"prompt{'s' if n != 1 else ''}: give one per prompt, or a "
+                                "single SamplingParams for all")
+    return list(sampling_params)
+
+
+def _generate(engine: Engine, prompt_ids: list[tuple[int, ...]], params: list[SamplingParams],
+              **kw: Any) -> tuple[list[RequestOutput], RunStats]:
+    """The one decode path of ``run`` and ``LLM.generate``: a request per prompt, one
+    ``Engine.generate`` call (``kw``: its spec, block_size, on_tokens, watermark)."""
+    return engine.generate([Request(p, q) for p, q in zip(prompt_ids, params)], **kw)
+
+
+@dataclass
+class Logprob:
+    """One token's log-probability, as vLLM's ``Logprob``: ``rank`` is 1 for the most likely
+    token; None for a sampled token outside the top-n alternatives (its rank is not computed)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    """One completion, shaped as vLLM's ``CompletionOutput``. ``logprobs``: with
+    ``SamplingParams.logprobs = n``, per token a {token id: Logprob} of the token and its top-n
+    alternatives, else None; ``cumulative_logprob`` their sum over the tokens (else None).
+    ``finish_reason``: dflash2rt's own (``RequestOutput``): "length", "stop_token",
+    "stop_string", "constraint" or "constraint_unsatisfiable" (vLLM says "stop" for the middle
+    three)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str
+
+    def finished(self) -> bool:
+        return True
+
+
+@dataclass
+class LLMOutput:
+    """One prompt's result, shaped as vLLM's ``RequestOutput``: ``prompt`` (None for a prompt
+    given as token ids), ``prompt_token_ids``, ``outputs`` (one ``CompletionOutput``: dflash2rt
+    makes one completion per prompt) and ``finished`` (always True: ``generate`` returns
+    finished requests). ``request_id``: the prompt's index in its ``generate`` call."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+
+
+def _llm_output(i: int, prompt: object, out: RequestOutput, tokenizer: Any) -> LLMOutput:
+    logprobs = cumulative = None
+    if out.logprobs is not None:
+        logprobs = []
+        for t, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs or []):
+            ranked = {k: j + 1 for j, (k, _) in
+                      enumerate(sorted(top.items(), key=lambda kv: -kv[1]))}
+            entry = {t: Logprob(lp, ranked.get(t))}
+            entry.update({k: Logprob(v, ranked[k]) for k, v in top.items() if k != t})
+            if tokenizer is not None:
+                for k, v in entry.items():
+                    v.decoded_token = tokenizer.decode([k])
+            logprobs.append(entry)
+        cumulative = float(sum(out.logprobs))
+    return LLMOutput(str(i), prompt if isinstance(prompt, str) else None, list(out.prompt_ids),
+                     [CompletionOutput(0, out.text, list(out.token_ids), cumulative, logprobs,
+                                       out.finish_reason)])
+
+
+class LLM:
+    """A model pair loaded once on one backend, decoded many times: vLLM's ``LLM``, shaped.
+
+    ``model``, ``backend``, ``dtype``, ``draft``, ``revision``, ``draft_revision``: as for
+    ``run`` (``resolve_model``); the pair (``self.pair``) is loaded here and an ``Engine``
+    (``self.engine``, vLLM's ``llm_engine``) made, kept for every ``generate`` call: captured
+    graphs are replayed by later calls, and ``engine.schedule`` may be assigned (schedule.py).
+    ``last_stats``: the ``RunStats`` of the latest ``generate`` call (None before the first).
+    ``close()`` (or ``with LLM(...) as llm:``) releases the engine's graphs and caches and the
+    pair.
+    """
+
+    def __init__(self, model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None,
+                 *, dtype: torch.dtype | str = "auto", draft: str | Path | None = None,
+                 revision: str | None = None, draft_revision: str | None = None) -> None:
+        self.backend = _backend(backend)
+        self.pair: ModelPair | None = resolve_model(
+            model, self.backend.device, dtype, draft=draft, revision=revision,
+            draft_revision=draft_revision)
+        self.engine: Engine | None = Engine(self.pair, self.backend)
+        self.last_stats: RunStats | None = None
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 block_size: int | None = None, spec: bool = True,
+                 watermark: WatermarkKey | str | Path | None = None,
+                 on_tokens: Callable[[int, list[int]], None] | None = None
+                 ) -> list[LLMOutput]:
+        """Decode ``prompts`` (a string, or a list of strings and/or token-id lists), one
+        ``LLMOutput`` per prompt, in order. ``sampling_params``: None (``SamplingParams()``:
+        greedy, 64 new tokens), one for every prompt, or a list, one per prompt.
+        ``block_size``, ``spec``, ``watermark``, ``on_tokens``: as for ``run``. The call's
+        stats: ``self.last_stats``."""
+        if self.engine is None or self.pair is None:
+            raise DFlash2Error("this LLM is closed: make a new one")
+        key = _watermark_key(watermark)
+        prompt_list = [prompts] if isinstance(prompts, str) else prompts
+        prompt_ids = _encode(self.pair, prompts)
+        params = _params_list(sampling_params, len(prompt_ids))
+        outputs, self.last_stats = _generate(self.engine, prompt_ids, params, spec=spec,
+                                             block_size=block_size, on_tokens=on_tokens,
+                                             watermark=key)
+        return [_llm_output(i, p, o, self.pair.tokenizer)
+                for i, (p, o) in enumerate(zip(prompt_list, outputs))]
+
+    def regex_constraint(self, regex: str) -> TokenAutomaton:
+        """The constraint for ``SamplingParams(constraint=...)`` that makes an output a full
+        match of ``regex`` (as ``run(regex=...)``)."""
+        if self.pair is None:
+            raise DFlash2Error("this LLM is closed: make a new one")
+        return regex_constraint(self.pair, regex)
+
+    @property
+    def tokenizer(self) -> Any:
+        return None if self.pair is None else self.pair.tokenizer
+
+    def close(self) -> None:
+        """Release the engine's graphs and static caches and drop the pair; idempotent."""
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = self.pair = None
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _watermark_key(watermark: object) -> WatermarkKey | None:

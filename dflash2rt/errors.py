@@ -31,6 +31,11 @@ class SamplingParamsError(InvalidInputError):
     """Temperature, top-k, top-p, seed or max_new_tokens out of range."""
 
 
+class ConflictingArgumentsError(InvalidInputError, TypeError):
+    """One setting given twice, e.g. a sampling keyword of ``dflash2rt.run`` together with a
+    ``sampling_params`` that carries the same setting; the message names the keywords."""
+
+
 class ConstraintError(InvalidInputError):
     """A constraint hook that breaks its contract (a mask of the wrong size or type, a start
     state with no allowed token, a table out of range) or a pattern that does not parse."""

@@ -26,7 +26,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .backend import BackendSpec
-    from .plugin_kit import GpuVendor
+    from .vendor import GpuVendor
 
 PROJECT = "dflash2rt"
 ENTRY_POINT_GROUP = "dflash2rt.backends"
@@ -56,5 +56,5 @@ def dflash2rt_gpu_vendors() -> "Sequence[GpuVendor]":
     Triton compile targets and tuning, ``qualify.microbench`` its peak bandwidth table. Data only:
     must not touch a device.
 
-    :return: a sequence of :class:`dflash2rt.plugin_kit.GpuVendor`.
+    :return: a sequence of :class:`dflash2rt.vendor.GpuVendor` (``plugin_kit.GpuVendor``).
     """

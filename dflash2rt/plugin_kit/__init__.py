@@ -8,7 +8,8 @@ torch ops and reports a *kernel fallback*; reports made at creation are *standin
 shown by ``dflash2rt backends`` and in every run's stats. A *probe* looks at the machine and
 never builds a backend; *create* builds it from a probe.
 
-- ``vendor``: ``GpuVendor`` and ``GraphPolicy`` (the data a plugin declares).
+- ``GpuVendor`` and ``GraphPolicy`` (the data a plugin declares): defined in ``dflash2rt.vendor``,
+  a leaf that ``hookspecs`` imports too, re-exported here.
 - ``generic``: ``probe(v)``, ``create(v, p)``, ``backend_spec(v)``, ``vendor_hooks(v)``,
   ``graph_mode``.
 - ``build``: ``gpu_backend`` (triton kernels or a kernel fallback), ``kernel_mode``.
@@ -23,7 +24,7 @@ from .generic import backend_spec, create, graph_mode, probe, vendor_hooks
 from .selftest import graph_self_test
 from .hardware import (device_nodes, hardware_summary, pci_devices, torch_build, try_allocate,
                        visible_devices_note)
-from .vendor import GpuVendor, GraphPolicy
+from ..vendor import GpuVendor, GraphPolicy
 
 __all__ = ["GRAPHS_ENV", "INTERPRET_REASON", "GpuVendor", "GraphPolicy", "TritonFacts", "Tuning",
            "backend_spec", "create", "device_nodes", "gpu_backend", "graph_mode",

@@ -13,7 +13,7 @@ from ..graphs.adapter import GraphCaptureError, TorchGraphAdapter
 from .build import GRAPHS_ENV, gpu_backend, graphs_wanted, kernel_mode
 from .hardware import hardware_summary, torch_build, try_allocate, visible_devices_note
 from .selftest import graph_self_test
-from .vendor import GpuVendor
+from ..vendor import GpuVendor
 
 STEPS = ("buckets 1-32: draft+conv+selector+walk and verify+accept+commit; target-only "
          "forward+sample+commit")

@@ -1,15 +1,19 @@
-"""A GPU vendor, declared as data: everything the generic probe and create need to know."""
+"""A GPU vendor, declared as data: everything the generic probe and create need to know.
+
+A leaf of the plugin contract: ``hookspecs`` (the ``dflash2rt_gpu_vendors`` hook returns these)
+and ``plugin_kit`` (the machinery they drive) both import it, and it imports neither. Plugins
+use it as ``plugin_kit.GpuVendor`` / ``plugin_kit.GraphPolicy``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..kernels.tuning import TritonFacts
+from .kernels.tuning import TritonFacts
 
 if TYPE_CHECKING:
-    from ..backend import Backend
-    from ..graphs.adapter import TorchGraphAdapter
+    from .backend import Backend
+    from .graphs.adapter import TorchGraphAdapter
 
 
 @dataclass(frozen=True)
