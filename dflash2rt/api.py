@@ -13,6 +13,7 @@ from .backend import Backend
 from .constraints import TokenAutomaton
 from .engine.engine import Engine
 from .engine.request import Request, RequestOutput, SamplingParams, is_int, unicode_problem
+from .engine.schedule import shared_schedule
 from .engine.stats import RunStats
 from .errors import InvalidInputError
 from .metrics import check_metrics_path, write_metrics
@@ -146,7 +147,8 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         logprobs_mode: str = "raw",
         regex: str | None = None, constraint: Any = None,
         metrics: str | Path | None = None,
-        watermark: WatermarkKey | str | Path | None = None) -> RunResult:
+        watermark: WatermarkKey | str | Path | None = None,
+        tp: int = 1, tp_check: bool = False) -> RunResult | None:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
 
     ``model``, ``draft``, ``revision``, ``draft_revision``: see ``resolve_model`` (a bundled
@@ -175,12 +177,33 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     sampled tokens are watermarked (distortion-free; detect with ``dflash2rt.watermark.detect``
     or ``dflash2rt watermark detect``); greedy requests are unchanged and unmarked. The key is
     never written to stats, JSON or logs.
+    ``tp``: tensor-parallel ranks (docs/tensor-parallel.md): the target sharded over ``tp``
+    processes of this host (spawned here; under torchrun, this process is one of them), the
+    draft replicated. Rank 0 returns the result, the other ranks None. ``tp_check``: every
+    step, the ranks compare a hash of the tokens they committed (debug mode; raises
+    DistributedError on a disagreement).
     """
+    a = dict(locals())
+    if not is_int(tp) or tp < 1:
+        raise InvalidInputError(f"tp must be a positive integer, got {tp!r}")
+    if tp > 1:
+        return _run_tp(a)
+    return _run(a)
+
+
+def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:
+    """``run``'s body; ``group``: this rank's TPGroup in a tensor-parallel run."""
+    model, backend, dtype, regex, constraint, on_tokens, metrics = (
+        a["model"], a["backend"], a["dtype"], a["regex"], a["constraint"], a["on_tokens"],
+        a["metrics"])
     metrics_path = None if metrics is None else check_metrics_path(metrics)
-    key = _watermark_key(watermark)
+    key = _watermark_key(a["watermark"])
     be = backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
-    pair = resolve_model(model, be.device, dtype, draft=draft, revision=revision,
-                         draft_revision=draft_revision)
+    if group is None:
+        pair = resolve_model(model, be.device, dtype, draft=a["draft"], revision=a["revision"],
+                             draft_revision=a["draft_revision"])
+    else:
+        be, group, pair = _tp_rank_setup(a, be)
     if regex is not None:
         if constraint is not None:
             raise InvalidInputError("give regex or constraint, not both")
@@ -188,25 +211,88 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
             raise InvalidInputError("regex needs a tokenizer; this model pair has none")
         constraint = TokenAutomaton.from_regex(regex, pair.tokenizer,
                                                pair.target.cfg.vocab_size, pair.eos_token_ids)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                            top_p=top_p, seed=seed,
+    stop = a["stop"]
+    params = SamplingParams(max_new_tokens=a["max_new_tokens"], temperature=a["temperature"],
+                            top_k=a["top_k"], top_p=a["top_p"], seed=a["seed"],
                             stop_strings=(stop,) if isinstance(stop, str) else stop,
-                            stop_token_ids=stop_token_ids,
-                            include_stop_str_in_output=include_stop_str_in_output,
-                            repetition_penalty=repetition_penalty,
-                            frequency_penalty=frequency_penalty,
-                            presence_penalty=presence_penalty, min_p=min_p,
-                            logit_bias=logit_bias or {}, logprobs=logprobs,
-                            logprobs_mode=logprobs_mode,
+                            stop_token_ids=a["stop_token_ids"],
+                            include_stop_str_in_output=a["include_stop_str_in_output"],
+                            repetition_penalty=a["repetition_penalty"],
+                            frequency_penalty=a["frequency_penalty"],
+                            presence_penalty=a["presence_penalty"], min_p=a["min_p"],
+                            logit_bias=a["logit_bias"] or {}, logprobs=a["logprobs"],
+                            logprobs_mode=a["logprobs_mode"],
                             constraint=constraint)
-    requests = [Request(p, params) for p in _encode(pair, prompts)]
+    requests = [Request(p, params) for p in _encode(pair, a["prompts"])]
+    main = group is None or group.is_main
     with Engine(pair, be) as engine:
-        outputs, stats = engine.generate(requests, spec=spec, block_size=block_size,
-                                         on_tokens=on_tokens, watermark=key)
+        if group is not None:
+            from .distributed.consensus import RankZeroSchedule, StepCheck
+
+            engine.schedule = RankZeroSchedule(shared_schedule(pair, be.device), group)
+            engine.step_check = StepCheck(group) if group.check else None
+        outputs, stats = engine.generate(requests, spec=a["spec"], block_size=a["block_size"],
+                                         on_tokens=on_tokens if main else None, watermark=key)
+    if not main:
+        return None
+    if group is not None:
+        stats.tensor_parallel = (f"tp={group.world} over {group.backend} (target sharded by KV "
+                                 f"head, vocabulary-parallel LM head; draft replicated"
+                                 f"{'; step hash check on' if group.check else ''})")
     if metrics_path is not None:
         labels = {"model_name": pair.name} if pair.name else {}
         write_metrics(stats, metrics_path, {**labels, "backend": stats.backend})
     return RunResult([o.text for o in outputs], [o.token_ids for o in outputs], stats, outputs)
+
+
+def _run_tp(a: dict[str, Any]) -> RunResult | None:
+    """``run`` with tp > 1: this process is a rank (torchrun, or a group already up), or
+    ``tp`` ranks are spawned here and rank 0's result comes back."""
+    import pickle
+
+    from .distributed import group as tp_group, launch
+
+    if torch.distributed.is_initialized() or tp_group.env_world() is not None:
+        return _run(a, a["tp"])
+    if isinstance(a["backend"], Backend):       # spawned ranks select it again by name
+        a = {**a, "backend": a["backend"].name}
+    try:
+        pickle.dumps(a)
+    except Exception as exc:       # noqa: BLE001 — lambdas, open files, locks ...
+        raise InvalidInputError(f"tp={a['tp']} spawns processes, which need picklable arguments"
+                                f" (on_tokens, constraint, model): {exc}") from exc
+    return launch.spawn(_run_spawned, a["tp"], (a,))
+
+
+def _run_spawned(a: dict[str, Any]) -> RunResult | None:
+    """A spawned rank's ``run`` (launch.spawn set its RANK, WORLD_SIZE, MASTER_*)."""
+    return _run(a, a["tp"])
+
+
+def _tp_rank_setup(a: dict[str, Any], be: Backend):
+    """A rank's (backend on its device, TPGroup, sharded pair): an accelerator backend is
+    taken again on device LOCAL_RANK; the pair is this rank's own (loaded without the
+    process's cache, or a copy of a given ModelPair), its target sharded."""
+    import copy
+
+    from .distributed import group as tp_group, shard
+
+    tp = a["tp"]
+    _, _, local = tp_group.env_world() or (0, tp, 0)
+    if be.device.type != "cpu" and not isinstance(a["backend"], Backend):
+        be = Registry.discover().select(f"{be.name.split(':')[0]}:{local}").backend
+    group = tp_group.join(be.device, tp, check=bool(a["tp_check"]))
+    model = a["model"]
+    if isinstance(model, ModelPair):
+        pair = copy.deepcopy(model)
+    else:
+        target, draft_loc, name = hub.locate_pair(model, a["draft"], a["revision"],
+                                                  a["draft_revision"])
+        t = str(target.path.resolve())
+        pair = load_pair(t, None if draft_loc is None else str(draft_loc.path.resolve()),
+                         resolve_dtype(a["dtype"], t, be.device), be.device, name)
+    shard.shard_target(pair.target, group)
+    return be, group, pair
 
 
 def _watermark_key(watermark: object) -> WatermarkKey | None:
