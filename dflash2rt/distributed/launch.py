@@ -46,8 +46,7 @@ def _entry(rank: int, world: int, port: int, timeout_s: float, fn: Callable, arg
         out = fn(*args)
         results.put((rank, "ok", out if rank == 0 else None))
     except BaseException as exc:     # noqa: BLE001 — reported to the parent, which raises
-        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n"
-                                    f"{''.join(traceback.format_exception(exc)[-6:])}"))
+        results.put((rank, "error", _describe(exc)))
     finally:
         import torch.distributed as dist
 
@@ -56,6 +55,13 @@ def _entry(rank: int, world: int, port: int, timeout_s: float, fn: Callable, arg
                 dist.destroy_process_group()
             except Exception:        # noqa: BLE001 — a broken group is torn down best-effort
                 pass
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception in one line, with the innermost dflash2rt frame it passed through."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "dflash2rt" in f.filename]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(exc).__name__}: {str(exc).strip()}{where}"
 
 
 def _exit_reason(code: int | None) -> str:
@@ -106,7 +112,7 @@ def spawn(fn: Callable, tp: int, args: tuple = (), timeout_s: float | None = Non
             if failed_at is not None and time.monotonic() - failed_at > timeout_s + grace_s:
                 for r, p in enumerate(procs):
                     if r not in ends:
-                        ends[r] = ("died", f"still running {timeout_s + grace_s:.0f}s after "
+                        ends[r] = ("terminated", f"still running {timeout_s + grace_s:.0f}s after "
                                            "another rank failed: terminated")
                 break
     finally:
@@ -114,10 +120,13 @@ def spawn(fn: Callable, tp: int, args: tuple = (), timeout_s: float | None = Non
             if p.is_alive():
                 p.terminate()
             p.join(5)
-    bad = {r: e for r, e in sorted(ends.items()) if e[0] != "ok"}
+    bad = {r: e for r, e in ends.items() if e[0] != "ok"}
     if bad:
-        first = min(bad, key=lambda r: (bad[r][0] != "died", r))  # a death first: the cause
-        lines = [f"rank {r}: {'died, ' if k == 'died' else ''}{v}" for r, (k, v) in bad.items()]
+        # the cause: a rank that died by itself, else the first to report an error
+        order = {r: i for i, r in enumerate(ends)}
+        first = min(bad, key=lambda r: (("died", "error", "terminated").index(bad[r][0]),
+                                        order[r]))
+        lines = [f"rank {r}: {'died, ' if k == 'died' else ''}{v}" for r, (k, v) in sorted(bad.items())]
         raise DistributedError(f"tensor-parallel run failed (tp={tp}; rank {first} first):\n"
                                + "\n".join(lines))
     return ends[0][1]
