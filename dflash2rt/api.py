@@ -254,6 +254,7 @@ def _run_tp(a: dict[str, Any]) -> RunResult | None:
 
     if torch.distributed.is_initialized() or tp_group.env_world() is not None:
         return _run(a, a["tp"])
+    _check_shardable(a)                          # before spawning: a clear error, at once
     if isinstance(a["backend"], Backend):       # spawned ranks select it again by name
         a = {**a, "backend": a["backend"].name}
     try:
@@ -262,6 +263,22 @@ def _run_tp(a: dict[str, Any]) -> RunResult | None:
         raise InvalidInputError(f"tp={a['tp']} spawns processes, which need picklable arguments"
                                 f" (on_tokens, constraint, model): {exc}") from exc
     return launch.spawn(_run_spawned, a["tp"], (a,))
+
+
+def _check_shardable(a: dict[str, Any]) -> None:
+    """DistributedError unless the target's config shards over tp ranks."""
+    from .distributed.shard import check_shardable
+    from .models.config import TargetConfig
+    from .models.hf_loader import read_config
+
+    model = a["model"]
+    if isinstance(model, ModelPair):
+        cfg = model.target.cfg
+    else:
+        target, _, _ = hub.locate_pair(model, a["draft"], a["revision"], a["draft_revision"],
+                                       weights=False)
+        cfg = TargetConfig.from_dict(read_config(target.path))
+    check_shardable(cfg, a["tp"])
 
 
 def _run_spawned(a: dict[str, Any]) -> RunResult | None:

@@ -139,6 +139,8 @@ def test_kv_heads_not_divisible_by_tp_are_refused():
     with pytest.raises(DistributedError, match="num_key_value_heads=2 is not divisible by tp=4"):
         shard_target(pair.target, group)                  # refused before anything is sharded
     assert pair.target.model.layers[0].self_attn.n_kv_heads == 2
+    with pytest.raises(DistributedError, match="not divisible by tp=4"):
+        dflash2rt.run(pair, "cpu", prompts=PROMPTS, tp=4)   # before spawning anything
 
 
 def test_tp_arguments_are_checked_before_spawning():
