@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, Union
@@ -23,6 +24,7 @@ from .registry import Registry
 from .watermark import WatermarkKey
 
 DEFAULT_MODEL = "stdlib-code"
+TP_GRAPHS_ENV = "DFLASH2RT_TP_GRAPHS"    # "1": keep graph capture in tensor-parallel runs
 ModelSpec = Union[str, Path, tuple, ModelPair]
 
 
@@ -299,6 +301,11 @@ def _tp_rank_setup(a: dict[str, Any], be: Backend):
     if be.device.type != "cpu" and not isinstance(a["backend"], Backend):
         be = Registry.discover().select(f"{be.name.split(':')[0]}:{local}").backend
     group = tp_group.join(be.device, tp, check=bool(a["tp_check"]))
+    if be.graph_adapter is not None and os.environ.get(TP_GRAPHS_ENV) != "1":
+        be = copy.copy(be)                       # this run's copy: eager, reported
+        be.graph_adapter = None
+        be._standing = [*be._standing, "graphs: off under tensor parallelism (collectives "
+                        f"inside captured graphs are untested; {TP_GRAPHS_ENV}=1 keeps them)"]
     model = a["model"]
     if isinstance(model, ModelPair):
         pair = copy.deepcopy(model)
