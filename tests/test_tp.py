@@ -148,3 +148,21 @@ def test_tp_arguments_are_checked_before_spawning():
         dflash2rt.run(tiny_pair(), "cpu", prompts=PROMPTS, tp=0)
     with pytest.raises(dflash2rt.errors.InvalidInputError, match="picklable"):
         dflash2rt.run(tiny_pair(), "cpu", prompts=PROMPTS, tp=2, on_tokens=lambda i, t: None)
+
+
+def test_cli_tp_spawns_ranks_and_prints_once(tmp_path, capsys):
+    import json
+
+    from dflash2rt.cli import main
+    from tiny_models import save_pair_dir
+
+    pair = tiny_pair(dtype=torch.float32)
+    root = save_pair_dir(tmp_path / "pair", pair)
+    ref = dflash2rt.run(str(root), "cpu", prompts=[[3, 4, 5]], max_new_tokens=8, spec=False)
+    argv = ["run", "--model", str(root), "--backend", "cpu", "--prompt-file", "",
+            "--max-new-tokens", "8", "--block-size", "4", "--tp", "2", "--tp-check", "--json"]
+    (tmp_path / "p.json").write_text("[[3, 4, 5]]")
+    argv[argv.index("--prompt-file") + 1] = str(tmp_path / "p.json")
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == ref.tokens and out["stats"]["tensor_parallel"].startswith("tp=2")
