@@ -238,13 +238,26 @@ def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:
     if not main:
         return None
     if group is not None:
-        stats.tensor_parallel = (f"tp={group.world} over {group.backend} (target sharded by KV "
-                                 f"head, vocabulary-parallel LM head; draft replicated"
+        stats.tensor_parallel = (f"tp={group.world} over {group.backend} (target sharded by "
+                                 f"query head: {_heads_line(pair, group)}; "
+                                 f"vocabulary-parallel LM head; draft replicated"
                                  f"{'; step hash check on' if group.check else ''})")
     if metrics_path is not None:
         labels = {"model_name": pair.name} if pair.name else {}
         write_metrics(stats, metrics_path, {**labels, "backend": stats.backend})
     return RunResult([o.text for o in outputs], [o.token_ids for o in outputs], stats, outputs)
+
+
+def _heads_line(pair: ModelPair, group: Any) -> str:
+    """How the ranks split the target's heads: "query heads 2+1, KV heads 1 replicated"."""
+    from .distributed.shard import ShardPlan
+
+    cfg = pair.target.full_cfg
+    plans = [ShardPlan.of(cfg, r, group.world) for r in range(group.world)]
+    kv = [len(p.kv_heads) for p in plans]
+    shared = sum(kv) > cfg.num_key_value_heads
+    return (f"query heads {'+'.join(str(p.n_heads) for p in plans)}, KV heads "
+            f"{'+'.join(map(str, kv))}{' (replicated)' if shared else ''}")
 
 
 def _run_tp(a: dict[str, Any]) -> RunResult | None:
@@ -313,9 +326,11 @@ def _tp_rank_setup(a: dict[str, Any], be: Backend):
         target, draft_loc, name = hub.locate_pair(model, a["draft"], a["revision"],
                                                   a["draft_revision"])
         t = str(target.path.resolve())
-        pair = load_pair(t, None if draft_loc is None else str(draft_loc.path.resolve()),
-                         resolve_dtype(a["dtype"], t, be.device), be.device, name)
-    shard.shard_target(pair.target, group)
+        pair = shard.load_pair_shard(t, None if draft_loc is None
+                                     else str(draft_loc.path.resolve()), group,
+                                     resolve_dtype(a["dtype"], t, be.device), be.device, name)
+    if getattr(pair.target, "shard_plan", None) is None:
+        shard.shard_target(pair.target, group)
     return be, group, pair
 
 
