@@ -1,4 +1,4 @@
-"""TP=N vs TP=1 greedy equivalence on one host (dflash2rt.distributed.equivalence):
+"""TP=N vs TP=1 greedy equivalence on one host (dflash2rt.qualify.tp_equivalence):
 
     python scripts/tp_equivalence.py stdlib-code --prompts 4 --tokens 64 --tp 2 [--json OUT]
 
@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from dflash2rt.distributed.equivalence import tp_equivalence
+from dflash2rt.qualify.tp_equivalence import tp_equivalence
 
 HELDOUT = Path(__file__).resolve().parents[1] / "dflash2rt/bundled/stdlib-code/heldout_prompts.json"
 

@@ -202,7 +202,7 @@ def _uneven_pair():
 def test_uneven_heads_replicated_kv_and_uneven_mlp_over_tp3_equal_tp1(tmp_path):
     """tp=3 on 8 heads / 2 KV heads / 70 MLP rows, loaded shard by shard from a directory:
     greedy spec == target-only == TP=1, every difference a float64 near-tie."""
-    from dflash2rt.distributed.equivalence import tp_equivalence
+    from dflash2rt.qualify.tp_equivalence import tp_equivalence
     from tiny_models import save_pair_dir
 
     root = save_pair_dir(tmp_path / "pair", _uneven_pair())   # float64 checkpoint
@@ -225,7 +225,7 @@ def test_bundled_pair_tp2_greedy_equals_tp1_up_to_near_ties():
     import json
     from pathlib import Path
 
-    from dflash2rt.distributed.equivalence import tp_equivalence
+    from dflash2rt.qualify.tp_equivalence import tp_equivalence
 
     root = Path(dflash2rt.__file__).parent / "bundled" / "stdlib-code"
     prompts = [p["prompt"] for p in
@@ -260,3 +260,34 @@ def test_cli_tp_spawns_ranks_and_prints_once(tmp_path, capsys):
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == ref.tokens and out["stats"]["tensor_parallel"].startswith("tp=2")
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_sharded_loading_reads_the_same_tensors_as_slicing_a_full_load(tmp_path, tied):
+    """Every rank's tensors from ``load_target_shard`` (slices read from the safetensors)
+    equal those of a full load sliced in place by ``shard_target``, for each rank of an
+    uneven tp=3 split, tied embeddings included (no collective runs while loading)."""
+    from dflash2rt.distributed.shard import load_target_shard
+    from dflash2rt.models.config import TargetConfig
+    from dflash2rt.models.hf_loader import load_target, save_target
+    from dflash2rt.models.target import TargetModel
+    from tiny_models import _randomise, target_dict
+
+    d = target_dict()
+    d.update(num_attention_heads=8, num_key_value_heads=2, intermediate_size=70, head_dim=8,
+             tie_word_embeddings=tied)
+    target = TargetModel(TargetConfig.from_dict(d), (0, 2))
+    _randomise(target, torch.Generator().manual_seed(5))
+    save_target(target, None, tmp_path / "t")
+    for rank in range(3):
+        group = TPGroup(rank=rank, world=3, group=None, host_group=None, backend="gloo",
+                        timeout_s=1)
+        full, _ = load_target(tmp_path / "t", torch.float32, "cpu", (0, 2))
+        want = shard_target(full, group).state_dict()
+        got_model, cfg = load_target_shard(tmp_path / "t", group, torch.float32, "cpu", (0, 2))
+        got = got_model.state_dict()
+        assert cfg.num_attention_heads == 8 and got_model.cfg == full.cfg
+        assert sorted(got) == sorted(want)
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+        assert got_model.rope_inv_freq_bits.device.type == "cpu"

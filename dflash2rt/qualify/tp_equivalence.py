@@ -114,7 +114,7 @@ def tp_equivalence(model: Any, prompts, max_new_tokens: int = 64, tp: int = 2,
     import dflash2rt
     from dflash2rt.api import _encode, resolve_model
 
-    from . import launch
+    from ..distributed import launch
 
     pair = resolve_model(model, "cpu", dtype)
     ids = [list(p) for p in _encode(pair, prompts)]
