@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, Union
@@ -15,6 +16,7 @@ from .backend import Backend
 from .constraints import TokenAutomaton
 from .engine.engine import Engine
 from .engine.request import Request, RequestOutput, SamplingParams, is_int, unicode_problem
+from .engine.schedule import shared_schedule
 from .engine.stats import RunStats
 from .errors import ConflictingArgumentsError, DFlash2Error, InvalidInputError
 from .metrics import check_metrics_path, write_metrics
@@ -24,6 +26,7 @@ from .registry import Registry
 from .watermark import WatermarkKey
 
 DEFAULT_MODEL = "stdlib-code"
+TP_GRAPHS_ENV = "DFLASH2RT_TP_GRAPHS"    # "1": keep graph capture in tensor-parallel runs
 ModelSpec = Union[str, Path, tuple, ModelPair]
 
 
@@ -163,7 +166,8 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         logprobs: int | None = _Default(None), logprobs_mode: str = _Default("raw"),
         regex: str | None = None, constraint: Any = _Default(None),
         metrics: str | Path | None = None,
-        watermark: WatermarkKey | str | Path | None = None) -> RunResult:
+        watermark: WatermarkKey | str | Path | None = None,
+        tp: int = 1, tp_check: bool = False) -> RunResult | None:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
 
     ``model``, ``draft``, ``revision``, ``draft_revision``: see ``resolve_model`` (a bundled
@@ -201,25 +205,45 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     sampled tokens are watermarked (distortion-free; detect with ``dflash2rt.watermark.detect``
     or ``dflash2rt watermark detect``); greedy requests are unchanged and unmarked. The key is
     never written to stats, JSON or logs.
+    ``tp``: tensor-parallel ranks (docs/tensor-parallel.md): the target sharded over ``tp``
+    processes of this host (spawned here; under torchrun, this process is one of them), the
+    draft replicated. Rank 0 returns the result, the other ranks None. ``tp_check``: every
+    step, the ranks compare a hash of the tokens they committed (debug mode; raises
+    DistributedError on a disagreement).
     """
-    keywords = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                    top_k=top_k, seed=seed, stop=stop, stop_token_ids=stop_token_ids,
-                    include_stop_str_in_output=include_stop_str_in_output,
-                    repetition_penalty=repetition_penalty,
-                    frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                    min_p=min_p, logit_bias=logit_bias, logprobs=logprobs,
-                    logprobs_mode=logprobs_mode, constraint=constraint)
+    a = dict(locals())
+    if not is_int(tp) or tp < 1:
+        raise InvalidInputError(f"tp must be a positive integer, got {tp!r}")
+    if tp > 1:
+        return _run_tp(a)
+    return _run(a)
+
+
+_SAMPLING_KEYWORDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                      "stop_token_ids", "include_stop_str_in_output", "repetition_penalty",
+                      "frequency_penalty", "presence_penalty", "min_p", "logit_bias",
+                      "logprobs", "logprobs_mode", "constraint")
+
+
+def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:
+    """``run``'s body; ``group``: this rank's TPGroup in a tensor-parallel run."""
+    keywords = {k: a[k] for k in _SAMPLING_KEYWORDS}
     given = [k for k, v in keywords.items() if not isinstance(v, _Default)]
+    sampling_params = a["sampling_params"]
     if sampling_params is not None and given:
         raise ConflictingArgumentsError(
             f"give the sampling settings either as keywords or as sampling_params, not both: "
             f"{', '.join(given)} given with sampling_params (set them in the SamplingParams)")
     values = {k: v.value if isinstance(v, _Default) else v for k, v in keywords.items()}
-    metrics_path = None if metrics is None else check_metrics_path(metrics)
-    key = _watermark_key(watermark)
-    be = _backend(backend)
-    pair = resolve_model(model, be.device, dtype, draft=draft, revision=revision,
-                         draft_revision=draft_revision)
+    metrics_path = None if a["metrics"] is None else check_metrics_path(a["metrics"])
+    key = _watermark_key(a["watermark"])
+    be = _backend(a["backend"])
+    if group is None:
+        pair = resolve_model(a["model"], be.device, a["dtype"], draft=a["draft"],
+                             revision=a["revision"], draft_revision=a["draft_revision"])
+    else:
+        be, group, pair = _tp_rank_setup(a, be)
+    regex = a["regex"]
     if regex is not None and values["constraint"] is not None:
         raise InvalidInputError("give regex or constraint, not both")
     automaton = None if regex is None else regex_constraint(pair, regex)
@@ -228,13 +252,27 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         sampling_params = SamplingParams(
             **{**values, "stop_strings": (stop,) if isinstance(stop, str) else stop,
                "logit_bias": values["logit_bias"] or {}})
-    prompt_ids = _encode(pair, prompts)
+    prompt_ids = _encode(pair, a["prompts"])
     params = _params_list(sampling_params, len(prompt_ids))
     if automaton is not None:
         params = _constrained(params, automaton)
+    main = group is None or group.is_main
     with Engine(pair, be) as engine:
-        outputs, stats = _generate(engine, prompt_ids, params, spec=spec, block_size=block_size,
-                                   on_tokens=on_tokens, watermark=key)
+        if group is not None:
+            from .distributed.consensus import RankZeroSchedule, StepCheck
+
+            engine.schedule = RankZeroSchedule(shared_schedule(pair, be.device), group)
+            engine.step_check = StepCheck(group) if group.check else None
+        outputs, stats = _generate(engine, prompt_ids, params, spec=a["spec"],
+                                   block_size=a["block_size"],
+                                   on_tokens=a["on_tokens"] if main else None, watermark=key)
+    if not main:
+        return None
+    if group is not None:
+        stats.tensor_parallel = (f"tp={group.world} over {group.backend} (target sharded by "
+                                 f"query head: {_heads_line(pair, group)}; "
+                                 f"vocabulary-parallel LM head; draft replicated"
+                                 f"{'; step hash check on' if group.check else ''})")
     if metrics_path is not None:
         labels = {"model_name": pair.name} if pair.name else {}
         write_metrics(stats, metrics_path, {**labels, "backend": stats.backend})
@@ -429,6 +467,92 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _heads_line(pair: ModelPair, group: Any) -> str:
+    """How the ranks split the target's heads: "query heads 2+1, KV heads 1 replicated"."""
+    from .distributed.shard import ShardPlan
+
+    cfg = pair.target.full_cfg
+    plans = [ShardPlan.of(cfg, r, group.world) for r in range(group.world)]
+    kv = [len(p.kv_heads) for p in plans]
+    shared = sum(kv) > cfg.num_key_value_heads
+    return (f"query heads {'+'.join(str(p.n_heads) for p in plans)}, KV heads "
+            f"{'+'.join(map(str, kv))}{' (replicated)' if shared else ''}")
+
+
+def _run_tp(a: dict[str, Any]) -> RunResult | None:
+    """``run`` with tp > 1: this process is a rank (torchrun, or a group already up), or
+    ``tp`` ranks are spawned here and rank 0's result comes back."""
+    import pickle
+
+    from .distributed import group as tp_group, launch
+
+    if torch.distributed.is_initialized() or tp_group.env_world() is not None:
+        return _run(a, a["tp"])
+    _check_shardable(a)                          # before spawning: a clear error, at once
+    if isinstance(a["backend"], Backend):       # spawned ranks select it again by name
+        a = {**a, "backend": a["backend"].name}
+    try:
+        pickle.dumps(a)
+    except Exception as exc:       # noqa: BLE001 — lambdas, open files, locks ...
+        raise InvalidInputError(f"tp={a['tp']} spawns processes, which need picklable arguments"
+                                f" (on_tokens, constraint, model): {exc}") from exc
+    return launch.spawn(_run_spawned, a["tp"], (a,))
+
+
+def _check_shardable(a: dict[str, Any]) -> None:
+    """DistributedError unless the target's config shards over tp ranks."""
+    from .distributed.shard import check_shardable
+    from .models.config import TargetConfig
+    from .models.hf_loader import read_config
+
+    model = a["model"]
+    if isinstance(model, ModelPair):
+        cfg = model.target.cfg
+    else:
+        target, _, _ = hub.locate_pair(model, a["draft"], a["revision"], a["draft_revision"],
+                                       weights=False)
+        cfg = TargetConfig.from_dict(read_config(target.path))
+    check_shardable(cfg, a["tp"])
+
+
+def _run_spawned(a: dict[str, Any]) -> RunResult | None:
+    """A spawned rank's ``run`` (launch.spawn set its RANK, WORLD_SIZE, MASTER_*)."""
+    return _run(a, a["tp"])
+
+
+def _tp_rank_setup(a: dict[str, Any], be: Backend):
+    """A rank's (backend on its device, TPGroup, sharded pair): an accelerator backend is
+    taken again on device LOCAL_RANK; the pair is this rank's own (loaded without the
+    process's cache, or a copy of a given ModelPair), its target sharded."""
+    import copy
+
+    from .distributed import group as tp_group, shard
+
+    tp = a["tp"]
+    _, _, local = tp_group.env_world() or (0, tp, 0)
+    if be.device.type != "cpu" and not isinstance(a["backend"], Backend):
+        be = Registry.discover().select(f"{be.name.split(':')[0]}:{local}").backend
+    group = tp_group.join(be.device, tp, check=bool(a["tp_check"]))
+    if be.graph_adapter is not None and os.environ.get(TP_GRAPHS_ENV) != "1":
+        be = copy.copy(be)                       # this run's copy: eager, reported
+        be.graph_adapter = None
+        be._standing = [*be._standing, "graphs: off under tensor parallelism (collectives "
+                        f"inside captured graphs are untested; {TP_GRAPHS_ENV}=1 keeps them)"]
+    model = a["model"]
+    if isinstance(model, ModelPair):
+        pair = copy.deepcopy(model)
+    else:
+        target, draft_loc, name = hub.locate_pair(model, a["draft"], a["revision"],
+                                                  a["draft_revision"])
+        t = str(target.path.resolve())
+        pair = shard.load_pair_shard(t, None if draft_loc is None
+                                     else str(draft_loc.path.resolve()), group,
+                                     resolve_dtype(a["dtype"], t, be.device), be.device, name)
+    if getattr(pair.target, "shard_plan", None) is None:
+        shard.shard_target(pair.target, group)
+    return be, group, pair
 
 
 def _watermark_key(watermark: object) -> WatermarkKey | None:

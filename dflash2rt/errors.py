@@ -69,3 +69,9 @@ class DraftMismatchError(CheckpointError):
 class ResourceError(DFlash2Error, MemoryError):
     """A run that needs more memory (or another resource) than the device has; the message says
     how much it needs, how much there is, and what to lower."""
+
+
+class DistributedError(DFlash2Error, RuntimeError):
+    """A tensor-parallel run that cannot start or went wrong across ranks: a model that does
+    not shard over the ranks (heads, KV heads or the MLP not divisible by tp), a rank that died
+    or timed out, ranks that disagree on the committed tokens; the message names the rank."""

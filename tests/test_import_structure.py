@@ -23,7 +23,7 @@ LAYERS = (
     {"vendor"},                      # GpuVendor: the record hookspecs and plugin_kit both name
     {"hookspecs"},
     {"plugin_kit", "registry"},      # plugin_kit's graph self-test commits to a models KVCache
-    {"cpu", "engine"},
+    {"cpu", "engine", "distributed"},   # distributed: the sharded target, rank launch
     {"bench", "metrics"},            # the one measurement module; a run's metrics export
     {"api", "train", "synth"},
     {"qualify"},

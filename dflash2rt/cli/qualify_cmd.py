@@ -7,7 +7,11 @@ import argparse
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("qualify", help="qualify a device: conformance, benchmarks, report")
-    p.add_argument("--backend", required=True)
+    p.add_argument("--backend", help="the backend (NAME, or NAME:INDEX for one device)")
+    p.add_argument("--devices", metavar="all|LIST", help="qualify several devices at once, one "
+                   "process each: 'all' (every device of --backend) or a comma list of "
+                   "NAME:INDEX or indices of --backend; --out gets one directory per device, "
+                   "the merged matrix and devices.json (outliers named)")
     p.add_argument("--model", default="stdlib-code")
     p.add_argument("--quick", action="store_true", help="fewer prompts, sizes and repeats")
     p.add_argument("--out", required=True, help="directory for report.json, junit.xml, "
@@ -28,6 +32,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_qualify(args: argparse.Namespace) -> int:
+    from ..errors import InvalidInputError
+
+    if args.devices:
+        return _run_devices(args)
+    if not args.backend:
+        raise InvalidInputError("qualify needs --backend NAME (or --devices all|LIST)")
     from ..qualify.run import qualify
 
     report = qualify(args.backend, args.out, args.model, args.quick,
@@ -37,6 +47,24 @@ def run_qualify(args: argparse.Namespace) -> int:
     # Non-zero unless the verdict passed: conformance failed or did not run, a section failed,
     # or the run did not complete (report.json "verdict" says which).
     return 0 if report.get("verdict", {}).get("result") == "pass" else 1
+
+
+def _run_devices(args: argparse.Namespace) -> int:
+    from ..qualify.devices import device_list, qualify_devices, summary_lines
+
+    devices = device_list(args.devices, args.backend)
+    argv = ["--model", args.model] + (["--quick"] if args.quick else []) \
+        + (["--conformance-select", args.conformance_select] if args.conformance_select
+           else []) + (["--conformance-small"] if args.conformance_small else []) \
+        + (["--allow-fallback"] if args.allow_fallback else [])
+    s = qualify_devices(devices, args.out, argv)
+    for line in summary_lines(s):
+        print(line)
+    print(f"{len(s['verdicts'])} device reports -> {args.out}/matrix.html, matrix.md, "
+          "devices.json")
+    ok = not s["no_report"] and not s["outliers"] \
+        and all(v == "pass" for v in s["verdicts"].values())
+    return 0 if ok else 1
 
 
 def run_merge(args: argparse.Namespace) -> int:

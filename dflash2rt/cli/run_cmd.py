@@ -66,6 +66,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics", metavar="FILE", help="write the run's speculation metrics "
                    "(drafts, drafted / accepted tokens, per position, mean acceptance length) "
                    "to FILE in the Prometheus text format, vLLM's names with a dflash2rt: prefix")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor-parallel ranks: the target sharded over N processes of this host "
+                        "(spawned here, or launch with torchrun --nproc-per-node N -m dflash2rt "
+                        "run --tp N); docs/tensor-parallel.md")
+    p.add_argument("--tp-check", action="store_true",
+                   help="with --tp: the ranks compare a hash of each step's committed tokens "
+                        "(debug mode; a disagreement is an error)")
     p.set_defaults(func=run)
 
 
@@ -175,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
         prompts += read_prompt_file(args.prompt_file)
     if not prompts:
         raise InvalidInputError("give at least one --prompt (or --prompt-file)")
+    if args.tp != 1:
+        return _run_tp(args, prompts)
     if args.metrics is not None:
         check_metrics_path(args.metrics)          # before loading: a bad path fails at once
     key = None
@@ -230,6 +239,41 @@ def run(args: argparse.Namespace) -> int:
           f"accept histogram {s.accept_hist}; {_spec_summary(s)}; {split}; "
           f"fallbacks: {s.fallbacks or 'none'}"
           + (f"; {s.model_pass}" if s.model_pass else ""), file=sys.stderr)
+    return 0
+
+
+def _run_tp(args: argparse.Namespace, prompts: list) -> int:
+    """--tp N: every rank loads and shards its own pair (api.run); only rank 0 prints.
+    Tokens are not streamed (the texts are printed at the end)."""
+    from ..api import run as api_run
+    from ..watermark import WatermarkKey
+
+    key = None if args.watermark_key_file is None else WatermarkKey.from_file(
+        args.watermark_key_file, allow_shared=args.watermark_key_allow_shared)
+    res = api_run(_model_arg(args.model), args.backend, prompts=prompts, draft=args.draft,
+                  revision=args.revision, draft_revision=args.draft_revision,
+                  max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                  top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                  block_size=args.block_size, spec=not args.no_spec, stop=args.stop,
+                  dtype="auto" if args.dtype == "auto" else DTYPES[args.dtype],
+                  include_stop_str_in_output=args.include_stop_str_in_output,
+                  repetition_penalty=args.repetition_penalty,
+                  frequency_penalty=args.frequency_penalty,
+                  presence_penalty=args.presence_penalty, min_p=args.min_p,
+                  logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs,
+                  logprobs_mode=args.logprobs_mode, regex=args.regex, metrics=args.metrics,
+                  watermark=key, tp=args.tp, tp_check=args.tp_check)
+    if res is None:                      # a rank other than 0 (torchrun)
+        return 0
+    if args.json:
+        print(json.dumps(res.as_dict(), indent=2))
+        return 0
+    for i, text in enumerate(res.texts):
+        print(f"--- [{i}] {res.outputs[i].finish_reason}\n{prompts[i]}{text}")
+    s = res.stats
+    print(f"[{s.mode} on {s.backend}, {s.tensor_parallel}] {s.generated} tokens in "
+          f"{s.wall_s:.2f}s = {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}; {_spec_summary(s)}; "
+          f"fallbacks: {s.fallbacks or 'none'}", file=sys.stderr)
     return 0
 
 

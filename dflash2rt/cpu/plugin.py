@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 
@@ -22,8 +23,18 @@ def probe() -> Probe:
         kernels="torch eager ops (reference semantics)",
         dtypes=DTYPES,
         graphs="none: eager on CPU (no graph API for CPU tensors)",
-        details={"torch": torch.__version__},
+        details={"torch": torch.__version__, "device_count": "1"},
     )
+
+
+def probe_device(index: int) -> Probe:
+    """"cpu:N": the host CPU (the CPU backend has one device, so ``qualify --devices all``
+    gives cpu:0); N only names a run, so that several runs on one host, e.g. ``qualify
+    --devices cpu:0,cpu:1``, report under their own names."""
+    if index < 0:
+        return Probe(False, f"cpu:{index}: a device index is >= 0")
+    p = probe()
+    return dataclasses.replace(p, device=f"cpu:{index} = the host {p.device}")
 
 
 def create(_: Probe) -> Backend:
@@ -35,5 +46,6 @@ def create(_: Probe) -> Backend:
 @hookimpl
 def dflash2rt_backends() -> list[BackendSpec]:
     return [BackendSpec(name="cpu", priority=0, probe=probe, create=create,
+                        probe_device=probe_device,
                         summary="built-in CPU backend (embedded default)"), interpret.SPEC,
             interpret.SPEC_NOFP64, nofp64.SPEC]

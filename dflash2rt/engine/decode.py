@@ -62,9 +62,11 @@ class Steppers:
 
 
 def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, out: Collector,
-                fallbacks: Fallbacks) -> tuple[BatchState, list[int], float]:
+                fallbacks: Fallbacks, check: Callable[[list], None] | None = None
+                ) -> tuple[BatchState, list[int], float]:
     """One decode step: the step's bodies (step.py), the one device→host transfer, then the
     host work: raise on bad flags, emit accepted tokens, mirror lengths, drop finished.
+    ``check``: called with the step's host rows right after the transfer (``Engine.step_check``).
     → (the batch left, drafts accepted per row of ``st``, the step's seconds without capture)."""
     t0, cap0, bucket = time.perf_counter(), stepper.capture_s, bucket_of(st.size)
     res = stepper.step(st, fallbacks.report, stats.time,   # eager bodies time themselves
@@ -80,6 +82,8 @@ def decode_step(stepper: Stepper, block: int, st: BatchState, stats: RunStats, o
     t1 = time.perf_counter()
     host = res.for_host().tolist()       # the step's one device→host sync: [R, 2 + B]
     stats.syncs += 1
+    if check is not None:
+        check(host)
     if stepper.adapter is not None:      # launch + the wait for the graphs at the sync
         t1 = time.perf_counter()
         stats.time["graphs"] += t1 - t0

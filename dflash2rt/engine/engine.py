@@ -63,6 +63,9 @@ class Engine:
         # The adaptive schedule: on the first adaptive run, one over the process's cost table
         # for this pair and device; assign one (e.g. a fixed table) to change it (schedule.py).
         self.schedule: AdaptiveSchedule | None = None
+        # Called with each step's host rows (prefill's, then every decode step's) once the
+        # step has committed them: a tensor-parallel run's cross-rank check (distributed/).
+        self.step_check: Callable[[list], None] | None = None
         if pair.dtype not in backend.dtypes:
             raise InvalidInputError(
                 f"backend {backend.name!r} does not run {pair.dtype} models (it supports "
@@ -194,6 +197,8 @@ class Engine:
                 host = torch.cat([torch.stack([first.token, pack_flags(first.bad)], 1)]
                                  + ([first.logprobs] if first.logprobs is not None else []),
                                  1).tolist()                               # prefill's sync
+                if self.step_check is not None:
+                    self.step_check(host)
                 raise_flags([h[1] for h in host], st.rows)
                 for i, h in enumerate(host):
                     out.add(st.rows[i], [h[0]], None if first.logprobs is None else
@@ -206,7 +211,7 @@ class Engine:
                 while st.size:
                     if sched is None:
                         st = decode_step(steppers[block], block if spec else 1, st, stats, out,
-                                         fallbacks)[0]
+                                         fallbacks, self.step_check)[0]
                         continue
                     calibrate(steppers, st, sched, stats, fallbacks, out, noise)  # new buckets
                     rows, b = st.rows, sched.choose(st.rows, out.remaining(st.rows))
@@ -218,7 +223,8 @@ class Engine:
                         caught = time.perf_counter() - t0
                         stats.time["catch_up"] += caught
                         stats.draft_deferred += pending
-                    st, accepted, seconds = decode_step(steppers[b], b, st, stats, out, fallbacks)
+                    st, accepted, seconds = decode_step(steppers[b], b, st, stats, out, fallbacks,
+                                                        self.step_check)
                     pending = pending + 1 if b == 1 else 0
                     # the schedule learns what switching back to speculation costs, too
                     seconds += caught

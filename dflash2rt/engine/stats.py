@@ -60,6 +60,7 @@ class RunStats:
     fallbacks: list[str] = field(default_factory=list)   # the run's Fallbacks.reported
     model_pass: str | None = None  # what the backend's model pass did (CPU: oneDNN-packed linears)
     watermarked: bool = False      # sampled tokens carry a watermark (never the key itself)
+    tensor_parallel: str = ""      # a tensor-parallel run: ranks and process group ("" if none)
     # Graph mode: per graph ("draft greedy", "verify sampled", ...) and bucket this run used, its
     # replays and eager runs in this run, whether it is captured / verified, why it runs eagerly.
     graphs: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)

@@ -109,6 +109,7 @@ def probe(v: GpuVendor, index: int | None = None) -> Probe:
         graphs=graphs, fp64=fp64,
         details={"torch": torch.__version__, v.build: str(getattr(torch.version, v.build)),
                  "torch_device": device, "warp_size": str(getattr(props, "warp_size", "")),
+                 "device_count": str(count),
                  "graph_capture": "on" if capture else "off",
                  **({label.lower(): text} if label else {})},
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..registry import Registry
+from ..registry import Registry, split_device
 
 
 def _version(dist: str) -> str | None:
@@ -37,11 +37,13 @@ def git_commit() -> str | None:
 
 
 def describe(registry: Registry, backend_name: str) -> dict[str, Any]:
-    status = next(s for s in registry.statuses() if s.name == backend_name)
+    base = split_device(backend_name)[0]          # "cuda:1": the backend cuda, device 1
+    status = next(s for s in registry.statuses() if s.name == base)
     probe = registry.probe(backend_name)
     return {
-        "backend": backend_name, "device": status.device, "kernels": status.kernels,
-        "graphs": status.graphs, "dtypes": list(status.dtypes),
+        "backend": backend_name, "device": probe.device or status.device,
+        "kernels": probe.kernels or status.kernels, "graphs": probe.graphs or status.graphs,
+        "dtypes": list(probe.dtypes or status.dtypes),
         "plugin_distribution": status.distribution, "plugin_version": status.version,
         "runtime": {k: v for k, v in probe.details.items() if k != "torch_device"},
         "torch": torch.__version__, "cuda": torch.version.cuda,
