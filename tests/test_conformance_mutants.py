@@ -13,6 +13,7 @@ import pytest
 from fixture_mutants import install, source
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow          # each test runs the conformance suite in a subprocess
 
 KILLS = {  # mutant: (-k selection, failure heads that must appear)
     "topp-boundary": ("L1 and (target_probs or sample_next or verify)", [

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow          # each test runs pytest (the conformance suite) in a subprocess
 
 BASE = '''
 import torch

@@ -16,6 +16,7 @@ from fixture_verdicts import BROKEN_BUNDLED, BROKEN_SUITE, FLOAT16_ONLY, NO_KERN
 from test_conformance_suite import install
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow          # each test runs the conformance suite in a subprocess
 FIXTURES = {"f16-only": (FLOAT16_ONLY, "dflash2rt.backends"),
             "nokernels": (NO_KERNELS, "dflash2rt.backends"),
             "broken-suite": (BROKEN_SUITE, "pytest11"),

@@ -101,6 +101,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_tiny_run_is_bit_reproducible_from_its_seed(one_thread):
     t1, d1, l1 = _tiny_run(0)
     t2, d2, l2 = _tiny_run(0)

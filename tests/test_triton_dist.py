@@ -264,6 +264,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.slow                       # a long run (over 10 s on 2 cores)
 def test_cli_with_a_fake_distribution_path(tmp_path):
     """``-m dflash2rt.plugin_kit.triton_dist --pip-args --path DIR`` (this machine's CPU torch):
     a fake vendor Triton in DIR → nothing on stdout; an empty DIR → PyPI triton."""
