@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # fail at once as 'not in the cache' instead of going to the network (a name like "a/b" is a
 # hub id when no such directory exists).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import slow_guard  # noqa: E402 - a helper module of tests/, importable from the line above
 # ``@triton.jit`` picks the interpreter when the decorated module is imported, not at launch:
 # import every kernel module now, while TRITON_INTERPRET=1 holds, so that a test which unsets
 # it for a while (monkeypatch.delenv, to exercise a GPU probe) cannot leave this worker with
@@ -48,6 +50,38 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
     torch.set_num_threads(1)
+
+
+# The slow tier's rule (tests/slow_guard.py): a test here that trains, or starts pytest, the
+# conformance suite, qualify, the compile check or a browser, fails unless marked slow.
+TESTS = Path(__file__).resolve().parent
+
+
+@contextlib.contextmanager
+def _tier_rule(item):
+    if not Path(item.path).resolve().is_relative_to(TESTS):   # --pyargs dflash2rt_conformance
+        yield
+        return
+    with slow_guard.watch(item.nodeid, item.get_closest_marker("slow") is not None):
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _tier_rule(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _tier_rule(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    with _tier_rule(item):
+        return (yield)
 
 
 @pytest.fixture(autouse=True)

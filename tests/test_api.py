@@ -97,6 +97,7 @@ def test_cli_run_json(pair_dir):
     assert nospec["tokens"] == data["tokens"] and nospec["stats"]["tau"] == 1.0
 
 
+@pytest.mark.slow                       # a long run (over 10 s on 2 cores)
 def test_cli_run_streams_text_and_reports_errors(pair_dir):
     out = _cli("run", "--model", str(pair_dir), "--prompt", "ab", "--max-new-tokens", "5")
     assert out.returncode == 0, out.stderr

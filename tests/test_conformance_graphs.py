@@ -12,6 +12,7 @@ import pytest
 from fixture_graphs import install_graph_backend
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow          # each test runs the conformance suite in a subprocess
 
 TESTS = ("across_buckets", "after_pool_reuse", "mixed_greedy_and_sampled", "target_only",
          "kept_graphs", "watermarked_replay")

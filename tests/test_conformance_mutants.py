@@ -1,4 +1,4 @@
-"""Each bug class planted in an out-of-tree backend (tests/fixture_mutants.py)
+"""Each bug class planted in an out-of-tree backend (tests/fixtures/mutants/)
 is killed by the conformance suite: by the full suite on a backend declaring float32, float64 and
 bfloat16, and by ``--dflash2rt-quick`` (small samples only) on a backend that declares only
 float32 — so no kill hangs on an exhaustive sample or a bf16 accident. The ``-k`` selections are
@@ -10,9 +10,10 @@ import os
 
 import pytest
 
-from fixture_mutants import install, source
+from fixture_dists import install_mutant
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow          # each test runs the conformance suite in a subprocess
 
 KILLS = {  # mutant: (-k selection, failure heads that must appear)
     "topp-boundary": ("L1 and (target_probs or sample_next or verify)", [
@@ -69,8 +70,7 @@ def run_mutant(pytester, monkeypatch, tmp_path):
     def run(mutant: str, dtypes: str, *args: str):
         plugins = tmp_path / "plugins"
         plugins.mkdir()
-        name = f"mut-{mutant}"
-        install(plugins, name, source(mutant, name, dtypes))
+        name = install_mutant(plugins, mutant, dtypes)
         # The caller's PYTHONPATH stays after the plugins (a worktree's checkout, not the
         # installed one, is then the code under test).
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(

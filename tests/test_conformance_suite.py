@@ -8,80 +8,16 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
+from fixture_dists import install, install_mutant
+
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow          # each test runs pytest (the conformance suite) in a subprocess
 
-BASE = '''
-import torch
-from dflash2rt.backend import BackendSpec, Probe, TorchOpsBackend
-from dflash2rt.hookspecs import hookimpl
-from dflash2rt.ops.batch import BlockNoise, SamplingBatch
-from dflash2rt.ops.selector import SelectorOut
-from dflash2rt.ops.sampling import inverse_cdf, target_probs
-from dflash2rt.ops.verify import VerifyOut
-
-
-class Mutant(TorchOpsBackend):
-{body}
-
-@hookimpl
-def dflash2rt_backends():
-    probe = lambda: Probe(True, device="cpu (mutant fixture)", dtypes=("float32", "float64"))
-    return [BackendSpec("{name}", 1, probe, lambda p: Mutant("{name}", "cpu",
-                        (torch.float32, torch.float64, torch.bfloat16)), opt_in=True)]
-'''
-
-MUTANTS = {
-    # The acceptance coin reuses the draft's walk uniform (the classic stream-reuse bug).
-    "shared-noise": '''
-    def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
-        noise = BlockNoise(noise.walk, noise.walk, noise.residual, noise.bonus)
-        return super().verify(logits, draft, candidates, q, sampling, noise, check)
-''',
-    # Slot j is verified against target row j + 1.
-    "off-by-one": '''
-    def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
-        shifted = torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)
-        return super().verify(shifted, draft, candidates, q, sampling, noise, check)
-''',
-    # Non-strict acceptance u*q <= p: accepts at u*q == p, and p = 0 drafts when u -> 0.
-    # (The <= decisions are fed to the real verifier as coins -1 / 2, which its strict test
-    # turns into the same accept / reject; residual and bonus then run unchanged.)
-    "le-accept": '''
-    def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
-        g = logits.shape[1] - 1
-        if g < 1 or draft.shape != logits.shape[:1] + (g,):     # let the real checks raise
-            return super().verify(logits, draft, candidates, q, sampling, noise, check)
-        p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-        p_d = p[:, :g].gather(-1, draft.unsqueeze(-1)).squeeze(-1).double()
-        q_d = torch.where(candidates == draft.unsqueeze(-1), q.double(), 0.0).sum(-1)
-        ok = noise.accept.double() * q_d <= p_d
-        coin = torch.where(ok, -1.0, 2.0).to(noise.accept.dtype)
-        return super().verify(logits, draft, candidates, q, sampling,
-                              BlockNoise(noise.walk, coin, noise.residual, noise.bonus), check)
-''',
-    # The draft takes the argmax walk but reports the softmax q, as if it had sampled.
-    "onehot-q": '''
-    def select(self, logits, proj, anchor, pred, succ, params, sampling, u_walk):
-        real = super().select(logits, proj, anchor, pred, succ, params, sampling, u_walk)
-        greedy = super().select(logits, proj, anchor, pred, succ, params,
-                                SamplingBatch.greedy_batch(logits.shape[0], logits.device), u_walk)
-        return SelectorOut(greedy.draft, greedy.candidates, real.q, real.bad, real.bad_lattice)
-''',
-}
-
-
-def install(root: Path, name: str, source: str, group: str = "dflash2rt.backends") -> None:
-    """A real distribution (dist-info + entry point) on the sys.path entry ``root``."""
-    module = "fixture_" + name.replace("-", "_")
-    (root / f"{module}.py").write_text(source)
-    dist = root / f"{module}-1.0.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(f"[{group}]\n{name} = {module}\n")
+# The mutant backends (tests/fixtures/mutants/) that the expected failures below name.
+MUTANTS = ("shared-noise", "off-by-one", "le-accept", "onehot-q")
 
 
 @pytest.fixture
@@ -90,8 +26,8 @@ def suite(pytester, monkeypatch, tmp_path):
     backends installed on PYTHONPATH."""
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    for name, body in MUTANTS.items():
-        install(plugins, f"mut-{name}", BASE.format(body=body, name=f"mut-{name}"))
+    for mutant in MUTANTS:
+        install_mutant(plugins, mutant, "suite")
     monkeypatch.setenv("PYTHONPATH", str(plugins))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("DFLASH2RT_BACKEND", raising=False)
@@ -185,7 +121,7 @@ def test_small_sizes_pass_on_cpu_and_are_reported(suite, tmp_path):
 def test_cli_runs_the_suite_and_a_broken_command_plugin_is_not_fatal(tmp_path):
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    install(plugins, "broken-cmd", "raise RuntimeError('boom')\n", group="dflash2rt.commands")
+    install(plugins, "commands/broken_command.py", "broken-cmd", group="dflash2rt.commands")
     env = {**os.environ, "PYTHONPATH": str(plugins), "OMP_NUM_THREADS": "1"}
     env.pop("DFLASH2RT_BACKEND", None)
     js = tmp_path / "cli.json"
@@ -204,50 +140,12 @@ def test_plugin_is_inert_outside_the_suite(pytester):
     assert "dflash2rt conformance" not in res.stdout.str()
 
 
-GRAPHS = '''
-import torch
-from dflash2rt.backend import BackendSpec, Probe, TorchOpsBackend
-from dflash2rt.hookspecs import hookimpl
-
-
-class Adapter:
-    """Fake graphs: replay re-runs the captured step over the static buffers{note}."""
-    name = "fake-graph"
-
-    def new_pool(self):
-        return None
-
-    def capture(self, fn, pool):
-        fn()
-        stale = {stale}
-
-        class Graph:
-            def replay(self):
-                if not stale:
-                    fn()
-        return Graph()
-
-
-def create(p):
-    be = TorchOpsBackend("{name}", "cpu", (torch.float32, torch.float64))
-    be.graph_adapter = Adapter()
-    return be
-
-
-@hookimpl
-def dflash2rt_backends():
-    return [BackendSpec("{name}", 1, lambda: Probe(True, device="cpu (fake graphs)"), create,
-                        opt_in=True)]
-'''
-
-
 @pytest.mark.parametrize("stale", [False, True])
 def test_graph_conformance_with_fake_graphs(pytester, monkeypatch, tmp_path, stale):
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     name = "stale-graphs" if stale else "fake-graphs"
-    install(plugins, name, GRAPHS.format(name=name, stale=stale,
-                                         note=" (stale: replay does nothing)" if stale else ""))
+    install(plugins, "backends/fake_graphs.py", name, params={"name": name, "stale": stale})
     monkeypatch.setenv("PYTHONPATH", str(plugins))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     res = pytester.runpytest_subprocess("--pyargs", "dflash2rt_conformance", "-p",

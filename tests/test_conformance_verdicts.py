@@ -12,14 +12,18 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from fixture_verdicts import BROKEN_BUNDLED, BROKEN_SUITE, FLOAT16_ONLY, NO_KERNELS
-from test_conformance_suite import install
+from fixture_dists import install
 
 pytest_plugins = ["pytester"]
-FIXTURES = {"f16-only": (FLOAT16_ONLY, "dflash2rt.backends"),
-            "nokernels": (NO_KERNELS, "dflash2rt.backends"),
-            "broken-suite": (BROKEN_SUITE, "pytest11"),
-            "broken-bundled": (BROKEN_BUNDLED, "pytest11")}
+pytestmark = pytest.mark.slow          # each test runs the conformance suite in a subprocess
+# name → (tests/fixtures/ file, entry-point group): a backend that declares only float16 (no L1
+# op case uses it), a GPU-style backend whose Triton kernels fail to build inside
+# plugin_kit.gpu_backend, a pytest plugin that makes one suite module raise at import, and one
+# that makes the bundled pair fail to load.
+FIXTURES = {"f16-only": ("backends/float16_only.py", "dflash2rt.backends"),
+            "nokernels": ("backends/no_kernels.py", "dflash2rt.backends"),
+            "broken-suite": ("pytest_plugins/broken_suite.py", "pytest11"),
+            "broken-bundled": ("pytest_plugins/broken_bundled.py", "pytest11")}
 
 
 @pytest.fixture
@@ -34,7 +38,8 @@ def plugins(tmp_path, monkeypatch):
 
     def add(*names):
         for name in names:
-            install(root, name, *FIXTURES[name])
+            fixture, group = FIXTURES[name]
+            install(root, fixture, name, group=group)
     return add
 
 

@@ -71,6 +71,7 @@ def test_deadline_skips_every_section_and_says_so(tmp_path):
     assert "not probed (setup skipped)" in text
 
 
+@pytest.mark.slow
 def test_a_failing_section_fails_the_run(tmp_path):
     res, summary = _run(tmp_path / "out", "--dry-run", "--sections", "graph_replay",
                         DRY_BACKEND="no-such-backend")

@@ -102,6 +102,7 @@ def _cases(pair, rounds: int):
                 yield model, name, p, KINDS[int(g.integers(len(KINDS)))], temperature, g
 
 
+@pytest.mark.slow                       # a long run (over 10 s on 2 cores)
 def test_weight_injection_never_gives_a_silently_wrong_answer(pair, prompt):
     rounds = int(os.environ.get("DFLASH2RT_FUZZ_ROUNDS", "1"))
     clean = {t: decode(pair, prompt, t) for t in (0.0, 1.0, 0.7)}

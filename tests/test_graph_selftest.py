@@ -88,6 +88,7 @@ def test_a_replay_that_loses_the_kv_commit_fails(ops):
         "graph replay != eager on fresh inputs: the KV commit (bucket 1)"
 
 
+@pytest.mark.slow                       # a long run (over 10 s on 2 cores)
 def test_the_kernels_pass_it_too():
     """The self-test with the Triton kernels (the interpreter on the CPU), with and without
     float64 — what a vendor's probe runs with its own kernels."""

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow          # compiles every kernel for every GPU target
 pytest.importorskip("triton", reason="triton is not installed (pip install 'dflash2rt[triton]')")
 if not all(importlib.util.find_spec(p) for p in ("dflash2rt_cuda", "dflash2rt_rocm")):
     pytest.skip("the targets come from the dflash2rt-cuda and dflash2rt-rocm plugins (pip install "

@@ -74,6 +74,7 @@ def test_the_xpu_targets_are_device_properties_and_dg2_has_no_float64():
     assert pvc_warp == dg2_warp == 32 and TRITON.tuning_for(32) is TRITON.tuning_for(None)
 
 
+@pytest.mark.slow
 def test_every_kernel_compiles_to_spirv_for_intel_targets():
     python = _intel_python()
     if python is None:

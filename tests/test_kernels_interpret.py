@@ -122,6 +122,7 @@ def test_verify_without_fp64_over_many_chunks_and_hard_rows(trial):
     assert torch.equal(got.bad_q, want.bad_q) and torch.equal(got.bad, want.bad)
 
 
+@pytest.mark.slow                       # a long run (over 10 s on 2 cores)
 def test_engine_on_triton_interpret_equals_cpu(backend):
     from dflash2rt.engine.engine import Engine
     from dflash2rt.engine.request import Request, SamplingParams

@@ -182,6 +182,7 @@ def test_keyed_draw_from_p_where_the_residual_is_empty():
     assert (want.accept_len < gamma).sum() >= 2                 # some rows drew from p
 
 
+@pytest.mark.slow                       # a long run (over 10 s on 2 cores)
 def test_engine_on_triton_interpret_equals_cpu_with_watermarks():
     """Several keys and prompts, T = 1 and T = 0.7 / top-p 0.95 and a greedy row in one batch:
     the same tokens on the kernels as on the torch ops, and no torch-ops report."""
@@ -208,6 +209,7 @@ def test_engine_on_triton_interpret_equals_cpu_with_watermarks():
         assert WATERMARK_OPS not in stats.fallbacks
 
 
+@pytest.mark.slow                       # a long run (over 10 s on 2 cores)
 def test_watermarked_constrained_batch_on_triton_interpret_equals_cpu():
     """A watermark and a constraint together: the keyed, masked walk runs the torch ops on
     every backend (reported on the kernel backend), verification the kernels' keyed draws;

@@ -30,6 +30,7 @@ def report_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_report_json_matches_schema(report_dir):
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a dev dependency")
     schema = json.loads(resources.files("dflash2rt.qualify").joinpath(
@@ -40,6 +41,7 @@ def test_report_json_matches_schema(report_dir):
     assert report["sections"]["graphs"]["applicable"] is False
 
 
+@pytest.mark.slow
 def test_end_to_end_has_every_temperature_and_the_step_split(report_dir):
     """qualify reports batch 1 and 4 at T = 0, 0.7 / top-p 0.95 and 1 with every contender,
     greedy spec == target-only at T = 0, and the synced split (--quick: the fixed block)."""
@@ -55,6 +57,7 @@ def test_end_to_end_has_every_temperature_and_the_step_split(report_dir):
     assert "Per-step cost split" in (report_dir / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_junit_parses_with_properties(report_dir):
     root = ET.parse(report_dir / "junit.xml").getroot()
     suites = [root] if root.tag == "testsuite" else list(root)
@@ -65,6 +68,7 @@ def test_junit_parses_with_properties(report_dir):
     assert any("device" in p for p in props), props
 
 
+@pytest.mark.slow
 def test_html_is_self_contained_with_plots(report_dir):
     html = (report_dir / "report.html").read_text()
     assert html.count("<svg") >= 3
@@ -78,6 +82,7 @@ def test_html_is_self_contained_with_plots(report_dir):
     assert order == sorted(order) and "\\u03" not in html
 
 
+@pytest.mark.slow
 def test_merge_builds_the_matrix_and_highlights_differences(report_dir, tmp_path):
     other = tmp_path / "other"
     other.mkdir()

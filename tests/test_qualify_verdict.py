@@ -43,6 +43,7 @@ def test_a_failed_section_fails_the_verdict():
     assert v == {"result": "fail", "reasons": ["section op_microbench: error RuntimeError: x"]}
 
 
+@pytest.mark.slow
 def test_conformance_that_executes_nothing_fails_the_qualification(tmp_path, monkeypatch):
     """A real suite run whose selection leaves nothing: pytest alone exits 5 and the old
     qualify copied "pass"; now the conformance section fails and so does the verdict."""

@@ -24,8 +24,9 @@ from dflash2rt.qualify.merge import merge
 
 BROWSER = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome",
                                            "google-chrome-stable") if shutil.which(n)), None)
-pytestmark = pytest.mark.skipif(BROWSER is None, reason="no headless Chromium on PATH (apt-get "
-                                "install chromium): the first screen is not checked in a browser")
+pytestmark = [pytest.mark.slow,                      # a headless browser
+              pytest.mark.skipif(BROWSER is None, reason="no headless Chromium on PATH (apt-get "
+                                 "install chromium): the first screen is not checked in a browser")]
 VIEW_W, VIEW_H = 1280, 800
 GREEN, RED = (0x1A, 0x7F, 0x37), (0xCF, 0x22, 0x2E)          # the PASS / FAIL backgrounds
 

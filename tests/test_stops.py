@@ -170,7 +170,8 @@ def test_the_cases_stop_where_intended():
             assert (len(ids), reason) == EXPECTED[name], name
 
 
-@pytest.mark.parametrize("name", ["cpu", "cpu-nofp64", "triton-interpret", "graphs"])
+@pytest.mark.parametrize("name", ["cpu", "cpu-nofp64", pytest.param("triton-interpret", marks=pytest.mark.slow),
+                                  "graphs"])
 def test_greedy_spec_cuts_exactly_like_target_only(pair, name):
     """The triton interpreter runs the speculative decode only (its 30 target-only steps take
     minutes there): the target-only cut is host code, the same on every backend."""

@@ -101,6 +101,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow                       # trains the tiny target and draft
 def test_tiny_run_is_bit_reproducible_from_its_seed(one_thread):
     t1, d1, l1 = _tiny_run(0)
     t2, d2, l2 = _tiny_run(0)
@@ -223,6 +224,7 @@ def _soft_data(seed: int, temps: list[float], soft_top: int = 8, new_tokens: int
     return tok, target, data
 
 
+@pytest.mark.slow                       # trains the tiny target
 def test_soft_targets_are_the_targets_law_of_the_next_token(one_thread):
     """Row i holds the target's top-M law (T=1) of token i+1: on greedy continuations its top id
     is the next token; the probabilities are the full softmax's, descending."""
@@ -240,6 +242,7 @@ def test_soft_targets_are_the_targets_law_of_the_next_token(one_thread):
     assert torch.equal(sub.soft_ids, data.soft_ids[st:st + n])
 
 
+@pytest.mark.slow                       # trains the tiny target
 def test_soft_loss_metrics_are_acceptance_bounds(one_thread):
     """sample_batch aligns each label with its row's law; acceptance Σ min(p, q) ≤ the target's
     mass on the K candidates ≤ 1; the soft part trains the selector's codebooks too."""
@@ -261,6 +264,7 @@ def test_soft_loss_metrics_are_acceptance_bounds(one_thread):
                                   torch.tensor([[0.5, 0.25, 0.125]])).tolist() == [[0.125, 0.5]]
 
 
+@pytest.mark.slow                       # trains the tiny target
 def test_hard_argmax_targets_are_the_targets_argmax_on_every_continuation(one_thread):
     """hard_argmax: the hard CE's target is the top id of each row's law (the token a greedy
     verifier accepts), not the continuation's token; on greedy continuations the two agree."""
@@ -288,6 +292,7 @@ def test_hard_argmax_targets_are_the_targets_argmax_on_every_continuation(one_th
         loss(dataclasses.replace(batch, soft_ids=None, soft_p=None), True)
 
 
+@pytest.mark.slow                       # trains the tiny target
 def test_topk_mass_is_one_when_the_selector_offers_the_whole_vocabulary(one_thread):
     from dflash2rt.train import evaluate, validate
 

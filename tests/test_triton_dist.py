@@ -264,6 +264,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.slow                       # a long run (over 10 s on 2 cores)
 def test_cli_with_a_fake_distribution_path(tmp_path):
     """``-m dflash2rt.plugin_kit.triton_dist --pip-args --path DIR`` (this machine's CPU torch):
     a fake vendor Triton in DIR → nothing on stdout; an empty DIR → PyPI triton."""
@@ -280,35 +281,11 @@ def test_cli_with_a_fake_distribution_path(tmp_path):
     assert json.loads(r.stdout)["installed"] == ["pytorch-triton-rocm 3.5.0"]
 
 
-# A stand-in for .venv/bin/python that setup.sh runs: it logs every call, "installs" what pip is
-# asked for by writing a fake dist-info, and runs the decision's file against a fake torch.
-STUB_PYTHON = r'''#!/usr/bin/env bash
-echo "$*" >> "$STUB_LOG"
-if [ "$1" = "-c" ]; then exit 0; fi                       # python -c "import torch"
-if [ "$1 $2" = "-m pip" ]; then
-    for a in "$@"; do case "$a" in triton*) mkdir -p "$STUB_SITE/triton-9.9.dist-info"
-        printf 'Name: triton\nVersion: 9.9\n' > "$STUB_SITE/triton-9.9.dist-info/METADATA"
-        echo triton > "$STUB_SITE/triton-9.9.dist-info/top_level.txt";; esac; done
-    exit 0
-fi
-if [ "$1 $2" = "-m dflash2rt.plugin_kit.triton_dist" ]; then
-    shift 2
-    exec "$STUB_REAL_PY" -c "$STUB_PRELUDE" "$@" --path "$STUB_SITE"
-fi
-echo "unexpected: $*" >&2; exit 99
-'''
-# Runs triton_dist.py as the CLI with a fake torch module of the build in STUB_BUILD (fast: no
-# torch import); dflash2rt's extra is read from this environment's dflash2rt.
-STUB_PRELUDE = r'''
-import json, os, runpy, sys, types
-kind, version, runtime = json.loads(os.environ["STUB_BUILD"])
-torch = types.ModuleType("torch"); torch.__version__ = version
-torch.version = types.SimpleNamespace(cuda=None, hip=None, xpu=None)
-if kind != "cpu": setattr(torch.version, {"rocm": "hip"}.get(kind, kind), runtime)
-sys.modules["torch"] = torch
-sys.argv = ["triton_dist"] + sys.argv[1:]
-sys.exit(runpy.run_path(os.environ["STUB_MODULE"], run_name="stub")["main"]())
-'''
+# A stand-in for .venv/bin/python that setup.sh runs (tests/fixtures/setup_sh/python): it logs
+# every call, "installs" what pip is asked for by writing a fake dist-info, and runs the
+# decision's file against a fake torch (the code in $STUB_PRELUDE: fake_torch_cli.py beside it).
+STUB_PYTHON = ROOT / "tests" / "fixtures" / "setup_sh" / "python"
+STUB_PRELUDE = (STUB_PYTHON.parent / "fake_torch_cli.py").read_text()
 
 
 def _run_setup(tmp_path: Path, build: TorchBuild, *dists: tuple[str, str],
@@ -318,8 +295,9 @@ def _run_setup(tmp_path: Path, build: TorchBuild, *dists: tuple[str, str],
     shutil.copy(SETUP, repo / "scripts" / "setup.sh")
     bin_ = repo / ".venv" / "bin"
     bin_.mkdir(parents=True)
-    for name, text in (("python", STUB_PYTHON), ("dflash2rt", "#!/bin/sh\nexit 0\n")):
-        (bin_ / name).write_text(text)
+    shutil.copy(STUB_PYTHON, bin_ / "python")
+    (bin_ / "dflash2rt").write_text("#!/bin/sh\nexit 0\n")
+    for name in ("python", "dflash2rt"):
         (bin_ / name).chmod(stat.S_IRWXU)
     site.mkdir()
     fake_dist(site, "torch", build.version, requires=torch_requires, provides_triton=False)

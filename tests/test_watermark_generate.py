@@ -72,6 +72,7 @@ def test_mixed_batch_marks_only_sampled_rows(engine):
     assert all(detect(KEY, o.token_ids).p_value < 1e-6 for o in marked[:2])
 
 
+@pytest.mark.slow                       # a long run (over 10 s on 2 cores)
 def test_same_key_and_prompt_same_tokens_on_cpu_and_triton_interpret():
     reg = Registry.discover()
     if not reg.probe("triton-interpret").available:
