@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow                       # a long run: two processes, 300 decode steps
 def test_a_short_soak_passes(tmp_path):
     out = tmp_path / "soak.json"
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--steps", "300",

@@ -48,6 +48,7 @@ def _greedy_margin(pair, prompt: list[int], prefix: list[int], a: int, b: int) -
     return float((logits[a] - logits[b]).abs())
 
 
+@pytest.mark.slow                       # spawns ranks (processes)
 def test_tp2_greedy_equals_tp1_and_ranks_agree_on_sampled_tokens():
     pair = tiny_pair()
     ref = dflash2rt.run(pair, "cpu", prompts=PROMPTS, max_new_tokens=NEW, spec=False).tokens
@@ -77,6 +78,7 @@ def _kill_rank1_at_step(pair, step: int):
     return dflash2rt.run(pair, "cpu", prompts=PROMPTS, max_new_tokens=64, block_size=4, tp=2)
 
 
+@pytest.mark.slow                       # spawns ranks (processes)
 def test_a_killed_rank_ends_the_run_with_a_clear_error_within_the_timeout():
     timeout = 20.0
     t0 = time.monotonic()
@@ -104,6 +106,7 @@ def _hang_rank1(pair, seconds: float):
     return dflash2rt.run(pair, "cpu", prompts=PROMPTS, max_new_tokens=64, block_size=4, tp=2)
 
 
+@pytest.mark.slow                       # spawns ranks (processes)
 def test_a_hung_rank_times_the_others_out_instead_of_hanging_them():
     timeout = 4.0
     t0 = time.monotonic()
@@ -125,6 +128,7 @@ def _disagree():
     StepCheck(g)([[0, 0, 5 + g.rank]])                 # rank 1 committed another token
 
 
+@pytest.mark.slow                       # spawns ranks (processes)
 def test_the_step_hash_check_raises_when_ranks_disagree():
     with pytest.raises(DistributedError, match="ranks disagree on the tokens committed at step 0"):
         launch.spawn(_disagree, 2, timeout_s=20)
@@ -199,6 +203,7 @@ def _uneven_pair():
     return ModelPair(target.requires_grad_(False).eval(), draft.requires_grad_(False).eval())
 
 
+@pytest.mark.slow                       # spawns ranks (processes)
 def test_uneven_heads_replicated_kv_and_uneven_mlp_over_tp3_equal_tp1(tmp_path):
     """tp=3 on 8 heads / 2 KV heads / 70 MLP rows, loaded shard by shard from a directory:
     greedy spec == target-only == TP=1, every difference a float64 near-tie."""
@@ -217,6 +222,7 @@ def test_uneven_heads_replicated_kv_and_uneven_mlp_over_tp3_equal_tp1(tmp_path):
 BUNDLED_PROMPTS, BUNDLED_TOKENS = 4, 64
 
 
+@pytest.mark.slow                       # spawns ranks (processes)
 def test_bundled_pair_tp2_greedy_equals_tp1_up_to_near_ties():
     """The bundled stdlib-code pair (3 query heads, 1 KV head: split 2+1, the KV head
     replicated) with tp=2 on held-out prompts: spec == target-only == TP=1 target-only, any
@@ -244,6 +250,7 @@ def test_tp_arguments_are_checked_before_spawning():
         dflash2rt.run(tiny_pair(), "cpu", prompts=PROMPTS, tp=2, on_tokens=lambda i, t: None)
 
 
+@pytest.mark.slow                       # spawns ranks (processes)
 def test_cli_tp_spawns_ranks_and_prints_once(tmp_path, capsys):
     import json
 
