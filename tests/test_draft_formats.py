@@ -208,6 +208,7 @@ def test_sliding_windows_and_causal_layers_are_honoured():
         assert (not torch.equal(b[:, :-1], ref[:, :-1])) == later_matters
 
 
+@pytest.mark.slow                       # runs the conformance suite in a subprocess
 def test_reduced_vocab_t1_is_exact_by_the_conformance_criterion():
     """The conformance suite's reduced-vocabulary levels (L1 mapping, L2 proposal law, L3 joint
     law sampled at T = 1 and greedy) on the CPU backend, small sizes."""
