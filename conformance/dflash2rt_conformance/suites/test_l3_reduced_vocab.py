@@ -43,9 +43,10 @@ def test_reduced_vocab_mapping_equals_reference(backend, results):
     ref = np.full((3, 4, 97), -np.inf)
     ref[..., np.arange(23) + _d2t(ids)] = own                  # float64 reference: i + d2t[i]
     dev = backend.device
+    logits = torch.from_numpy(own.astype(np.float32)).to(dev)     # host-side cast: no float64
+    d2t = torch.from_numpy(_d2t(ids)).to(dev)                     # reaches a device without it
     with backend.run_context():
-        got = place_draft_logits(torch.tensor(own, dtype=torch.float32, device=dev),
-                                 target_ids(torch.tensor(_d2t(ids), device=dev)), 97)
+        got = place_draft_logits(logits, target_ids(d2t), 97)
     got = got.double().cpu().numpy()
     err = float(np.max(np.abs(np.where(np.isinf(ref), 0, got - ref))))
     results.metric("L1", "reduced-vocab mapping max |error|", err)

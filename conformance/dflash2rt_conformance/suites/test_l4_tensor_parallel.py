@@ -27,6 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dflash2rt.backend import TRITON_INTERPRETER
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt_conformance import models, stats
@@ -46,6 +47,10 @@ def tp_backend(backend):
         pytest.skip(f"tensor parallelism is qualified on CPU backends (gloo) only; "
                     f"{backend.name} runs on {backend.device.type} (NCCL / XCCL are not "
                     "exercised by this suite)")
+    if TRITON_INTERPRETER in backend.implementation.values():
+        pytest.skip(f"{backend.name} runs its kernels in the Triton interpreter, one program at a "
+                    "time: two ranks decoding there take many minutes; tensor parallelism is "
+                    "qualified on the cpu backends")
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("this torch build has no torch.distributed gloo backend")
     return backend.name
