@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from . import env, reports
-from .capability import NO_FP64_SKIP
+from .capability import NO_FP64_SKIP, TP_ELSEWHERE_SKIP
 
 _LEVEL_FILE = re.compile(r"test_(l\d|graphs)[^/\\]*\.py")
 
@@ -86,11 +86,13 @@ class Recorder:
         msg = report.wasxfail if hasattr(report, "wasxfail") else \
             ("" if report.passed else _message(report))
         # A skip for a dtype the backend does not declare does not count against its level;
-        # nor does one for float64 arithmetic on a backend without float64 (the watermark).
+        # nor does one for float64 arithmetic on a backend without float64 (the watermark), or
+        # for tensor parallelism where it is not qualified (capability.py).
         undeclared = dtype is not None and dtype not in self.declared
         no_fp64 = NO_FP64_SKIP in msg and "float64" not in self.declared
+        by_design = TP_ELSEWHERE_SKIP in msg
         res.outcome(level, report.nodeid, outcome, msg, typed=dtype is not None,
-                    dtype_skip=outcome == "skipped" and (undeclared or no_fp64))
+                    dtype_skip=outcome == "skipped" and (undeclared or no_fp64 or by_design))
 
     def pytest_keyboard_interrupt(self, excinfo) -> None:
         self.st.results.interrupted = str(excinfo.value) or excinfo.typename

@@ -31,6 +31,7 @@ from dflash2rt.backend import TRITON_INTERPRETER
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt_conformance import models, stats
+from dflash2rt_conformance.capability import skip_tp_elsewhere
 from dflash2rt_conformance.reference.model import target_forward
 from dflash2rt_conformance.reference.sampling import probs_row
 from dflash2rt_conformance.tolerances import decision_noise
@@ -44,13 +45,11 @@ TP = 2
 def tp_backend(backend):
     """The backend's registry name, for the spawned ranks to select again."""
     if backend.device.type != "cpu":
-        pytest.skip(f"tensor parallelism is qualified on CPU backends (gloo) only; "
-                    f"{backend.name} runs on {backend.device.type} (NCCL / XCCL are not "
-                    "exercised by this suite)")
+        skip_tp_elsewhere(f"{backend.name} runs on {backend.device.type} (the NCCL / XCCL groups "
+                          "are not exercised by this suite)")
     if TRITON_INTERPRETER in backend.implementation.values():
-        pytest.skip(f"{backend.name} runs its kernels in the Triton interpreter, one program at a "
-                    "time: two ranks decoding there take many minutes; tensor parallelism is "
-                    "qualified on the cpu backends")
+        skip_tp_elsewhere(f"{backend.name} runs its kernels in the Triton interpreter, one "
+                          "program at a time (two ranks decoding there take many minutes)")
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("this torch build has no torch.distributed gloo backend")
     return backend.name
