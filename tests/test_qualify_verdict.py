@@ -74,5 +74,5 @@ def test_qualify_exits_non_zero_unless_the_verdict_passes(monkeypatch, status, c
     monkeypatch.setattr(qrun, "qualify", fake)
     args = argparse.Namespace(backend="cpu", out="unused", model="m", quick=True,
                               conformance_select=None, conformance_small=False,
-                              allow_fallback=False)
+                              allow_fallback=False, devices=None)
     assert run_qualify(args) == code

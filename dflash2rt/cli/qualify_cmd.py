@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_qualify(args: argparse.Namespace) -> int:
     from ..errors import InvalidInputError
 
-    if getattr(args, "devices", None):          # (a Namespace made by a caller may lack it)
+    if args.devices:
         return _run_devices(args)
     if not args.backend:
         raise InvalidInputError("qualify needs --backend NAME (or --devices all|LIST)")
