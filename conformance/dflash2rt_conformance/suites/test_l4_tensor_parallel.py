@@ -8,7 +8,10 @@ target-only steps with the same TP, and its ranks agree.
   order than one matmul).
 * Sampled, T = 1, top-k 3: a χ² test of the joint law of the first two generated tokens of
   TP=2 speculative and of TP=2 target-only runs against the float64 reference law (L4's
-  sampled test, with TP).
+  sampled test, with TP), sized to detect a TV of 0.05 (0.1 quick). The per-token law itself
+  is proved exactly at L2/L3 and to TV 0.01 by L4's unsharded test; what sharding can break
+  (a shard on the wrong rank, a missing all-reduce, ranks drawing other coins) moves the law
+  by far more, and rank disagreement is caught exactly by the step hash check.
 * Ranks agree: every run has the step hash check on (a rank committing other tokens raises),
   and each rank writes its outputs, which must be identical on both ranks, seeded T = 1
   outputs included.
@@ -142,7 +145,7 @@ def test_tp2_sampled_law_of_first_tokens_and_ranks_agree(conformance, tp_backend
     else:
         pair, desc = models.l4_pair(conformance.model, "cpu", torch.float32)
     prompt, temp, top_k = [2, 7, 8], 1.0, 3
-    alpha, power, target_tv = 1e-3, 0.9, (0.05 if quick else 0.02)
+    alpha, power, target_tv = 1e-3, 0.9, (0.1 if quick else 0.05)
     w, cfg = models.target_reference(pair.target)
     p1 = probs_row(target_forward(w, cfg, prompt)[0][-1], temp, top_k, 1.0)
     expected = {}
