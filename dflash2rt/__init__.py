@@ -13,9 +13,10 @@ __all__ = ["run", "LLM", "SamplingParams", "get_backend", "list_backends", "Wate
            "__version__"]
 
 if TYPE_CHECKING:
-    from .api import LLM, run
+    from .api import run
     from .backend import Backend
     from .engine.request import SamplingParams
+    from .llm import LLM
     from .registry import BackendStatus
     from .watermark import WatermarkKey
 
@@ -26,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
         return run
     if name == "LLM":
-        from .api import LLM
+        from .llm import LLM
 
         return LLM
     if name == "SamplingParams":

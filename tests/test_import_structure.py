@@ -26,6 +26,7 @@ LAYERS = (
     {"cpu", "engine", "distributed"},   # distributed: the sharded target, rank launch
     {"bench", "metrics"},            # the one measurement module; a run's metrics export
     {"api", "train", "synth"},
+    {"llm"},                         # vLLM's LLM, over api's model resolution and decode path
     {"qualify"},
     {"cli"},
     {"__main__"},

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dflash2rt
-from dflash2rt import api
+from dflash2rt import api, llm as llm_mod
 from dflash2rt.engine.request import SamplingParams
 from dflash2rt.engine.schedule import AdaptiveSchedule
 from dflash2rt.errors import ConflictingArgumentsError, DFlash2Error, InvalidInputError
@@ -30,7 +30,7 @@ def tokens(outs):
 
 
 def test_top_level_names():
-    assert dflash2rt.SamplingParams is SamplingParams and dflash2rt.LLM is api.LLM
+    assert dflash2rt.SamplingParams is SamplingParams and dflash2rt.LLM is llm_mod.LLM
     assert {"LLM", "SamplingParams"} <= set(dflash2rt.__all__)
 
 
@@ -121,7 +121,7 @@ def test_regex_with_sampling_params(llm):
 def test_one_load_for_many_generate_calls(monkeypatch, tmp_path):
     root = save_pair_dir(tmp_path, tiny_pair(dtype=torch.float32))   # a fresh path: no cache
     loads, engines = [], []
-    real_load, real_engine = api.load_pair, api.Engine
+    real_load, real_engine = api.load_pair, llm_mod.Engine
 
     class CountingEngine(real_engine):
         def __init__(self, *args, **kwargs):
@@ -129,7 +129,7 @@ def test_one_load_for_many_generate_calls(monkeypatch, tmp_path):
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(api, "load_pair", lambda *a: loads.append(a) or real_load(*a))
-    monkeypatch.setattr(api, "Engine", CountingEngine)
+    monkeypatch.setattr(llm_mod, "Engine", CountingEngine)
     llm = dflash2rt.LLM(root, "cpu")
     first = llm.generate(["abc"], SamplingParams(max_new_tokens=6), block_size=4)
     second = llm.generate(["def f(x):", "abc"], SamplingParams(max_new_tokens=6), block_size=4)

@@ -63,18 +63,21 @@ def test_tp2_greedy_equals_tp1_and_ranks_agree_on_sampled_tokens():
     assert all(len(t) == NEW for t in out["sampled"])   # same on every rank: the hash check
 
 
-def _kill_rank1_at_step(pair, step: int):
-    """Rank 1 SIGKILLs itself at its ``step``-th decode step; rank 0 is left alone."""
+def _rank1_fails_at_step(pair, step: int, hang_s: float | None = None):
+    """Rank 1 fails at its ``step``-th decode step: SIGKILLs itself, or with ``hang_s`` stops
+    answering (sleeps that long); rank 0 is left alone."""
     if int(os.environ["RANK"]) == 1:
         import dflash2rt.engine.engine as eng
         real, seen = eng.decode_step, [0]
 
-        def dying(*a, **k):
+        def failing(*a, **k):
             seen[0] += 1
             if seen[0] == step:
-                os.kill(os.getpid(), signal.SIGKILL)
+                if hang_s is None:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(hang_s)
             return real(*a, **k)
-        eng.decode_step = dying
+        eng.decode_step = failing
     return dflash2rt.run(pair, "cpu", prompts=PROMPTS, max_new_tokens=64, block_size=4, tp=2)
 
 
@@ -83,7 +86,7 @@ def test_a_killed_rank_ends_the_run_with_a_clear_error_within_the_timeout():
     timeout = 20.0
     t0 = time.monotonic()
     with pytest.raises(DistributedError) as e:
-        launch.spawn(_kill_rank1_at_step, 2, (tiny_pair(), 3), timeout_s=timeout, grace_s=5)
+        launch.spawn(_rank1_fails_at_step, 2, (tiny_pair(), 3), timeout_s=timeout, grace_s=5)
     took = time.monotonic() - t0
     msg = str(e.value)
     assert "rank 1: died, killed by SIGKILL" in msg and "rank 1 first" in msg, msg
@@ -91,27 +94,13 @@ def test_a_killed_rank_ends_the_run_with_a_clear_error_within_the_timeout():
     assert took < timeout + 15, took
 
 
-def _hang_rank1(pair, seconds: float):
-    """Rank 1 stops answering (sleeps) at its second decode step."""
-    if int(os.environ["RANK"]) == 1:
-        import dflash2rt.engine.engine as eng
-        real, seen = eng.decode_step, [0]
-
-        def stuck(*a, **k):
-            seen[0] += 1
-            if seen[0] == 2:
-                time.sleep(seconds)
-            return real(*a, **k)
-        eng.decode_step = stuck
-    return dflash2rt.run(pair, "cpu", prompts=PROMPTS, max_new_tokens=64, block_size=4, tp=2)
-
-
 @pytest.mark.slow                       # spawns ranks (processes)
 def test_a_hung_rank_times_the_others_out_instead_of_hanging_them():
     timeout = 4.0
     t0 = time.monotonic()
     with pytest.raises(DistributedError) as e:
-        launch.spawn(_hang_rank1, 2, (tiny_pair(), 600.0), timeout_s=timeout, grace_s=2)
+        launch.spawn(_rank1_fails_at_step, 2, (tiny_pair(), 2, 600.0), timeout_s=timeout,
+                     grace_s=2)
     took = time.monotonic() - t0
     msg = str(e.value)
     assert "rank 0: " in msg and "rank 0 first" in msg, msg           # rank 0 timed out

@@ -9,6 +9,7 @@ import statistics
 from typing import Any, Callable, Sequence
 
 from ..engine.engine import Engine
+from ..engine.request import Request
 from . import measure
 from .measure import (ADAPTIVE, ENGINE_CONTENDERS, FIXED, HF, SAMPLED_OVER_GREEDY_GOAL, SEED, SPEC,
                       STEP_PHASES, TARGET_ONLY, TEMPERATURES, Measurement, Temperature,
@@ -103,58 +104,91 @@ def measure_rows(engine: Engine, prompts_by_batch: dict[int, Sequence[Sequence[i
     capture: dict[int, float] = {}
     modes = ((TARGET_ONLY, False, None), (FIXED, True, block), (ADAPTIVE, True, None))
     for batch, prompts in prompts_by_batch.items():
-        groups = _groups(len(prompts), batch)
-        batches: dict[str, list[list[Request]]] = {}
-        contenders = []
-        for t in temperatures:
-            reqs = seeded_requests(prompts, max_new, t)
-            batches[t.label] = [[reqs[i] for i in g] for g in groups]
-            contenders += [engine_contender(_key(t, name), engine, batches[t.label], spec, b)
-                           for name, spec, b in modes]
-            if hf is not None:
-                contenders.append(hf_contender(hf, prompts, max_new, _key(t, HF), t, SEED,
-                                               batch))
+        batches, contenders = _contenders(engine, prompts, batch, max_new, temperatures, modes, hf)
         m = measure.measure(contenders, repeats)
         capture[batch] = sum(x.capture_s for x in m.values())
         prof: dict[tuple[str, str], dict[str, Any]] = {}
         if profile:                          # the profiling pass: after every timed round
-            passes: dict[tuple[str, str], list[dict[str, Any]]] = {}
-            for _ in range(max(repeats, 1)):        # interleaved rounds, as the timed ones
-                for t in temperatures:
-                    for name, spec, b in (x for x in modes if x[0] in profile):
-                        passes.setdefault((t.label, name), []).append(
-                            profile_steps(engine, batches[t.label], spec, b))
-            for (label, name), runs in passes.items():
-                p = prof[(label, name)] = median_pass(runs)
-                prof_rows.append({"temperature": label, "batch": batch, "contender": name,
-                                  "block_size": dict((x[0], x[2]) for x in modes)[name],
-                                  **{k: p[k] for k in (*STEP_PHASES, "step", "steps", "tau",
-                                                       "block_sizes", "rounds_step_s")}})
-            greedy = passes.get((temperatures[0].label, FIXED))
-            for t in temperatures[1:]:
-                if greedy and temperatures[0].temperature == 0 and (t.label, FIXED) in passes:
-                    ratios.append(step_ratio(passes[(t.label, FIXED)], greedy, batch, t.label,
-                                             block))
+            prof = _profile_pass(engine, batches, batch, temperatures, modes, profile, repeats,
+                                 block, prof_rows, ratios)
         for t in temperatures:
             rows.append(_row(t, batch, prompts, m, prof, block, hf is not None))
             log(_row_line(rows[-1]))
         t0 = temperatures[0]
         if t0.temperature == 0:
-            legacy[batch] = with_deprecated_aliases(_compare_dict(
-                m[_key(t0, TARGET_ONLY)], m[_key(t0, FIXED)], m.get(_key(t0, HF)),
-                len(prompts), {k.split("|", 1)[1]: v for k, v in m.items()
-                               if k.startswith(t0.label + "|")}, m[_key(t0, ADAPTIVE)]))
+            legacy[batch] = _greedy_compare(m, t0, len(prompts))
             legacy[batch]["tokens"] = rows[-len(temperatures)]["tokens"]
     return {"rows": rows, "compare": legacy, "capture_s": capture,
             "step_profile": {"rows": prof_rows, "sampled_over_greedy": ratios,
                              "goal_sampled_over_greedy": SAMPLED_OVER_GREEDY_GOAL,
-                             "method": "a separate untimed pass after the timed rounds, in "
-                                       "as many interleaved rounds: one generate() per "
-                                       "configuration a round, device synchronised before "
-                                       "and after every step body (graph replay with graphs) "
-                                       "and every step; seconds per decode step of the median "
-                                       "round; sampled / greedy: the median of the rounds' "
-                                       "ratios"}}
+                             "method": STEP_PROFILE_METHOD}}
+
+
+# How measure_rows' step_profile is measured (reported with it).
+STEP_PROFILE_METHOD = (
+    "a separate untimed pass after the timed rounds, in as many interleaved rounds: one "
+    "generate() per configuration a round, device synchronised before and after every step "
+    "body (graph replay with graphs) and every step; seconds per decode step of the median "
+    "round; sampled / greedy: the median of the rounds' ratios")
+
+_Mode = tuple[str, bool, "int | None"]       # (contender name, speculative, block size)
+
+
+def _contenders(engine: Engine, prompts: Sequence[Sequence[int]], batch: int, max_new: int,
+                temperatures: Sequence[Temperature], modes: Sequence[_Mode], hf: Any | None
+                ) -> tuple[dict[str, list[list[Request]]], list]:
+    """One batch size's contenders: every mode (and transformers, with ``hf``) at every
+    temperature, on seeded requests grouped in batches of ``batch``; with those request batches
+    by temperature label."""
+    groups = _groups(len(prompts), batch)
+    batches: dict[str, list[list[Request]]] = {}
+    contenders = []
+    for t in temperatures:
+        reqs = seeded_requests(prompts, max_new, t)
+        batches[t.label] = [[reqs[i] for i in g] for g in groups]
+        contenders += [engine_contender(_key(t, name), engine, batches[t.label], spec, b)
+                       for name, spec, b in modes]
+        if hf is not None:
+            contenders.append(hf_contender(hf, prompts, max_new, _key(t, HF), t, SEED, batch))
+    return batches, contenders
+
+
+def _profile_pass(engine: Engine, batches: dict[str, list[list[Request]]], batch: int,
+                  temperatures: Sequence[Temperature], modes: Sequence[_Mode],
+                  profile: Sequence[str], repeats: int, block: int,
+                  prof_rows: list[dict[str, Any]], ratios: list[dict[str, Any]]
+                  ) -> dict[tuple[str, str], dict[str, Any]]:
+    """The synced step-cost split of the ``profile`` contenders of one batch size, in
+    ``repeats`` interleaved rounds (as the timed ones); appends a row per (temperature,
+    contender) to ``prof_rows`` and the sampled / greedy step ratios to ``ratios``; returns the
+    median pass per (temperature label, contender)."""
+    passes: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for _ in range(max(repeats, 1)):
+        for t in temperatures:
+            for name, spec, b in (x for x in modes if x[0] in profile):
+                passes.setdefault((t.label, name), []).append(
+                    profile_steps(engine, batches[t.label], spec, b))
+    prof: dict[tuple[str, str], dict[str, Any]] = {}
+    blocks = {name: b for name, _, b in modes}
+    for (label, name), runs in passes.items():
+        p = prof[(label, name)] = median_pass(runs)
+        prof_rows.append({"temperature": label, "batch": batch, "contender": name,
+                          "block_size": blocks[name],
+                          **{k: p[k] for k in (*STEP_PHASES, "step", "steps", "tau",
+                                               "block_sizes", "rounds_step_s")}})
+    greedy = passes.get((temperatures[0].label, FIXED))
+    for t in temperatures[1:]:
+        if greedy and temperatures[0].temperature == 0 and (t.label, FIXED) in passes:
+            ratios.append(step_ratio(passes[(t.label, FIXED)], greedy, batch, t.label, block))
+    return prof
+
+
+def _greedy_compare(m: dict[str, Measurement], t0: Temperature, prompts: int) -> dict[str, Any]:
+    """The compare()-style dict of one batch size at ``t0`` (T = 0)."""
+    return with_deprecated_aliases(_compare_dict(
+        m[_key(t0, TARGET_ONLY)], m[_key(t0, FIXED)], m.get(_key(t0, HF)), prompts,
+        {k.split("|", 1)[1]: v for k, v in m.items() if k.startswith(t0.label + "|")},
+        m[_key(t0, ADAPTIVE)]))
 
 
 def median_pass(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:

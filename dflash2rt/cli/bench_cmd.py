@@ -1,6 +1,7 @@
 """``dflash2rt bench``: target-only vs fixed-block vs adaptive speculation vs transformers, at
 T = 0, T = 0.7 / top-p 0.95 and T = 1, batch 1 and 8, side by side in one run, with the per-step
-cost split from a separate synced profiling pass."""
+cost split from a separate synced profiling pass. ``dflash2rt bench TOOL``: the other
+measurements (:mod:`.bench_tools`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import json
 import sys
 
+from . import bench_tools
 from .run_cmd import DTYPES
 
 
@@ -40,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--json-out", default=None, metavar="FILE", help="also write the JSON to FILE")
     p.set_defaults(func=run)
+    bench_tools.add_parsers(p.add_subparsers(
+        dest="tool", metavar="TOOL", required=False,
+        title="other measurements (dflash2rt bench TOOL --help)"))
 
 
 def run(args: argparse.Namespace) -> int:

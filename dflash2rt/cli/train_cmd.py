@@ -15,8 +15,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="the one seed of the whole run (default 0)")
     p.add_argument("--minutes", type=float, default=None,
                    help="scale step and data counts to a budget of about this many minutes on "
-                        "2 CPU cores (default: the recipe's fixed counts, 35-65 minutes "
-                        "on 2 idle cores); the counts never depend on the clock, so a run is "
+                        "2 CPU cores (default: the recipe's fixed counts; their time: "
+                        "docs/benchmarks/bundled-pair.md); the counts never depend on the clock, so a run is "
                         "reproducible")
     p.add_argument("--threads", type=int, default=2, help="torch threads (results depend on it)")
     p.add_argument("--target-steps", type=int, help="target training steps")

@@ -186,13 +186,12 @@ def _prune(table: np.ndarray, final: np.ndarray, pattern: str) -> tuple[np.ndarr
 
 class _Trie:
     """Token byte strings in a trie, so a walk from a state prunes every token that shares a
-    dead prefix at once."""
+    dead prefix at once. The byte strings are non-empty (a token with no bytes is never
+    allowed: the caller leaves it out)."""
 
     def __init__(self, texts: Sequence[tuple[int, bytes]]) -> None:
         self.root: dict = {}
         for tok, text in texts:
-            if not text:
-                continue
             node = self.root
             for ch in text:
                 node = node.setdefault(ch, {})

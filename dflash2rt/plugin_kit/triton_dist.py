@@ -295,76 +295,94 @@ def _satisfies(provider: Provider, requirement: str) -> bool:
 
 def decide(env: Environment) -> Decision:
     """What this machine should do about Triton (see the module's docstring)."""
-    b, have = env.build, env.providers
+    wanted, source = _wanted(env)
+    if len(env.providers) > 1:
+        return _several_providers(env, wanted, source)
+    if wanted is None:
+        return _nothing_wanted(env, source)
+    return _against_wanted(env, wanted, source)
 
-    def out(action: Action, wanted: str | None, reason: str, *args: str) -> Decision:
-        return Decision(action, b, wanted, have, reason, tuple(args))
 
+def _out(env: Environment, action: Action, wanted: str | None, reason: str,
+         *args: str) -> Decision:
+    return Decision(action, env.build, wanted, env.providers, reason, tuple(args))
+
+
+def _wanted(env: Environment) -> tuple[str | None, str]:
+    """The requirement this build wants (None: unknown) and where that comes from, in words."""
+    b = env.build
     if env.torch_triton is not None:
-        wanted, source = env.torch_triton, f"{b} requires {env.torch_triton}"
-    elif b.kind == "cpu":
-        wanted, source = env.cpu_requirement, (
+        return env.torch_triton, f"{b} requires {env.torch_triton}"
+    if b.kind == "cpu":
+        return env.cpu_requirement, (
             f"{b} brings no Triton; the interpreter lane and the compile checks use PyPI "
             f"{PYPI_TRITON!r} as dflash2rt's triton extra pins it ({env.cpu_requirement})")
-    else:
-        wanted, source = None, (
-            f"{b}: torch's metadata names no Triton for this platform"
-            if env.torch_metadata else
-            f"{b}: torch's distribution metadata was not found (a source build?), so the "
-            f"Triton it was built with is unknown")
+    return None, (
+        f"{b}: torch's metadata names no Triton for this platform"
+        if env.torch_metadata else
+        f"{b}: torch's distribution metadata was not found (a source build?), so the "
+        f"Triton it was built with is unknown")
 
-    if len(have) > 1:
-        names = " ".join(p.name for p in have)
-        repair = f"pip uninstall -y {names}"
-        if wanted is not None:
-            repair += f" && {install_command(wanted, b)}"
-        return out(Action.FIX, wanted, (
-            f"{len(have)} distributions install the import package {IMPORT_PACKAGE!r}: "
-            f"{', '.join(map(str, have))}; its files on disk are a mix of whichever was "
-            f"installed last. {source}. Fix: {repair}"))
 
-    if wanted is None:
-        if have:
-            return out(Action.OK, None, (
-                f"{source}; {have[0]} provides triton (not checked against torch: install the "
-                f"{USUAL_DISTRIBUTION[b.kind]} your torch was built with if its kernels fail)"))
-        return out(Action.NONE, None, (
-            f"{source}; nothing is installed (the usual one for this build is "
-            f"{USUAL_DISTRIBUTION[b.kind]}, matching torch): the {b.kind} backend runs torch ops, "
-            f"reported as a kernel fallback"))
+def _several_providers(env: Environment, wanted: str | None, source: str) -> Decision:
+    """More than one distribution installs the import package: uninstall them all first."""
+    have = env.providers
+    repair = f"pip uninstall -y {' '.join(p.name for p in have)}"
+    if wanted is not None:
+        repair += f" && {install_command(wanted, env.build)}"
+    return _out(env, Action.FIX, wanted, (
+        f"{len(have)} distributions install the import package {IMPORT_PACKAGE!r}: "
+        f"{', '.join(map(str, have))}; its files on disk are a mix of whichever was "
+        f"installed last. {source}. Fix: {repair}"))
 
+
+def _nothing_wanted(env: Environment, source: str) -> Decision:
+    """No known requirement: whatever is installed is used unchecked."""
+    b, have = env.build, env.providers
+    if have:
+        return _out(env, Action.OK, None, (
+            f"{source}; {have[0]} provides triton (not checked against torch: install the "
+            f"{USUAL_DISTRIBUTION[b.kind]} your torch was built with if its kernels fail)"))
+    return _out(env, Action.NONE, None, (
+        f"{source}; nothing is installed (the usual one for this build is "
+        f"{USUAL_DISTRIBUTION[b.kind]}, matching torch): the {b.kind} backend runs torch ops, "
+        f"reported as a kernel fallback"))
+
+
+def _against_wanted(env: Environment, wanted: str, source: str) -> Decision:
+    """At most one provider, checked against the requirement ``wanted``."""
+    b, have = env.build, env.providers
     want_name = normalize(Requirement(wanted).name)
     if b.kind == "cpu" and env.torch_triton is None and not env.platform.startswith("linux"):
         if have:
-            return out(Action.OK, None, f"{b}; {have[0]} provides triton")
-        return out(Action.NONE, None, (
+            return _out(env, Action.OK, None, f"{b}; {have[0]} provides triton")
+        return _out(env, Action.NONE, None, (
             f"{b}: PyPI {PYPI_TRITON!r} publishes Linux wheels only, this is {env.platform}: "
             f"no triton-interpret lane or compile checks here"))
     if not have:
         if want_name == PYPI_TRITON:
-            return out(Action.INSTALL, wanted, f"{source}; none installed: installing "
-                       f"{wanted} from PyPI", wanted)
-        return out(Action.FIX, wanted, (
+            return _out(env, Action.INSTALL, wanted, f"{source}; none installed: installing "
+                        f"{wanted} from PyPI", wanted)
+        return _out(env, Action.FIX, wanted, (
             f"{source}; none installed{_vendor_note(wanted)}. Fix: "
             f"{install_command(wanted, b)}"))
-
     p = have[0]
     if p.name != want_name:
         if b.kind == "cpu" and env.torch_triton is None:
-            return out(Action.OK, wanted, (
+            return _out(env, Action.OK, wanted, (
                 f"{b} brings no Triton; {p} provides triton, so PyPI {PYPI_TRITON!r} is not "
                 f"installed over it (the interpreter lane uses it as it is)"))
-        return out(Action.FIX, wanted, (
+        return _out(env, Action.FIX, wanted, (
             f"{source}, but triton comes from {p}{_vendor_note(wanted)}. Fix (uninstall first, "
             f"so no shared file is lost): pip uninstall -y {p.name} && "
             f"{install_command(wanted, b)}"))
     if _satisfies(p, wanted):
-        return out(Action.OK, wanted, f"{source}; {p} is installed")
+        return _out(env, Action.OK, wanted, f"{source}; {p} is installed")
     if want_name == PYPI_TRITON:
-        return out(Action.INSTALL, wanted, (
+        return _out(env, Action.INSTALL, wanted, (
             f"{source}; {p} does not match: installing {wanted} from PyPI (the same "
             f"distribution, replaced)"), wanted)
-    return out(Action.FIX, wanted, (
+    return _out(env, Action.FIX, wanted, (
         f"{source}, but {p} is installed{_vendor_note(wanted)}. Fix: pip uninstall -y {p.name} "
         f"&& {install_command(wanted, b)}"))
 

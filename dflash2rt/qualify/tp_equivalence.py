@@ -11,7 +11,7 @@ measures it on one host (spawned ranks, gloo on the CPU):
   row-parallel all-reduces add partial sums in another order than one matmul does, which moves
   a logit by about that much, and can flip only a choice that close.
 
-Used by tests/test_tp.py, the conformance suite and ``scripts/tp_equivalence.py``.
+Used by tests/test_tp.py and ``dflash2rt bench tp-equivalence``.
 """
 
 from __future__ import annotations

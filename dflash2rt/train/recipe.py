@@ -52,11 +52,10 @@ class RecipeConfig:
     seq_len: int = 256
     target_lr: float = 3e-3
     # The shipped target's logits are the trained model's × this factor (baked into lm_head): a
-    # 4M-parameter model trained for 20 minutes is far less certain than a real LLM (the shipped
-    # pair's: held-out entropy 3.57 nats/token as trained, 0.96 as shipped), which caps any
-    # draft's acceptance when sampling; sampling the shipped target at T samples the trained
-    # model at T / scale.
-    # The report gives the held-out loss and entropy of both.
+    # small model trained on a CPU is far less certain than a real LLM, which caps any draft's
+    # acceptance when sampling; sampling the shipped target at T samples the trained model at
+    # T / scale. The report gives the held-out loss and entropy of both (the shipped pair's:
+    # its model card, dflash2rt/bundled/stdlib-code/README.md).
     target_logit_scale: float = 2.75
     gen_prompts: int = 5760
     gen_prompt_tokens: tuple[int, int] = (16, 128)
@@ -172,23 +171,36 @@ def weights_sha256(directory: Path) -> dict[str, str]:
             for f in sorted(directory.glob("*.safetensors"))}
 
 
-def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
-    """Train and save the pair into ``out``; returns (and writes) ``train_report.json``."""
-    log = log or Progress("recipe", 1).log
-    torch.set_num_threads(cfg.threads)
-    torch.set_flush_denormal(True)
-    torch.manual_seed(cfg.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    times: dict[str, float] = {}
-    t0 = time.perf_counter()
-    mark = [t0]
+@dataclass
+class _Clock:
+    """Each phase's seconds since the previous one, logged as the phases finish."""
 
-    def phase(name: str) -> None:
+    log: object
+    t0: float = field(default_factory=time.perf_counter)
+    times: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._mark = self.t0
+
+    def phase(self, name: str) -> None:
         now = time.perf_counter()
-        times[name] = round(now - mark[0], 1)
-        mark[0] = now
-        log(f"{name} done in {fmt_s(times[name])} (total {fmt_s(now - t0)})")
+        self.times[name] = round(now - self._mark, 1)
+        self._mark = now
+        self.log(f"{name} done in {fmt_s(self.times[name])} (total {fmt_s(now - self.t0)})")
 
+
+@dataclass
+class _TargetStage:
+    """The target the draft is distilled for, and how it got there."""
+
+    model: TargetModel
+    losses: list[float]              # training losses (empty for a given target)
+    raw_held: dict | None            # held-out loss / entropy as trained (None: given target)
+    shipped_held: dict               # held-out loss / entropy as shipped
+
+
+def _tokenize_corpus(cfg: RecipeConfig, log):
+    """The corpus, its trained tokenizer, and the training and held-out token streams."""
     corpus = corpus_mod.load_corpus(max_files=cfg.max_files)
     tok = train_tokenizer((text for _, text in corpus.train), cfg.vocab_size)
     train_docs = tok.encode_batch([text for _, text in corpus.train])
@@ -196,12 +208,15 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
     held = target_mod.token_stream(tok.encode_batch([t for _, t in corpus.heldout]), tok.eos_id)
     log(f"corpus: {len(corpus.train)} training files ({stream.numel()} tokens), "
         f"{len(corpus.heldout)} held-out files ({held.numel()} tokens); vocab {tok.vocab_size}")
-    phase("tokenizer")
+    return corpus, tok, stream, held
 
+
+def _target_stage(cfg: RecipeConfig, tok, stream: torch.Tensor, held: torch.Tensor,
+                  log) -> _TargetStage:
+    """Train the target (or load ``cfg.target_dir``'s), scale its logits, round it to bfloat16."""
     seq = min(cfg.seq_len, held.numel() - 2)
     if cfg.target_dir is not None:
         target, losses, raw_held = given_target(target_dir(cfg.target_dir), tok, cfg), [], None
-        tcfg = target.cfg
     else:
         tcfg = TargetConfig.from_dict(target_mod.target_config_dict(cfg.target, tok.vocab_size,
                                                                     tok.eos_id))
@@ -215,14 +230,15 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
             target.lm_head.weight.mul_(cfg.target_logit_scale)
         round_bf16_(target)
     shipped_held = target_mod.eval_stats(target, held, 16, seq, cfg.seed + 1)
-    held_loss = shipped_held["loss"]
     log("target held-out loss / entropy (nats/token): " + (
         f"trained {raw_held['loss']:.3f} / {raw_held['entropy']:.3f}; shipped (logits × "
         f"{cfg.target_logit_scale:g}) " if raw_held else f"given ({cfg.target_dir}) ")
         + f"{shipped_held['loss']:.3f} / {shipped_held['entropy']:.3f}")
-    phase("target")
+    return _TargetStage(target, losses, raw_held, shipped_held)
 
-    backend = TorchOpsBackend("cpu", "cpu", (torch.float32,))
+
+def _distill_data(cfg: RecipeConfig, corpus, tok, target: TargetModel, backend):
+    """The target's continuations: training data (``cfg.gen_mix``), greedy and T = 1 validation."""
     lo, hi = cfg.gen_prompt_tokens
     prompts = corpus_mod.cut_prompts(corpus.train, tok.encode, cfg.gen_prompts, lo, hi, cfg.seed + 2)
     temps, top_ps = mix_settings(cfg.gen_mix, len(prompts), cfg.seed + 3)
@@ -237,9 +253,14 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
     val_soft = generate.build_distill_data(tonly, backend, [p["prompt_ids"] for p in val_prompts],
                                            cfg.gen_new_tokens, [1.0] * len(val_prompts),
                                            cfg.gen_batch, cfg.seed + 9, soft_top=cfg.soft_top)
-    phase("distill_data")
+    return data, val, val_soft
 
-    dcfg = draft_config(tcfg, cfg.draft, tok.mask_id)
+
+def _draft_stage(cfg: RecipeConfig, tok, target: TargetModel, data, val, val_soft, log):
+    """Distil the draft (validating as it goes) and round it to bfloat16.
+
+    Returns (draft, training history, [(step, T=0 tau)], [(step, T=1 metrics)])."""
+    dcfg = draft_config(target.cfg, cfg.draft, tok.mask_id)
     draft = DraftModel(dcfg)
     init_draft(draft, torch.Generator().manual_seed(cfg.seed + 6))
     val_tau: list[tuple[int, float]] = []
@@ -259,8 +280,12 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
                                   soft_weight=cfg.soft_weight, hard_weight=cfg.hard_weight,
                                   hard_argmax=cfg.hard_argmax)
     round_bf16_(draft)
-    phase("draft")
+    return draft, history, val_tau, val_t1
 
+
+def _save_and_evaluate(out: Path, cfg: RecipeConfig, corpus, tok, target: TargetModel,
+                       draft: DraftModel, backend, log) -> dict[str, dict]:
+    """Save the pair and the held-out prompts, reload the pair, measure it at each EVAL_SETTINGS."""
     save_pair(out, target, draft, tok, tok.eos_id)
     lo, hi = cfg.heldout_tokens
     heldout = corpus_mod.cut_prompts(corpus.heldout, tok.encode, cfg.heldout_prompts, lo, hi, cfg.seed + 8)
@@ -271,44 +296,84 @@ def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
                                    baseline=temp == 0, top_p=top_p)
              for key, temp, top_p in EVAL_SETTINGS}
     greedy = evals["eval_greedy"]
-    # τ / speedup = (spec step time) / (target-only step time): what one spec step costs
-    step_cost = greedy["tau"] / max(greedy["speedup_vs_target_only"], 1e-9)
     log(f"eval T=0: spec {greedy['spec_tokens_per_s']:.1f} tok/s vs target-only "
-        f"{greedy['target_only_tokens_per_s']:.1f} tok/s (a spec step costs {step_cost:.2f} "
-        f"target-only steps), mismatches {greedy['greedy_mismatches']}; " + "; ".join(
+        f"{greedy['target_only_tokens_per_s']:.1f} tok/s (a spec step costs "
+        f"{_spec_step_cost(greedy):.2f} target-only steps), mismatches "
+        f"{greedy['greedy_mismatches']}; " + "; ".join(
             f"T={e['temperature']:g} top-p {e['top_p']:g}: tau {e['tau']:.3f} "
             f"(top-K mass {e['topk_mass']:.3f})" for e in evals.values()))
-    phase("eval")
+    return evals
 
-    report = {
-        "config": cfg.as_dict(), "seconds": times, "total_seconds": round(time.perf_counter() - t0, 1),
+
+def _spec_step_cost(greedy: dict) -> float:
+    """τ / speedup = (spec step time) / (target-only step time): what one spec step costs."""
+    return greedy["tau"] / max(greedy["speedup_vs_target_only"], 1e-9)
+
+
+def _mean_last(values: list, n: int = 20) -> float:
+    return sum(values[-n:]) / len(values[-n:])
+
+
+def _report(out: Path, cfg: RecipeConfig, clock: _Clock, corpus, tok, stream: torch.Tensor,
+            tstage: _TargetStage, draft: DraftModel, history: list[dict], val_tau: list,
+            val_t1: list, data, evals: dict[str, dict]) -> dict:
+    """``train_report.json``'s content."""
+    greedy, raw_held = evals["eval_greedy"], tstage.raw_held
+    target = {"params": sum(p.numel() for p in tstage.model.parameters()),
+              "final_train_loss": _mean_last(tstage.losses) if tstage.losses else None,
+              "heldout_loss": tstage.shipped_held["loss"],
+              "heldout_entropy": tstage.shipped_held["entropy"],
+              "logit_scale": cfg.target_logit_scale if raw_held else None,
+              "trained_heldout_loss": raw_held["loss"] if raw_held else None,
+              "trained_heldout_entropy": raw_held["entropy"] if raw_held else None,
+              "given": None if cfg.target_dir is None else {
+                  "dir": cfg.target_dir, "sha256": weights_sha256(target_dir(cfg.target_dir))}}
+    return {
+        "config": cfg.as_dict(), "seconds": clock.times,
+        "total_seconds": round(time.perf_counter() - clock.t0, 1),
         "corpus": {"root": str(corpus.root), "train_files": len(corpus.train),
                    "heldout_files": len(corpus.heldout), "train_tokens": int(stream.numel()),
                    "python": platform.python_version()},
         "torch": torch.__version__, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
         "mask_id": tok.mask_id,
-        "target": {"params": sum(p.numel() for p in target.parameters()),
-                   "final_train_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
-                   "heldout_loss": held_loss, "heldout_entropy": shipped_held["entropy"],
-                   "logit_scale": cfg.target_logit_scale if raw_held else None,
-                   "trained_heldout_loss": raw_held["loss"] if raw_held else None,
-                   "trained_heldout_entropy": raw_held["entropy"] if raw_held else None,
-                   "given": None if cfg.target_dir is None else {
-                       "dir": cfg.target_dir,
-                       "sha256": weights_sha256(target_dir(cfg.target_dir))}},
+        "target": target,
         "draft": {"params": sum(p.numel() for p in draft.parameters()),
-                  "final": {k: sum(h[k] for h in history[-20:]) / len(history[-20:])
-                            for k in history[-1]},
+                  "final": {k: _mean_last([h[k] for h in history]) for k in history[-1]},
                   "validation_tau": val_tau, "validation_t1": val_t1,
                   "distill_sequences": data.num_sequences,
                   "distill_tokens": int(data.tokens.numel())},
         "eval_summary": {"block_size": greedy["block_size"],
-                         "spec_step_cost_vs_target_only": step_cost,
+                         "spec_step_cost_vs_target_only": _spec_step_cost(greedy),
                          **{key: {"temperature": e["temperature"], "top_p": e["top_p"],
                                   "tau": e["tau"], "topk_mass": e["topk_mass"]}
                             for key, e in evals.items()}},
         **evals,
         "bytes": {d: sum(f.stat().st_size for f in (out / d).iterdir()) for d in ("target", "draft")},
     }
+
+
+def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
+    """Train and save the pair into ``out``; returns (and writes) ``train_report.json``."""
+    log = log or Progress("recipe", 1).log
+    torch.set_num_threads(cfg.threads)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    clock = _Clock(log)
+
+    corpus, tok, stream, held = _tokenize_corpus(cfg, log)
+    clock.phase("tokenizer")
+    tstage = _target_stage(cfg, tok, stream, held, log)
+    clock.phase("target")
+    backend = TorchOpsBackend("cpu", "cpu", (torch.float32,))
+    data, val, val_soft = _distill_data(cfg, corpus, tok, tstage.model, backend)
+    clock.phase("distill_data")
+    draft, history, val_tau, val_t1 = _draft_stage(cfg, tok, tstage.model, data, val, val_soft, log)
+    clock.phase("draft")
+    evals = _save_and_evaluate(out, cfg, corpus, tok, tstage.model, draft, backend, log)
+    clock.phase("eval")
+
+    report = _report(out, cfg, clock, corpus, tok, stream, tstage, draft, history, val_tau,
+                     val_t1, data, evals)
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report

@@ -1,0 +1,154 @@
+"""vLLM's offline API, shaped: ``LLM`` loads a model pair once on one backend and decodes many
+times through one ``Engine`` (the decode path of :func:`dflash2rt.api.run`); ``generate``
+returns one ``LLMOutput`` per prompt, with vLLM's ``CompletionOutput`` and ``Logprob``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .api import (DEFAULT_MODEL, ModelSpec, _backend, _encode, _generate, _params_list,
+                  _watermark_key, regex_constraint, resolve_model)
+from .backend import Backend
+from .constraints import TokenAutomaton
+from .engine.engine import Engine
+from .engine.request import RequestOutput, SamplingParams
+from .engine.stats import RunStats
+from .errors import DFlash2Error
+from .models.pair import ModelPair
+from .watermark import WatermarkKey
+
+
+@dataclass
+class Logprob:
+    """One token's log-probability, as vLLM's ``Logprob``: ``rank`` is 1 for the most likely
+    token; None for a sampled token outside the top-n alternatives (its rank is not computed)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    """One completion, shaped as vLLM's ``CompletionOutput``. ``logprobs``: with
+    ``SamplingParams.logprobs = n``, per token a {token id: Logprob} of the token and its top-n
+    alternatives, else None; ``cumulative_logprob`` their sum over the tokens (else None).
+    ``finish_reason``: dflash2rt's own (``RequestOutput``): "length", "stop_token",
+    "stop_string", "constraint" or "constraint_unsatisfiable" (vLLM says "stop" for the middle
+    three)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str
+
+    def finished(self) -> bool:
+        return True
+
+
+@dataclass
+class LLMOutput:
+    """One prompt's result, shaped as vLLM's ``RequestOutput``: ``prompt`` (None for a prompt
+    given as token ids), ``prompt_token_ids``, ``outputs`` (one ``CompletionOutput``: dflash2rt
+    makes one completion per prompt) and ``finished`` (always True: ``generate`` returns
+    finished requests). ``request_id``: the prompt's index in its ``generate`` call."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+
+
+def _llm_output(i: int, prompt: object, out: RequestOutput, tokenizer: Any) -> LLMOutput:
+    logprobs = cumulative = None
+    if out.logprobs is not None:
+        logprobs = []
+        for t, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs or []):
+            ranked = {k: j + 1 for j, (k, _) in
+                      enumerate(sorted(top.items(), key=lambda kv: -kv[1]))}
+            entry = {t: Logprob(lp, ranked.get(t))}
+            entry.update({k: Logprob(v, ranked[k]) for k, v in top.items() if k != t})
+            if tokenizer is not None:
+                for k, v in entry.items():
+                    v.decoded_token = tokenizer.decode([k])
+            logprobs.append(entry)
+        cumulative = float(sum(out.logprobs))
+    return LLMOutput(str(i), prompt if isinstance(prompt, str) else None, list(out.prompt_ids),
+                     [CompletionOutput(0, out.text, list(out.token_ids), cumulative, logprobs,
+                                       out.finish_reason)])
+
+
+class LLM:
+    """A model pair loaded once on one backend, decoded many times: vLLM's ``LLM``, shaped.
+
+    ``model``, ``backend``, ``dtype``, ``draft``, ``revision``, ``draft_revision``: as for
+    ``run`` (``resolve_model``); the pair (``self.pair``) is loaded here and an ``Engine``
+    (``self.engine``, vLLM's ``llm_engine``) made, kept for every ``generate`` call: captured
+    graphs are replayed by later calls, and ``engine.schedule`` may be assigned (schedule.py).
+    ``last_stats``: the ``RunStats`` of the latest ``generate`` call (None before the first).
+    ``close()`` (or ``with LLM(...) as llm:``) releases the engine's graphs and caches and the
+    pair.
+    """
+
+    def __init__(self, model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None,
+                 *, dtype: torch.dtype | str = "auto", draft: str | Path | None = None,
+                 revision: str | None = None, draft_revision: str | None = None) -> None:
+        self.backend = _backend(backend)
+        self.pair: ModelPair | None = resolve_model(
+            model, self.backend.device, dtype, draft=draft, revision=revision,
+            draft_revision=draft_revision)
+        self.engine: Engine | None = Engine(self.pair, self.backend)
+        self.last_stats: RunStats | None = None
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 block_size: int | None = None, spec: bool = True,
+                 watermark: WatermarkKey | str | Path | None = None,
+                 on_tokens: Callable[[int, list[int]], None] | None = None
+                 ) -> list[LLMOutput]:
+        """Decode ``prompts`` (a string, or a list of strings and/or token-id lists), one
+        ``LLMOutput`` per prompt, in order. ``sampling_params``: None (``SamplingParams()``:
+        greedy, 64 new tokens), one for every prompt, or a list, one per prompt.
+        ``block_size``, ``spec``, ``watermark``, ``on_tokens``: as for ``run``. The call's
+        stats: ``self.last_stats``."""
+        if self.engine is None or self.pair is None:
+            raise DFlash2Error("this LLM is closed: make a new one")
+        key = _watermark_key(watermark)
+        prompt_list = [prompts] if isinstance(prompts, str) else prompts
+        prompt_ids = _encode(self.pair, prompts)
+        params = _params_list(sampling_params, len(prompt_ids))
+        outputs, self.last_stats = _generate(self.engine, prompt_ids, params, spec=spec,
+                                             block_size=block_size, on_tokens=on_tokens,
+                                             watermark=key)
+        return [_llm_output(i, p, o, self.pair.tokenizer)
+                for i, (p, o) in enumerate(zip(prompt_list, outputs))]
+
+    def regex_constraint(self, regex: str) -> TokenAutomaton:
+        """The constraint for ``SamplingParams(constraint=...)`` that makes an output a full
+        match of ``regex`` (as ``run(regex=...)``)."""
+        if self.pair is None:
+            raise DFlash2Error("this LLM is closed: make a new one")
+        return regex_constraint(self.pair, regex)
+
+    @property
+    def tokenizer(self) -> Any:
+        return None if self.pair is None else self.pair.tokenizer
+
+    def close(self) -> None:
+        """Release the engine's graphs and static caches and drop the pair; idempotent."""
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = self.pair = None
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
