@@ -171,10 +171,15 @@ def test_forbidding_mode_raises_on_float64():
     x = torch.ones(3)
     with Float64Forbidden():
         (x * 2.0).sum()                                          # Python scalars are fine
+        torch.cat([x, x]), torch.stack((x, x)).max(dim=0)          # containers of float32
         for bad in (lambda: x.double(), lambda: torch.zeros(2, dtype=torch.float64),
-                    lambda: x + torch.ones(3, dtype=torch.float64)):
+                    lambda: x + torch.ones(3, dtype=torch.float64),
+                    lambda: torch.cat([x, x, torch.ones(3, dtype=torch.float64)])):   # in a list
             with pytest.raises(Float64Error):
                 bad()
+    d = torch.ones(3, 2, dtype=torch.float64)
+    with Float64Forbidden(), pytest.raises(Float64Error):
+        d.max(dim=0)                                   # an op whose result is a tuple
 
 
 def test_nofp64_backend_catches_a_float64_op_path():

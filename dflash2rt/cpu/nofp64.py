@@ -15,7 +15,6 @@ import functools
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ..backend import Backend, BackendSpec, Probe, TorchOpsBackend
 
@@ -27,8 +26,16 @@ class Float64Error(RuntimeError):
 
 
 def _has_f64(tree) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.dtype == torch.float64
-               for x in tree_flatten(tree)[0])
+    """A float64 tensor anywhere in an aten op's arguments or result (tensors, or tuples,
+    lists and dicts of them: the containers aten's schemas have), without building the
+    flattened list on every op."""
+    if isinstance(tree, torch.Tensor):
+        return tree.dtype is torch.float64
+    if isinstance(tree, (tuple, list)):
+        return any(_has_f64(x) for x in tree)
+    if isinstance(tree, dict):
+        return any(_has_f64(x) for x in tree.values())
+    return False
 
 
 class Float64Forbidden(TorchDispatchMode):
