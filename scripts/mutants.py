@@ -23,14 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 WIRING = "tests/test_sampling_wiring.py"
 MUTANTS = {
     "prefill-unprocessed": (
-        "dflash2rt/engine/steps.py",
+        "dflash2rt/engine/stages.py",
         "last = processed(st, out.logits[:, :1])", "last = out.logits[:, :1]", [WIRING]),
     "prefill-token-not-counted": (
-        "dflash2rt/engine/steps.py",
+        "dflash2rt/engine/stages.py",
         "st.procs.commit_(token.view(-1, 1), torch.ones_like(n))",
         "st.procs.commit_(token.view(-1, 1), torch.zeros_like(n))", [WIRING]),
     "target-only-unprocessed": (
-        "dflash2rt/engine/steps.py",
+        "dflash2rt/engine/stages.py",
         "    logits = processed(st, out.logits)\n    token, bad = sample_next(",
         "    logits = out.logits\n    token, bad = sample_next(", [WIRING]),
     "step-counts-the-accepted-only": (
@@ -66,7 +66,7 @@ MUTANTS = {
         "st.wm.commit_(res.tokens, res.accept_len + 1)",
         "st.wm.commit_(res.tokens, res.accept_len)", ["tests/test_watermark_record.py"]),
     "wm-prefill-not-recorded": (
-        "dflash2rt/engine/steps.py",
+        "dflash2rt/engine/stages.py",
         "st.wm.commit_(token.view(-1, 1), torch.ones_like(n))",
         "st.wm.commit_(token.view(-1, 1), torch.zeros_like(n))",
         ["tests/test_watermark_record.py"]),

@@ -252,7 +252,7 @@ def _profile_engine(model_dir):
 def test_profile_pass_syncs_between_phases(model_dir, monkeypatch):
     """Every step body of the profiling pass runs between two device syncs (a fake sync
     counter: on CPU the real one is a no-op), and the hooks are gone afterwards."""
-    from dflash2rt.engine.graphed import Stepper
+    from dflash2rt.engine.runner import Stepper
 
     events: list[str] = []
     monkeypatch.setattr(bm, "sync", lambda device: events.append("sync"))
@@ -281,7 +281,7 @@ def test_profile_pass_syncs_between_phases(model_dir, monkeypatch):
 def test_profile_pass_is_never_inside_a_timed_window(model_dir, monkeypatch):
     """measure_rows runs the profiling pass after the timed rounds: no profiling sync and no
     profiling hook while measure() (warm-up and timed rounds) runs."""
-    from dflash2rt.engine.graphed import Stepper
+    from dflash2rt.engine.runner import Stepper
 
     syncs = [0]
     monkeypatch.setattr(bm, "sync", lambda device: syncs.__setitem__(0, syncs[0] + 1))

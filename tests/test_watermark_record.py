@@ -25,7 +25,7 @@ from dflash2rt.watermark import WatermarkKey
 from dflash2rt.watermark.values import context_hash
 
 from test_engine_graphs import ReplayAdapter
-from tiny_models import fixed_schedule, tiny_pair
+from tiny_models import fixed_policy, tiny_pair
 
 KEY = WatermarkKey(bytes(range(7, 39)))
 WIDTH = 4
@@ -51,7 +51,7 @@ def _engine(graphs: bool) -> Engine:
     else:
         be = get_backend("cpu")
     engine = Engine(tiny_pair("dflash2", block=4, seed=5), be)
-    engine.schedule = fixed_schedule(4)
+    engine.policy = fixed_policy(4)
     return engine
 
 
