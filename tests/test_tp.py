@@ -64,17 +64,16 @@ def test_tp2_greedy_equals_tp1_and_ranks_agree_on_sampled_tokens():
 
 
 def _kill_rank1_at_step(pair, step: int):
-    """Rank 1 SIGKILLs itself at its ``step``-th decode step; rank 0 is left alone."""
+    """Rank 1 SIGKILLs itself at its ``step``-th decode step (its target's ``step`` + 1-th
+    forward: prefill's, then one per step of a fixed block); rank 0 is left alone."""
     if int(os.environ["RANK"]) == 1:
-        import dflash2rt.engine.engine as eng
-        real, seen = eng.decode_step, [0]
+        seen = [0]
 
-        def dying(*a, **k):
+        def dying(module, args):
             seen[0] += 1
-            if seen[0] == step:
+            if seen[0] == step + 1:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return real(*a, **k)
-        eng.decode_step = dying
+        pair.target.register_forward_pre_hook(dying)     # the rank's copy keeps the hook
     return dflash2rt.run(pair, "cpu", prompts=PROMPTS, max_new_tokens=64, block_size=4, tp=2)
 
 
@@ -92,17 +91,16 @@ def test_a_killed_rank_ends_the_run_with_a_clear_error_within_the_timeout():
 
 
 def _hang_rank1(pair, seconds: float):
-    """Rank 1 stops answering (sleeps) at its second decode step."""
+    """Rank 1 stops answering (sleeps) at its second decode step (its target's third
+    forward: prefill's, then one per step of a fixed block)."""
     if int(os.environ["RANK"]) == 1:
-        import dflash2rt.engine.engine as eng
-        real, seen = eng.decode_step, [0]
+        seen = [0]
 
-        def stuck(*a, **k):
+        def stuck(module, args):
             seen[0] += 1
-            if seen[0] == 2:
+            if seen[0] == 3:
                 time.sleep(seconds)
-            return real(*a, **k)
-        eng.decode_step = stuck
+        pair.target.register_forward_pre_hook(stuck)     # the rank's copy keeps the hook
     return dflash2rt.run(pair, "cpu", prompts=PROMPTS, max_new_tokens=64, block_size=4, tp=2)
 
 

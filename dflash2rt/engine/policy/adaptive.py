@@ -74,17 +74,22 @@ class AdaptivePolicy(Policy):
 
     # ---- the policy interface ----------------------------------------------------------------
     def begin(self, requests: Sequence) -> Call:
+        """A call of ``requests``: ``start`` with their mode, law and budgets, and the timings
+        distorted under ``DFLASH2RT_PERTURB_COSTS`` for a measured table."""
         return self.start(mode_of(requests), law_of(requests), len(requests),
-                          [q.params.max_new_tokens for q in requests])
+                          [q.params.max_new_tokens for q in requests],
+                          None if self.schedule.fixed else cost_noise())
 
-    def start(self, mode: str, law: Hashable, rows: int, remaining: Sequence[int]) -> Call:
+    def start(self, mode: str, law: Hashable, rows: int, remaining: Sequence[int],
+              noise: CostNoise | None = None) -> Call:
         """``begin`` by hand: a call of ``rows`` requests in ``mode`` under ``law`` with these
-        token budgets: the schedule's state for the call, then its plan."""
+        token budgets: the schedule's state for the call, then its plan. ``noise``: what
+        distorts the timings the call learns from (None: nothing)."""
         s = self.schedule
         s.begin(mode, law)
         plan = self.agree(self.call_plan.plan((mode, law, bucket_of(rows)), rows, remaining,
                                               s.project, s.track != 0.0 and not s.fixed))
-        self.noise = None if s.fixed else cost_noise()
+        self.noise = noise
         self.target_only_call = bool(plan)
         return Call(not plan, 1 if plan else max(s.candidates), True, plan,
                     "" if self.noise is None else self.noise.describe())

@@ -111,8 +111,9 @@ class AdaptiveSchedule:
         self._held: tuple | None = None                # the rows of a run of target-only steps
         # the table and pool this call decides with (a copy of the pool for ``replica``)
         self._frozen = {} if self.fixed else self.table.costs_now("drift" not in self.without)
-        if not self.fixed and self.on_measured_begin is not None:
-            self.on_measured_begin(self)
+        hook = AdaptiveSchedule.on_measured_begin        # a plain function (class lookup)
+        if not self.fixed and hook is not None:
+            hook(self)
         self._pooled = self.table.accept_copy()
         self._pool = self._pooled.pool(mode, law)
         self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds
