@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, Union
@@ -17,7 +18,8 @@ from .backend import Backend
 from .constraints import TokenAutomaton
 from .engine.engine import Engine
 from .engine.request import Request, RequestOutput, SamplingParams, is_int, unicode_problem
-from .engine.schedule import shared_schedule
+from .engine.policy.adaptive import AdaptivePolicy
+from .engine.policy.table import MeasuredTable
 from .engine.stats import RunStats
 from .errors import ConflictingArgumentsError, InvalidInputError
 from .metrics import check_metrics_path, write_metrics
@@ -192,7 +194,7 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
 
     ``backend``: a name, a Backend, or None for $DFLASH2RT_BACKEND / the best available one.
     ``block_size``: None (default) chooses each step's block size adaptively (1, a target-only
-    step, included: engine/schedule.py); an int >= 2 decodes with that fixed block.
+    step, included: engine/policy/); an int >= 2 decodes with that fixed block.
     Every request uses its ``seed``. With a fixed block a request's tokens depend only on its
     prompt and parameters, not on the batch it runs in. Adaptive: greedy output is the same;
     seeded sampled output follows the block sizes chosen, which depend on the batch and on the
@@ -258,11 +260,13 @@ def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:
     if automaton is not None:
         params = _constrained(params, automaton)
     main = group is None or group.is_main
-    with Engine(pair, be) as engine:
+    with Engine(pair, be, table=measured_table(pair, be.device)) as engine:
         if group is not None:
-            from .distributed.consensus import RankZeroSchedule, StepCheck
+            from .distributed.consensus import RankZero, StepCheck
 
-            engine.schedule = RankZeroSchedule(shared_schedule(pair, be.device), group)
+            if pair.draft is not None:           # every decision rank 0's
+                engine.policy = AdaptivePolicy.measured(pair.draft.cfg.block_size,
+                                                        engine.table, agree=RankZero(group))
             engine.step_check = StepCheck(group) if group.check else None
         outputs, stats = _generate(engine, prompt_ids, params, spec=a["spec"],
                                    block_size=a["block_size"],
@@ -278,6 +282,18 @@ def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:
         labels = {"model_name": pair.name} if pair.name else {}
         write_metrics(stats, metrics_path, {**labels, "backend": stats.backend})
     return RunResult([o.text for o in outputs], [o.token_ids for o in outputs], stats, outputs)
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # target → draft → device
+
+
+def measured_table(pair: ModelPair, device: object) -> MeasuredTable:
+    """The adaptive policy's measured table the api's engines over this model pair (its target
+    and draft modules) on this device share in this process: ``run`` called again, or an
+    ``LLM``, decides from what earlier calls measured instead of calibrating again."""
+    drafts = _TABLES.setdefault(pair.target, weakref.WeakKeyDictionary())
+    key = pair.draft if pair.draft is not None else pair.target
+    return drafts.setdefault(key, {}).setdefault(str(device), MeasuredTable())
 
 
 def _backend(backend: str | Backend | None) -> Backend:

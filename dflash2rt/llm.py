@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .api import (DEFAULT_MODEL, ModelSpec, _backend, _encode, _generate, _params_list,
-                  _watermark_key, regex_constraint, resolve_model)
+                  _watermark_key, measured_table, regex_constraint, resolve_model)
 from .backend import Backend
 from .constraints import TokenAutomaton
 from .engine.engine import Engine
@@ -91,7 +91,7 @@ class LLM:
     ``model``, ``backend``, ``dtype``, ``draft``, ``revision``, ``draft_revision``: as for
     ``run`` (``resolve_model``); the pair (``self.pair``) is loaded here and an ``Engine``
     (``self.engine``, vLLM's ``llm_engine``) made, kept for every ``generate`` call: captured
-    graphs are replayed by later calls, and ``engine.schedule`` may be assigned (schedule.py).
+    graphs are replayed by later calls, and ``engine.policy`` may be assigned (engine/policy/).
     ``last_stats``: the ``RunStats`` of the latest ``generate`` call (None before the first).
     ``close()`` (or ``with LLM(...) as llm:``) releases the engine's graphs and caches and the
     pair.
@@ -104,7 +104,8 @@ class LLM:
         self.pair: ModelPair | None = resolve_model(
             model, self.backend.device, dtype, draft=draft, revision=revision,
             draft_revision=draft_revision)
-        self.engine: Engine | None = Engine(self.pair, self.backend)
+        self.engine: Engine | None = Engine(self.pair, self.backend,
+                                            table=measured_table(self.pair, self.backend.device))
         self.last_stats: RunStats | None = None
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],

@@ -23,20 +23,21 @@ ROOT = Path(__file__).resolve().parents[1]
 WIRING = "tests/test_sampling_wiring.py"
 MUTANTS = {
     "prefill-unprocessed": (
-        "dflash2rt/engine/steps.py",
+        "dflash2rt/engine/stages.py",
         "last = processed(st, out.logits[:, :1])", "last = out.logits[:, :1]", [WIRING]),
     "prefill-token-not-counted": (
-        "dflash2rt/engine/steps.py",
+        "dflash2rt/engine/stages.py",
         "st.procs.commit_(token.view(-1, 1), torch.ones_like(n))",
         "st.procs.commit_(token.view(-1, 1), torch.zeros_like(n))", [WIRING]),
     "target-only-unprocessed": (
-        "dflash2rt/engine/steps.py",
+        "dflash2rt/engine/stages.py",
         "    logits = processed(st, out.logits)\n    token, bad = sample_next(",
         "    logits = out.logits\n    token, bad = sample_next(", [WIRING]),
     "step-counts-the-accepted-only": (
-        "dflash2rt/engine/decode.py",
-        "st.procs.commit_(res.tokens, res.accept_len + 1)",
-        "st.procs.commit_(res.tokens, res.accept_len)", [WIRING]),
+        "dflash2rt/engine/runner.py",
+        "            state.commit_(res.tokens, res.accept_len + 1)",
+        "            state.commit_(res.tokens, res.accept_len + (state is not st.procs))",
+        [WIRING]),
     "verify-rows-with-committed-counts": (
         "dflash2rt/ops/procs.py",
         "return counts.unsqueeze(1) + torch.cumsum(hot, dim=1, dtype=counts.dtype)",
@@ -62,11 +63,12 @@ MUTANTS = {
         "self.on_tokens(i, o.token_ids[before:])",
         "self.on_tokens(i, list(tokens))", ["tests/test_on_tokens.py"]),
     "wm-step-records-accepted-only": (
-        "dflash2rt/engine/decode.py",
-        "st.wm.commit_(res.tokens, res.accept_len + 1)",
-        "st.wm.commit_(res.tokens, res.accept_len)", ["tests/test_watermark_record.py"]),
+        "dflash2rt/engine/runner.py",
+        "            state.commit_(res.tokens, res.accept_len + 1)",
+        "            state.commit_(res.tokens, res.accept_len + (state is not st.wm))",
+        ["tests/test_watermark_record.py"]),
     "wm-prefill-not-recorded": (
-        "dflash2rt/engine/steps.py",
+        "dflash2rt/engine/stages.py",
         "st.wm.commit_(token.view(-1, 1), torch.ones_like(n))",
         "st.wm.commit_(token.view(-1, 1), torch.zeros_like(n))",
         ["tests/test_watermark_record.py"]),

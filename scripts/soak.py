@@ -44,7 +44,8 @@ def build(backend: str):
     from dflash2rt.bundled import bundled_path
     from dflash2rt.constraints import TokenAutomaton
     from dflash2rt.engine.engine import Engine
-    from dflash2rt.engine.schedule import AdaptiveSchedule, default_candidates
+    from dflash2rt.engine.policy.adaptive import AdaptivePolicy
+    from dflash2rt.engine.policy.schedule import default_candidates
     from dflash2rt.models.pair import load_pair
 
     root = bundled_path("stdlib-code")
@@ -52,7 +53,7 @@ def build(backend: str):
     pair = load_pair(root / "target", root / "draft", device=be.device)
     engine = Engine(pair, be)
     cands = default_candidates(pair.draft.cfg.block_size)
-    engine.schedule = AdaptiveSchedule(cands, {b: 1.0 + 0.15 * b.bit_length() for b in cands})
+    engine.policy = AdaptivePolicy(cands, {b: 1.0 + 0.15 * b.bit_length() for b in cands})
     auto = TokenAutomaton.from_regex(REGEX, pair.tokenizer, pair.target.cfg.vocab_size,
                                      pair.eos_token_ids)
     prompts = json.loads((root / "heldout_prompts.json").read_text(encoding="utf-8"))

@@ -112,8 +112,8 @@ def main() -> int:
             _, st = engine.generate(reqs(), spec=spec, block_size=b)  # replay
             res[f"{mode}_step_ms"] = 1e3 * st.step_s
             res[f"{mode}_tau"] = st.tau
-            graphed = engine._graphed[("spec", block) if spec else ("target-only",)]
-            for key, runner in graphed.runners.items():
+            graphed = engine.runner.captured()[("spec", block) if spec else ("target-only",)]
+            for key, runner in graphed.items():
                 bucket = runner.state[1]
                 name = f"{mode}:{key}"
                 res[f"{name}_replay_ms"] = mean_ms(bucket.graph.replay, sync, 50)

@@ -92,7 +92,7 @@ def _no_backend_env(monkeypatch):
 # Tests whose engines decide from a measured cost table, i.e. from this machine's timings. With
 # DFLASH2RT_MEASURED_TESTS=DIR each worker writes their node ids to DIR/<worker>.txt, so that CI
 # can run exactly them again with the timings distorted (DFLASH2RT_PERTURB_COSTS=SEED, see
-# dflash2rt/engine/cost_table.py): none of them may depend on what the timings were.
+# dflash2rt/engine/policy/table.py): none of them may depend on what the timings were.
 MEASURED_ENV = "DFLASH2RT_MEASURED_TESTS"
 _measured: set[str] = set()
 
@@ -100,15 +100,10 @@ _measured: set[str] = set()
 @pytest.fixture(autouse=True)
 def _record_measured_schedules(request, monkeypatch):
     if os.environ.get(MEASURED_ENV):
-        from dflash2rt.engine.schedule import AdaptiveSchedule
+        from dflash2rt.engine.policy.schedule import AdaptiveSchedule
 
-        begin = AdaptiveSchedule.begin
-
-        def recording(self, *args, **kwargs):
-            if not self.fixed:
-                _measured.add(request.node.nodeid)
-            return begin(self, *args, **kwargs)
-        monkeypatch.setattr(AdaptiveSchedule, "begin", recording)
+        monkeypatch.setattr(AdaptiveSchedule, "on_measured_begin",     # the schedule's hook
+                            lambda schedule: _measured.add(request.node.nodeid))
 
 
 def pytest_sessionfinish(session):

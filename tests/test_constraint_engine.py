@@ -17,8 +17,9 @@ from dflash2rt.bundled import bundled_path
 from dflash2rt.constraints import TokenAutomaton
 from dflash2rt.constraints.regex import CharDFA
 from dflash2rt.engine.engine import Engine
-from dflash2rt.engine.schedule import shared_schedule
-from dflash2rt.engine.graphed import EAGER_PROCS
+from dflash2rt.engine.policy.adaptive import AdaptivePolicy
+from dflash2rt.api import measured_table
+from dflash2rt.engine.runner import EAGER_PROCS
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.errors import ConstraintError, InvalidInputError
 from dflash2rt.models.pair import load_pair
@@ -120,19 +121,19 @@ def test_draft_side_proposes_what_the_constraint_allows(bundled, monkeypatch, te
     every slot where some candidate is allowed (after the path so far) the draft is an allowed
     one, and q puts no mass on a forbidden candidate there. Parity automaton: the allowed set
     flips at every token, so a walk that keeps the committed state fails."""
-    from dflash2rt.engine import steps
+    from dflash2rt.engine import stages
     eng, ids = bundled
     v = eng.pair.target.cfg.vocab_size
     t = np.full((2, v), -1)
     t[0, 0::2], t[1, 1::2] = 1, 0
-    seen, real = [], steps.ops_selector.select
+    seen, real = [], stages.ops_selector.select
 
     def spy(*args, mask=None, **kw):
         start = None if mask is None else mask.state.clone()
         out = real(*args, mask=mask, **kw)
         seen.append((start, out))
         return out
-    monkeypatch.setattr(steps.ops_selector, "select", spy)
+    monkeypatch.setattr(stages.ops_selector, "select", spy)
     a = TokenAutomaton(t)                                  # one automaton: table offset 1
     reqs = [Request(p, SamplingParams(max_new_tokens=24, temperature=temperature, seed=2,
                                       constraint=a)) for p in ids]
@@ -248,7 +249,8 @@ def test_generic_hook_under_speculation_matches_the_automaton(bundled, temperatu
     hooks = [Request(p, SamplingParams(**kw, constraint=DigitsHook(a))) for p in ids]
     if block is None:        # adaptive, never planned target-only (the test needs spec steps)
         eng = Engine(eng.pair, eng.backend)
-        eng.schedule = shared_schedule(eng.pair, eng.backend.device, track=0.0)
+        eng.policy = AdaptivePolicy.measured(eng.pair.draft.cfg.block_size,
+                                             measured_table(eng.pair, eng.backend.device), track=0.0)
     got, stats = eng.generate(hooks, spec=True, block_size=block)
     if block == 8 and temperature == 0:
         assert [o.token_ids for o in got] == [o.token_ids for o in want]

@@ -7,12 +7,13 @@ from __future__ import annotations
 import math
 
 from dflash2rt import get_backend
-from dflash2rt.engine.cost_table import PERTURB_ENV, CostNoise, cost_noise
+from dflash2rt.engine.policy.table import PERTURB_ENV, CostNoise, cost_noise
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.engine.schedule import shared_schedule
+from dflash2rt.engine.policy.adaptive import AdaptivePolicy
+from dflash2rt.api import measured_table
 
-from tiny_models import fixed_schedule, tiny_pair
+from tiny_models import fixed_policy, tiny_pair
 
 
 def test_factors_are_per_entry_deterministic_and_wide():
@@ -38,7 +39,8 @@ def test_only_the_variable_turns_it_on_and_runs_report_it(monkeypatch):
     pair = tiny_pair("dflash2", block=4, seed=2)
     reqs = [Request((1, 2, 3), SamplingParams(max_new_tokens=6, ignore_eos=True))]
     engine = Engine(pair, get_backend("cpu"))
-    engine.schedule = shared_schedule(pair, engine.backend.device, track=0)
+    engine.policy = AdaptivePolicy.measured(pair.draft.cfg.block_size,
+                                           measured_table(pair, engine.backend.device), track=0)
     monkeypatch.setattr(CostNoise, "step", lambda self, sec, *key: sec * 1e4)   # to be seen
     _, s = engine.generate(reqs)
     assert s.cost_noise == f"step costs perturbed ({PERTURB_ENV}=3)" and s.calibration_steps
@@ -46,7 +48,7 @@ def test_only_the_variable_turns_it_on_and_runs_report_it(monkeypatch):
     for b, per in s.observed_costs.items():
         for k, real in per.items():
             assert s.costs[b][k] > 100 * real
-    engine.schedule = fixed_schedule(4)        # a fixed table: nothing measured, nothing to say
+    engine.policy = fixed_policy(4)        # a fixed table: nothing measured, nothing to say
     _, fixed = engine.generate(reqs)
     assert fixed.cost_noise == "" and fixed.adaptive
     _, plain = engine.generate(reqs, block_size=4)

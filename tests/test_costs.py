@@ -75,7 +75,6 @@ def test_fresh_placement_moves_both_caches_and_changes_no_step():
 
     from dflash2rt.backend import Fallbacks
     from dflash2rt.bench.costs import fresh_placement
-    from dflash2rt.engine import steps
     from dflash2rt.engine.engine import Engine
     from dflash2rt.engine.request import Request, SamplingParams
 
@@ -84,23 +83,23 @@ def test_fresh_placement_moves_both_caches_and_changes_no_step():
     reqs = [Request(p, SamplingParams(max_new_tokens=5)) for p in prompts]
     clock = {"draft": 0.0, "verify": 0.0}
     with Engine(pair, backend) as engine, torch.inference_mode(), backend.run_context():
+        runner = engine.runner
+
         def start():
-            steppers, st = engine._start(reqs, True, 4)
-            steps.prefill(pair, st, backend, list(prompts))
-            st.host_lens = [len(p) for p in prompts]
-            return steppers, st
+            st = runner.start(reqs, True, 4, None, Fallbacks().report, clock)
+            runner.prefill(st, list(prompts))
+            return st
 
-        def run(steppers, st):
-            return [steppers[b].step(st, Fallbacks().report, clock).for_host().tolist()
-                    for b in (1, 4)]
+        def run(st):
+            return [runner.step(st, b).host for b in (1, 4)]
 
-        before = run(*start())
-        steppers, st = start()
+        before = run(start())
+        st = start()
         old = st.target_storage
         peer = [SimpleNamespace(keys=torch.randn(1, 2, 7, 4), values=torch.randn(1, 2, 7, 4))
                 for _ in range(3)]
         theirs = [(p.keys, p.values) for p in peer]
-        fresh_placement(st, steppers, peer)
+        fresh_placement(st, runner, peer)
         new = st.target_storage
         assert new is not old and new.side is old.side
         for a, b in zip((*old.k, *old.v), (*new.k, *new.v)):
@@ -110,6 +109,6 @@ def test_fresh_placement_moves_both_caches_and_changes_no_step():
             assert torch.equal(p.values, v) and p.values.data_ptr() != v.data_ptr()
         for a in (*old.k, *old.v):
             a.zero_()                       # a step still reading the old buffers would change
-        assert run(steppers, st) == before
+        assert run(st) == before
         with pytest.raises(RuntimeError, match="hold the old cache storage"):
-            fresh_placement(st, steppers)
+            fresh_placement(st, runner)

@@ -7,7 +7,6 @@ import torch
 
 from dflash2rt import get_backend
 from dflash2rt.engine.engine import Engine
-from dflash2rt.engine.memory import make_caches
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.errors import InvalidInputError, NonFiniteLogitsError, SamplingParamsError
 
@@ -60,7 +59,7 @@ def test_greedy_spec_equals_target_only_good_draft(block):
 
 
 def test_identity_conv_and_zero_successor_equal_dflash1_drafts():
-    from dflash2rt.engine import steps
+    from dflash2rt.engine import stages
     from dflash2rt.models.draft import DraftModel
     from dflash2rt.models.draft_config import DraftConfig
     from dflash2rt.models.pair import ModelPair
@@ -79,17 +78,16 @@ def test_identity_conv_and_zero_successor_equal_dflash1_drafts():
               if "conv" not in k and "candidate_selector" not in k}
     v1_draft.load_state_dict(shared, strict=True)
     v1 = ModelPair(v2.target, v1_draft.eval())
-    eng = Engine(v2, get_backend("cpu"))
     for pair_ in (v2, v1):
+        eng = Engine(pair_, get_backend("cpu"))
         reqs = _reqs(prompts=PROMPTS)
-        st = eng._new_state(reqs, *make_caches(v2, eng.backend.device, len(reqs),
-                                               eng._max_len(reqs, 6), spec=True))
         with torch.inference_mode():
-            steps.prefill(pair_, st, eng.backend, PROMPTS)
-            pos = steps.block_positions(st, 6)
-            h = steps.draft_block(pair_, st, eng.backend, pos, max(map(len, PROMPTS)))
+            st = eng.runner.start(reqs, True, 6, None, print, {})
+            stages.prefill(pair_, st, eng.backend, PROMPTS)
+            pos = stages.block_positions(st, 6)
+            h = stages.draft_block(pair_, st, eng.backend, pos, max(map(len, PROMPTS)))
             noise = eng.backend.noise(st.seed, st.key, st.lens, 5)
-            sel = steps.select_block(pair_, st, eng.backend, h, noise)
+            sel = stages.select_block(pair_, st, eng.backend, h, noise)
         if pair_ is v2:
             want, hidden = sel.draft, h
         else:
@@ -108,7 +106,7 @@ def test_same_seed_same_tokens_across_runs_batches_and_positions(block):
     gen = lambda ps, **kw: eng.generate(_reqs(prompts=ps, **kw), block_size=block)  # noqa: E731
     if block is None:
         gen([(1, 2), (3, 4, 5), (6,)], **params)            # calibrates; the table then learns
-        eng.schedule = eng.schedule.replica()                # this state, learning nothing
+        eng.policy = eng.policy.replica()                    # this state, learning nothing
     batch, s = gen([(1, 2), (3, 4, 5), (6,)], **params)
     again, _ = gen([(1, 2), (3, 4, 5), (6,)], **params)
     assert [o.token_ids for o in batch] == [o.token_ids for o in again]

@@ -9,10 +9,11 @@ from dflash2rt import get_backend
 from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.engine.schedule import shared_schedule
+from dflash2rt.engine.policy.adaptive import AdaptivePolicy
+from dflash2rt.api import measured_table
 from dflash2rt.graphs.adapter import GraphCaptureError
 
-from tiny_models import fixed_schedule, oracle_pair, tiny_pair
+from tiny_models import fixed_policy, oracle_pair, tiny_pair
 
 
 class ReplayAdapter:
@@ -153,12 +154,12 @@ def test_every_mode_shares_one_set_of_static_caches():
             want, _ = Engine(pair, get_backend("cpu")).generate(_reqs((0.0, 1.0, 0.6)), spec=spec,
                                                    block_size=block)
             assert _tokens(got) == _tokens(want)
-            ptrs.add(engine._static[0].k[0].data_ptr())
+            ptrs.add(engine.runner.static[0].k[0].data_ptr())
             new_captures.append(adapter.captures - before)
-        assert len(ptrs) == 1 and set(engine._graphed) == {("spec", 4), ("spec", 3),
-                                                            ("target-only",)}
+        assert len(ptrs) == 1 and set(engine.runner.captured()) == {
+            ("spec", 4), ("spec", 3), ("target-only",)}
         assert all(n > 0 for n in new_captures[:3]) and new_captures[3:] == [0, 0]
-    assert engine._static is None and not engine._graphed
+    assert engine.runner.static is None and not engine.runner.captured()
 
 
 def test_replayed_steps_are_timed_as_graphs():
@@ -253,7 +254,7 @@ def test_graph_vs_eager_counts_replays_and_names_eager_buckets():
 def test_adaptive_decoding_replays_equal_eager():
     """Adaptive runs capture a graph set per block size used (1: a target-only step that keeps
     the draft's context), all over the one set of static caches; with a replica of the graph
-    engine's schedule (its call's cost table and acceptance pool) the eager engine chooses the
+    engine's policy (its call's cost table and acceptance pool) the eager engine chooses the
     same sizes and samples the same tokens. The schedule is measured but learns nothing
     between calls (``track=0``), so whatever the timings, the first call calibrates (and
     captures) every candidate at every bucket the batch passes through and plans no call
@@ -261,15 +262,16 @@ def test_adaptive_decoding_replays_equal_eager():
     for pair in (tiny_pair("dflash2", block=4), oracle_pair(4)):
         adapter = ReplayAdapter()
         with Engine(pair, _backend(adapter)) as engine:
-            engine.schedule = shared_schedule(pair, engine.backend.device, track=0)
+            engine.policy = AdaptivePolicy.measured(
+                pair.draft.cfg.block_size, measured_table(pair, engine.backend.device), track=0)
             engine.generate(_reqs((0.0, 1.0, 0.6)))                  # calibrates, captures
             captures = adapter.captures
             got, stats = engine.generate(_reqs((0.0, 1.0, 0.6)))
             assert adapter.captures == captures and stats.calibration_steps == 0
-            assert {k[1] for k in engine._graphed} == {1, 2, 4, 8}
-            table = engine.schedule.replica()
+            assert {k[1] for k in engine.runner.captured()} == {1, 2, 4, 8}
+            replica = engine.policy.replica()
         eager = Engine(pair, get_backend("cpu"))
-        eager.schedule = table
+        eager.policy = replica
         want, wstats = eager.generate(_reqs((0.0, 1.0, 0.6)))
         assert _tokens(got) == _tokens(want) and stats.block_sizes == wstats.block_sizes
         assert stats.adaptive and stats.fallbacks == [] and stats.syncs == stats.steps
@@ -302,11 +304,11 @@ def test_every_graph_of_an_engine_captures_into_one_pool():
 
     pair, adapter = tiny_pair("dflash2", block=4), Pools()
     with Engine(pair, _backend(adapter)) as engine:
-        engine.schedule = fixed_schedule(4)
+        engine.policy = fixed_policy(4)
         for temps in ((0.0, 1.0, 0.6), (0.0, 0.0, 0.0)):
             engine.generate(_reqs(temps))
         _, stats = engine.generate(_reqs((0.0, 0.0, 0.0)), spec=False)
-        runners = [r for s in engine._graphed.values() for r in s.runners.values()]
+        runners = [r for rs in engine.runner.captured().values() for r in rs.values()]
         assert len(runners) >= 4 and adapter.captures >= 8
         assert len(adapter.made) == 1 and adapter.used == {id(adapter.made[0])}
         assert all(r.pool is runners[0].pool for r in runners)

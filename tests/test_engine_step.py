@@ -7,31 +7,38 @@ import torch
 
 from dflash2rt import get_backend
 from dflash2rt.backend import Fallbacks
-from dflash2rt.engine import steps
+from dflash2rt.engine import stages
 from dflash2rt.engine.engine import Engine
-from dflash2rt.engine.step import BAD_DRAFT, BAD_LATTICE, BAD_Q, BAD_TARGET, StepOut, pack_flags
+from dflash2rt.engine.bodies import BAD_DRAFT, BAD_LATTICE, BAD_Q, BAD_TARGET, StepOut, pack_flags
 
 from test_engine_graphs import ReplayAdapter, _backend, _reqs
 from tiny_models import tiny_pair
 
 
 def _two_steps(backend, spec: bool) -> list[StepOut]:
-    """Prefill, then two decode steps (graphed: capture + checked replay, then a replay),
-    committing each step's lens and anchor as the engine does."""
+    """Prefill, then two decode steps through the Runner (graphed: capture + checked replay,
+    then a replay): each step's device results (its ``StepOut``, seen through the Runner's
+    body hook) and its one host transfer."""
     pair, reqs = tiny_pair("dflash2", block=4), _reqs((0.0, 1.0, 0.6))
     engine, clock, outs = Engine(pair, backend), {"draft": 0.0, "verify": 0.0}, []
+    runner, last = engine.runner, []
+
+    def keep(kind, block, clock, run):          # the last body's outputs: the StepOut fields
+        out = run()
+        if kind != "draft":
+            last[:] = [StepOut.of(out)]
+        return out
+    runner.timer = keep
     with torch.inference_mode():
-        steppers, st = engine._start(reqs, spec, 4)
-        stepper = steppers[4 if spec else 1]
-        steps.prefill(pair, st, engine.backend, [q.prompt_ids for q in reqs])
-        st.host_lens = [len(q.prompt_ids) for q in reqs]
+        st = runner.start(reqs, spec, 4, None, Fallbacks().report, clock)
+        runner.prefill(st, [q.prompt_ids for q in reqs])
         for _ in range(2):
-            res = stepper.step(st, Fallbacks().report, clock)
+            step = runner.step(st, 4 if spec else 1)
+            res = last[0]
+            assert type(res) is StepOut and step.host == res.for_host().tolist()
             outs.append(StepOut(*(t.clone() for t in (res.accept_len, res.tokens, res.flags,
                                                       res.lens, res.anchor))))
-            assert type(res) is StepOut
-            st.lens.copy_(res.lens)
-            st.anchor.copy_(res.anchor)
+            assert st.lens.tolist() == res.lens.tolist()           # committed by the Runner
             st.host_lens = res.lens.tolist()
     engine.close()
     return outs
@@ -116,21 +123,19 @@ def test_target_only_steps_of_an_adaptive_run_defer_the_draft_context_to_a_catch
     context). Before the catch-up the deferred rows are not yet in the draft's K/V."""
     pair, reqs = tiny_pair("dflash2", block=4), _reqs((0.0, 1.0, 0.6))
     engine, pending = Engine(pair, get_backend("cpu")), 3
+    runner = engine.runner
     with torch.inference_mode():
-        steppers, st = engine._start(reqs, True, 4)
-        toks = [steps.prefill(pair, st, engine.backend, [q.prompt_ids for q in reqs]).token.tolist()]
-        st.host_lens = [len(q.prompt_ids) for q in reqs]
+        st = runner.start(reqs, True, 4, None, Fallbacks().report, {})
+        toks = [[h[0] for h in runner.prefill(st, [q.prompt_ids for q in reqs])]]
         for _ in range(pending):
-            res = steppers[1].step(st, Fallbacks().report, {"draft": 0.0, "verify": 0.0})
-            st.lens.copy_(res.lens)
-            st.anchor.copy_(res.anchor)
-            st.host_lens = res.lens.tolist()                      # the step's ctx_len
-            toks.append(res.anchor.tolist())
+            step = runner.step(st, 1)
+            st.host_lens = st.lens.tolist()                       # the step's ctx_len
+            toks.append([h[2] for h in step.host])
         longer = [q.prompt_ids + tuple(t[i] for t in toks[:-1]) for i, q in enumerate(reqs)]
-        _, ref = engine._start(reqs, True, 4)
-        steps.prefill(pair, ref, engine.backend, longer)
+        ref = Engine(pair, get_backend("cpu")).runner.start(reqs, True, 4, None, print, {})
+        stages.prefill(pair, ref, engine.backend, longer)
         before = [b.clone() for b in st.draft_storage.k]
-        steps.catch_up_draft(pair, st, pending)
+        stages.catch_up_draft(pair, st, pending)
     assert st.lens.tolist() == [len(p) for p in longer]
     for i, p in enumerate(longer):
         n = len(p)

@@ -222,7 +222,8 @@ def bundled():
 def test_engine_on_cpu_nofp64_equals_cpu(bundled, temperature):
     from dflash2rt.engine.engine import Engine
     from dflash2rt.engine.request import Request, SamplingParams
-    from dflash2rt.engine.schedule import shared_schedule
+    from dflash2rt.api import measured_table
+    from dflash2rt.engine.policy.adaptive import AdaptivePolicy
 
     pair, prompts = bundled
     reqs = [Request(tuple(p["prompt_ids"]), SamplingParams(max_new_tokens=20, seed=11,
@@ -236,7 +237,8 @@ def test_engine_on_cpu_nofp64_equals_cpu(bundled, temperature):
     for spec in (True, False):
         engines = [Engine(pair, dflash2rt.get_backend("cpu")), Engine(pair, nofp64)]
         for e in engines:       # one schedule state for both (the default learns per call)
-            e.schedule = shared_schedule(pair, "cpu", track=0.0)
+            e.policy = AdaptivePolicy.measured(pair.draft.cfg.block_size,
+                                                  measured_table(pair, "cpu"), track=0.0)
         want, _ = engines[0].generate(reqs, spec=spec)
         got, _ = engines[1].generate(reqs, spec=spec)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]

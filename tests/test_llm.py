@@ -9,7 +9,7 @@ import torch
 import dflash2rt
 from dflash2rt import api, llm as llm_mod
 from dflash2rt.engine.request import SamplingParams
-from dflash2rt.engine.schedule import AdaptiveSchedule
+from dflash2rt.engine.policy.adaptive import AdaptivePolicy
 from dflash2rt.errors import ConflictingArgumentsError, DFlash2Error, InvalidInputError
 from dflash2rt.watermark import WatermarkKey
 
@@ -55,7 +55,7 @@ def test_greedy_generate_equals_run(llm):
     via = dflash2rt.run(MODEL, "cpu", prompts=PROMPTS, block_size=4,
                         sampling_params=SamplingParams(max_new_tokens=12))
     assert via.tokens == ref.tokens
-    llm.engine.schedule = AdaptiveSchedule((1, 2, 4, 8), costs={1: 1.0, 2: 1.3, 4: 1.5, 8: 2.0})
+    llm.engine.policy = AdaptivePolicy((1, 2, 4, 8), costs={1: 1.0, 2: 1.3, 4: 1.5, 8: 2.0})
     assert tokens(llm.generate(PROMPTS, SamplingParams(max_new_tokens=12))) == ref.tokens
     assert llm.last_stats.adaptive
     assert tokens(llm.generate(PROMPTS, SamplingParams(max_new_tokens=12), spec=False)) \

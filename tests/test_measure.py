@@ -251,18 +251,16 @@ def _profile_engine(model_dir):
 
 def test_profile_pass_syncs_between_phases(model_dir, monkeypatch):
     """Every step body of the profiling pass runs between two device syncs (a fake sync
-    counter: on CPU the real one is a no-op), and the hooks are gone afterwards."""
-    from dflash2rt.engine.graphed import Stepper
-
+    counter: on CPU the real one is a no-op), and the hooks are gone afterwards (a body timer
+    already set on the Runner runs inside the synced one, and is set again after)."""
     events: list[str] = []
     monkeypatch.setattr(bm, "sync", lambda device: events.append("sync"))
-    real_run = Stepper._run
 
-    def logged(self, kind, *args):
+    def logged(kind, block, clock, run):
         events.append(kind)
-        return real_run(self, kind, *args)
-    monkeypatch.setattr(Stepper, "_run", logged)
+        return run()
     with _profile_engine(model_dir) as engine:
+        engine.runner.timer = logged
         reqs = bm.seeded_requests([(3, 4, 5), (6, 7)], 6, bm.TEMPERATURES[2])
         for spec, block, kinds in ((True, 4, ["draft", "verify"]), (False, None, ["target-only"])):
             events.clear()
@@ -272,7 +270,7 @@ def test_profile_pass_syncs_between_phases(model_dir, monkeypatch):
                                                           if spec else [])] * prof["steps"]
             assert prof["step"] == pytest.approx(prof["draft"] + prof["verify"] + prof["host"])
             assert (prof["draft"] > 0) == spec and prof["verify"] > 0
-        assert Stepper._run is logged                            # restored after the pass
+        assert engine.runner.timer is logged                     # restored after the pass
         events.clear()
         engine.generate(reqs, spec=True, block_size=4)            # an ordinary run: no syncs
         assert "sync" not in events
@@ -281,22 +279,21 @@ def test_profile_pass_syncs_between_phases(model_dir, monkeypatch):
 def test_profile_pass_is_never_inside_a_timed_window(model_dir, monkeypatch):
     """measure_rows runs the profiling pass after the timed rounds: no profiling sync and no
     profiling hook while measure() (warm-up and timed rounds) runs."""
-    from dflash2rt.engine.graphed import Stepper
-
-    syncs = [0]
+    syncs, hooks = [0], []
     monkeypatch.setattr(bm, "sync", lambda device: syncs.__setitem__(0, syncs[0] + 1))
-    real_run, real_measure, windows = Stepper._run, bm.measure, []
+    real_measure, windows = bm.measure, []
 
     def measured(contenders, repeats):
         before = syncs[0]
         hooked = []
-        wrapped = [bm.Contender(c.name, lambda c=c: hooked.append(Stepper._run is not real_run)
+        wrapped = [bm.Contender(c.name, lambda c=c: hooked.append(hooks[0].timer is not None)
                                 or c.run()) for c in contenders]
         out = real_measure(wrapped, repeats)
         windows.append((before, syncs[0], any(hooked)))
         return out
     monkeypatch.setattr(bm, "measure", measured)
     with _profile_engine(model_dir) as engine:
+        hooks.append(engine.runner)
         prompts = [(3, 4, 5), (6, 7)]
         res = bench_rows.measure_rows(engine, {1: prompts, 2: prompts}, 4, 4, 1, log=lambda m: None)
     assert len(windows) == 2

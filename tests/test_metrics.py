@@ -16,7 +16,8 @@ from dflash2rt import get_backend
 from dflash2rt.cli import main
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.engine.schedule import AdaptiveSchedule
+from dflash2rt.engine.policy.adaptive import AdaptivePolicy
+from dflash2rt.engine.policy.schedule import AdaptiveSchedule
 from dflash2rt.engine.stats import RunStats
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.metrics import prometheus_text, write_metrics
@@ -154,7 +155,7 @@ def test_adaptive_block_sizes_count_each_step_by_its_own_block(monkeypatch):
     not drafts; calibration steps of the measured schedule are not counted."""
     pair = oracle_pair(8)
     engine = Engine(pair, get_backend("cpu"))
-    engine.schedule = Cycling((8, 1, 2, 4, 1, 1, 8, 2))
+    engine.policy = AdaptivePolicy.of(Cycling((8, 1, 2, 4, 1, 1, 8, 2)))
     rec = Recorder(monkeypatch)
     _, s = engine.generate(_reqs(PROMPTS, 40, temperature=1.0, seed=4))
     assert s.adaptive and set(s.block_sizes) == {1, 2, 4, 8}

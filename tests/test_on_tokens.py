@@ -26,7 +26,7 @@ from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 
 from test_stops import BLOCK, TOK, _requests, pair  # noqa: F401  (the pair fixture)
-from tiny_models import fixed_schedule
+from tiny_models import fixed_policy
 
 MODES = {"spec": dict(block_size=BLOCK), "adaptive": dict(block_size=None),
          "target-only": dict(spec=False)}
@@ -62,7 +62,7 @@ def _check(requests, outs, stats, calls, most):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_chunks_join_to_the_output_of_the_request_they_name(pair, mode, temperature):  # noqa: F811
     engine = Engine(pair, get_backend("cpu"))
-    engine.schedule = fixed_schedule(BLOCK)
+    engine.policy = fixed_policy(BLOCK)
     reqs = _requests(temperature)
     rec = Recorder()
     outs, stats = engine.generate(reqs, on_tokens=rec, **MODES[mode])

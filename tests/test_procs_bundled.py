@@ -53,7 +53,7 @@ def test_greedy_spec_equals_target_only_on_heldout(setup, name):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_draft_side_is_processed_with_the_committed_counts(setup, monkeypatch, temperature):
     """The draft logits go through the request's bias and penalties (committed counts) before
-    the selector (``engine.steps.draft_logits``): with −100 on the tokens plain decoding emits
+    the selector (``engine.stages.draft_logits``): with −100 on the tokens plain decoding emits
     most, no draft proposes them (an unprocessed draft does, often), and the output still
     equals target-only decoding's at T = 0."""
     eng, ids, plain = setup

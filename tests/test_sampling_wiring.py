@@ -27,7 +27,7 @@ from dflash2rt_conformance.reference.model import target_forward
 from dflash2rt_conformance.reference.procs import process_row
 from dflash2rt_conformance.reference.sampling import probs_row
 
-from tiny_models import fixed_schedule
+from tiny_models import fixed_policy
 
 PROMPTS = [(3, 17, 5, 17), (40,), (8, 9, 10, 11, 12, 13)]
 N_NEW = 14
@@ -55,7 +55,7 @@ MODES = {"target-only": dict(spec=False), "block-4": dict(block_size=4),
 def setup():
     pair = models.tiny_pair(7, torch.float64, block=4)
     engine = Engine(pair, get_backend("cpu"))
-    engine.schedule = fixed_schedule(4)          # adaptive choices from a fixed table
+    engine.policy = fixed_policy(4)          # adaptive choices from a fixed table
     w, cfg = models.target_reference(pair.target)
     return engine, w, cfg
 

@@ -12,8 +12,9 @@ import torch
 from dflash2rt import get_backend
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.engine.schedule import (MIN_STEPS, POOL_MIN, AdaptiveSchedule, bucket_of,
-                                       default_candidates)
+from dflash2rt.engine.policy.adaptive import AdaptivePolicy
+from dflash2rt.engine.policy.schedule import AdaptiveSchedule, default_candidates
+from dflash2rt.engine.policy.table import MIN_STEPS, POOL_MIN, bucket_of
 from dflash2rt.errors import InvalidInputError
 
 from tiny_models import oracle_pair, tiny_pair
@@ -159,9 +160,9 @@ def test_choice_is_made_before_the_step_noise_is_drawn(monkeypatch):
     pair, backend = oracle_pair(4), get_backend("cpu")
     engine, events = Engine(pair, backend), []
     engine.generate(_reqs([(1, 2)], 4, temperature=1.0))             # calibrates bucket 1
-    noise, choose = backend.noise, engine.schedule.choose
+    noise, choose = backend.noise, engine.policy.schedule.choose
     monkeypatch.setattr(backend, "noise", lambda *a: events.append("noise") or noise(*a))
-    monkeypatch.setattr(engine.schedule, "choose",
+    monkeypatch.setattr(engine.policy.schedule, "choose",
                         lambda rows, rem=None: events.append("choose") or choose(rows, rem))
     _, stats = engine.generate(_reqs([(1, 2)], 20, temperature=1.0))
     assert stats.calibration_steps == 0 and events.count("choose") == stats.steps
@@ -212,40 +213,48 @@ def test_fixed_cost_table_makes_engines_agree():
     outs = []
     for _ in range(2):
         engine = Engine(pair, get_backend("cpu"))
-        engine.schedule = AdaptiveSchedule((1, 2, 4), {1: 1.0, 2: 1.2, 4: 1.3})
+        engine.policy = AdaptivePolicy((1, 2, 4), {1: 1.0, 2: 1.2, 4: 1.3})
         o, stats = engine.generate(reqs())
         outs.append([x.token_ids for x in o])
         assert stats.calibration_steps == 0 and stats.costs == {1: {0: 1.0}, 2: {0: 1.2},
                                                                 4: {0: 1.3}}
     assert outs[0] == outs[1]
     with torch.inference_mode():
-        assert engine.schedule.choose([0, 1]) in (1, 2, 4)
+        assert engine.policy.schedule.choose([0, 1]) in (1, 2, 4)
 
 
-def test_engines_of_a_process_share_the_measured_table():
-    """Default schedules: one measured table per pair and device in the process, so a second
-    engine (here on another backend) calibrates nothing and decides with the table as the first
-    engine's steps left it; two schedules over that table with ``track=0`` sample alike."""
+def test_engines_given_one_table_share_what_it_measured():
+    """The measured table is its owner's (``Engine.table``; the api keeps one per pair and
+    device, ``measured_table``): a second engine given the first one's table (here on another
+    backend) calibrates nothing and decides with the table as the first engine's steps left
+    it; two policies over that table with ``track=0`` sample alike. An engine with a table of
+    its own calibrates again."""
+    from dflash2rt.api import measured_table
+
     pair = tiny_pair("dflash2", block=4, seed=2, dtype=torch.float32)
     reqs = lambda: _reqs([(1, 2, 3), (4, 5)], 12, temperature=0.8, seed=5)   # noqa: E731
-    first = Engine(pair, get_backend("cpu"))
+    first = Engine(pair, get_backend("cpu"), table=measured_table(pair, "cpu"))
     _, sa = first.generate(reqs())
-    table = first.schedule.table
-    now = AdaptiveSchedule(first.schedule.candidates, table=table)
+    table = first.table
+    assert first.policy.table is table and measured_table(pair, "cpu") is table
+    cands = first.policy.schedule.candidates
+    now = AdaptiveSchedule(cands, table=table)
     now.begin("sampled")
     want: dict = {}
     for (b, k), c in now.costs.items():
         want.setdefault(b, {})[k] = c
-    second = Engine(pair, get_backend("cpu-nofp64"))
+    second = Engine(pair, get_backend("cpu-nofp64"), table=table)
     _, sb = second.generate(reqs())
-    assert second.schedule.table is table
+    assert second.policy.table is table
     assert sa.calibration_steps > 0 and sb.calibration_steps == 0 and sb.costs == want
     outs = []
     for name in ("cpu", "cpu-nofp64"):
         engine = Engine(pair, get_backend(name))
-        engine.schedule = AdaptiveSchedule(first.schedule.candidates, track=0.0, table=table)
+        engine.policy = AdaptivePolicy(cands, track=0.0, table=table)
         outs.append([o.token_ids for o in engine.generate(reqs())[0]])
     assert outs[0] == outs[1]
+    _, own = Engine(pair, get_backend("cpu")).generate(reqs())
+    assert own.calibration_steps > 0
 
 
 def test_table_follows_observed_steps_between_calls_never_within():
@@ -385,7 +394,7 @@ def test_a_spec_step_after_target_only_steps_is_observed_with_its_catch_up(monke
     run's per-step timing (``step_time``) keeps the step alone."""
     import time as _time
 
-    from dflash2rt.engine import engine as engine_mod
+    from dflash2rt.engine import stages
 
     class Scripted(AdaptiveSchedule):
         def __init__(self):
@@ -400,17 +409,17 @@ def test_a_spec_step_after_target_only_steps_is_observed_with_its_catch_up(monke
             self.seen.append((block, seconds))
             super().observe(rows, block, accepted, seconds)
 
-    real = engine_mod.steps.catch_up_draft
+    real = stages.catch_up_draft
 
     def slow(*a, **k):
         _time.sleep(0.05)
         return real(*a, **k)
 
-    monkeypatch.setattr(engine_mod.steps, "catch_up_draft", slow)
+    monkeypatch.setattr(stages, "catch_up_draft", slow)
     engine = Engine(oracle_pair(4), get_backend("cpu"))
-    engine.schedule = Scripted()
+    engine.policy = AdaptivePolicy.of(Scripted())
     _, stats = engine.generate(_reqs([(1, 2, 3)], 12))
-    spec = [sec for b, sec in engine.schedule.seen if b == 4]
+    spec = [sec for b, sec in engine.policy.schedule.seen if b == 4]
     assert spec and all(sec >= 0.05 for sec in spec)
     n, total = stats.step_time[4][1]
     assert total / n < 0.05 and stats.draft_deferred > 0

@@ -10,11 +10,13 @@ import statistics
 import pytest
 
 from dflash2rt import get_backend
-from dflash2rt.engine import decode
 from dflash2rt.engine.engine import Engine
+from dflash2rt.engine.policy.adaptive import AdaptivePolicy
+from dflash2rt.engine.policy.call_plan import PLAN_MARGIN
+from dflash2rt.engine.policy.finish import (BlockLaw, expected_of, finish_spread, finish_steps,
+                                            order_z)
+from dflash2rt.engine.policy.schedule import PRIOR_WEIGHT, AdaptiveSchedule
 from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.engine.schedule import (PRIOR_WEIGHT, AdaptiveSchedule, BlockLaw, expected_of,
-                                       finish_spread, finish_steps, order_z)
 from dflash2rt.errors import InvalidInputError
 
 from tiny_models import oracle_pair
@@ -129,26 +131,19 @@ def test_calibration_times_each_block_after_one_of_its_own(monkeypatch):
     """Every timed calibration step follows an untimed step of the same block (a step right
     after another block runs on the caches that one left); both count as calibration steps."""
     events: list[tuple[str, int]] = []
-    get = decode.Steppers.__getitem__
 
-    class Recorder:
-        def __init__(self, inner, block):
-            self.inner, self.block = inner, block
+    class Recording(AdaptiveSchedule):
+        def measure(self, block, bucket, seconds):
+            events.append(("measure", block))
+            super().measure(block, bucket, seconds)
 
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        def step(self, *a, **k):
-            events.append(("step", self.block))
-            return self.inner.step(*a, **k)
-
-    monkeypatch.setattr(decode.Steppers, "__getitem__",
-                        lambda self, b: Recorder(get(self, b), b))
-    measure = AdaptiveSchedule.measure
-    monkeypatch.setattr(AdaptiveSchedule, "measure", lambda self, b, k, sec: events.append(
-        ("measure", b)) or measure(self, b, k, sec))
+    def step(kind, block, clock, run):               # a step's first body: a step of block
+        if kind != "verify":
+            events.append(("step", block))
+        return run()
     engine = Engine(oracle_pair(4), get_backend("cpu"))
-    engine.schedule = AdaptiveSchedule(CANDS, reps=2)
+    engine.runner.timer = step
+    engine.policy = AdaptivePolicy.of(Recording(CANDS, reps=2))
     req = Request((1, 2, 3), SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=1.0))
     _, stats = engine.generate([req])
     timed = [i for i, e in enumerate(events) if e[0] == "measure"]
@@ -163,13 +158,18 @@ def test_a_run_of_target_only_steps_keeps_its_choice_without_scoring():
     until the probe is due or a row leaves; under the rate rule the choices are exactly those
     of scoring every step."""
     costs = {1: 1.0, 2: 1.6, 4: 1.8, 8: 2.2}
-    lazy, eager = (AdaptiveSchedule(CANDS, costs, prior=0.05, prior_weight=1e9) for _ in "ab")
+    class Scoring(AdaptiveSchedule):                 # scores every step: holds no choice
+        def choose(self, rows, remaining=None):
+            self._held = None
+            return super().choose(rows, remaining)
+
+    lazy = AdaptiveSchedule(CANDS, costs, prior=0.05, prior_weight=1e9)
+    eager = Scoring(CANDS, costs, prior=0.05, prior_weight=1e9)
     calls = []
     scores = lazy.scores
     lazy.scores = lambda rows: calls.append(len(rows)) or scores(rows)
     got, want = [], []
     for _ in range(40):
-        eager._held = None                                    # score every step
         for s, out in ((lazy, got), (eager, want)):
             b = s.choose(["r", "q"])
             out.append(b)
@@ -182,21 +182,20 @@ def test_a_run_of_target_only_steps_keeps_its_choice_without_scoring():
     assert calls == [1]
 
 
-def _planning_schedule(accept: float, track: float | None = None) -> AdaptiveSchedule:
-    """A measured (learning) schedule whose table is timed at bucket 8 (sampled) and whose pool
+def _planning_schedule(accept: float, track: float | None = None) -> AdaptivePolicy:
+    """A measured (learning) policy whose table is timed at bucket 8 (sampled) and whose pool
     for law "L" holds 100 observations of slot 1 at ``accept`` (every slot alike)."""
-    s = AdaptiveSchedule(CANDS, reps=1, track=track)
-    s.begin("sampled", "L")
+    s = AdaptivePolicy(CANDS, reps=1, track=track)
+    s.schedule.begin("sampled", "L")
     for b, sec in ((1, 1.0), (2, 1.9), (4, 2.2), (8, 2.8)):
-        s.measure(b, 8, sec)
+        s.schedule.measure(b, 8, sec)
     s.table.fold_accept("sampled", "L", ([100 * accept] * 7, [100.0] * 7))
     return s
 
 
-def _plan(s: AdaptiveSchedule, rows: int, law: str) -> str:
-    """A sampled call of ``rows`` requests, 128 tokens each, under ``law``: begin, then plan."""
-    s.begin("sampled", law)
-    return s.plan(rows, [128] * rows)
+def _plan(s: AdaptivePolicy, rows: int, law: str) -> str:
+    """A sampled call of ``rows`` requests, 128 tokens each, under ``law``: its plan."""
+    return s.start("sampled", law, rows, [128] * rows).plan
 
 
 def test_plan_runs_whole_calls_target_only_where_speculation_does_not_pay():
@@ -216,7 +215,7 @@ def test_plan_runs_whole_calls_target_only_where_speculation_does_not_pay():
     good = _planning_schedule(0.95)
     assert _plan(good, 8, "L") == ""
     assert _plan(_planning_schedule(0.1, track=0.0), 8, "L") == ""
-    fixed = AdaptiveSchedule(CANDS, {1: 1.0, 2: 1.9, 4: 2.2, 8: 2.8})
+    fixed = AdaptivePolicy(CANDS, {1: 1.0, 2: 1.9, 4: 2.2, 8: 2.8})
     assert _plan(fixed, 8, "L") == ""
 
 
@@ -225,10 +224,10 @@ def test_a_planned_target_only_call_reports_itself():
     (mode, adaptive, call_plan, block sizes): never silently."""
     pair = oracle_pair(4)
     engine = Engine(pair, get_backend("cpu"))
-    engine.schedule = _planning_schedule(0.0)
-    engine.schedule.table.fold_accept("sampled", (1.0, 1.0, 0), ([0.0] * 7, [100.0] * 7))
+    engine.policy = _planning_schedule(0.0)
+    engine.policy.table.fold_accept("sampled", (1.0, 1.0, 0), ([0.0] * 7, [100.0] * 7))
     for b, sec in ((1, 1.0), (2, 1.9), (4, 2.2), (8, 2.8)):
-        engine.schedule.measure(b, 1, sec)
+        engine.policy.schedule.measure(b, 1, sec)
     req = Request((1, 2, 3), SamplingParams(max_new_tokens=6, ignore_eos=True, temperature=1.0))
     outs, stats = engine.generate([req])
     assert stats.call_plan.startswith("target-only call") and stats.mode == "target-only"
@@ -240,25 +239,23 @@ def test_a_planned_target_only_call_reports_itself():
 def test_plan_needs_speculation_to_win_by_its_margin():
     """A call speculates only if its first step projects PLAN_MARGIN x the target-only rate:
     the step costs leave out what a speculative call pays besides its steps."""
-    from dflash2rt.engine.schedule import PLAN_MARGIN
-
     assert PLAN_MARGIN > 1.0
     s = _planning_schedule(0.7)                      # block 4 projects x1.04 target-only
-    s.begin("sampled", "L")
-    sc = s.finish_scores(list(range(8)), [128] * 8)
+    s.schedule.begin("sampled", "L")
+    sc = s.schedule.finish_scores(list(range(8)), [128] * 8)
     best_spec = max(v for b, v in sc.items() if b > 1)
     want_plan = best_spec <= PLAN_MARGIN * sc[1]
     assert bool(_plan(s, 8, "L")) == want_plan
     assert best_spec > sc[1] and want_plan          # wins per step, not by the margin
 
 
-def _call(s: AdaptiveSchedule, spec_share: float, only_share: float = 1.0) -> str:
+def _call(s: AdaptivePolicy, spec_share: float, only_share: float = 1.0) -> str:
     """A sampled call of 8 requests under law "L": its plan, then (speculative) one step of
     block 4, then ``end`` with wall seconds at which the call made ``spec_share`` of the
     rate ``project`` gave speculation (a planned target-only call: ``only_share`` of the
     target-only rate)."""
     plan = _plan(s, 8, "L")
-    _, rate, tonly = s.project(8, [128] * 8)
+    _, rate, tonly = s.schedule.project(8, [128] * 8)
     if not plan:
         s.observe(list(range(8)), 4, [1] * 8, 0.001)
     share, base = (only_share, tonly) if plan else (spec_share, rate)
@@ -273,11 +270,9 @@ def test_plan_scales_projections_by_what_planned_calls_realized():
     says both shares), with probes after 2, 4, ... target-only calls; calls that make their
     projection keep speculating; target-only calls that realize less bring speculation back;
     other laws and buckets are not touched."""
-    from dflash2rt.engine.schedule import PLAN_MARGIN
-
     s = _planning_schedule(0.8)
-    s.begin("sampled", "L")
-    spec, rate, tonly = s.project(8, [128] * 8)
+    s.schedule.begin("sampled", "L")
+    spec, rate, tonly = s.schedule.project(8, [128] * 8)
     assert spec > 1 and rate > 1.2 * tonly              # speculation projects a clear win
     key, only = ("sampled", "L", 8, "spec"), ("sampled", "L", 8, "target-only")
     assert _call(s, 1.0) == "" and s.table.realized[key] == pytest.approx(1.0)
@@ -310,15 +305,13 @@ def test_plan_scales_projections_by_what_planned_calls_realized():
 def test_realized_rate_needs_a_projection_and_track():
     """Nothing is folded before a projection exists (nothing pooled), for target-only calls,
     or under track=0; a non-finite ratio is ignored."""
-    s = AdaptiveSchedule(CANDS, reps=1)
-    s.begin("sampled", "L")
-    assert s.plan(8, [128] * 8) == ""                  # nothing pooled or timed
+    s = AdaptivePolicy(CANDS, reps=1)
+    assert _plan(s, 8, "L") == ""                      # nothing pooled or timed
     s.observe(list(range(8)), 1, [0] * 8, 0.01)
     s.end(8)
     assert s.table.realized == {}
     frozen = _planning_schedule(0.8, track=0.0)
-    frozen.begin("sampled", "L")
-    frozen.plan(8, [128] * 8)
+    _plan(frozen, 8, "L")
     frozen.end(8, 1.0)
     assert frozen.table.realized == {}
     s.table.fold_realized(("k",), float("nan"), 0.5)
@@ -364,4 +357,4 @@ def test_a_replica_plans_every_call_as_the_call_it_copies():
     assert _plan(r, 8, "L") == "" and _plan(r, 1, "other") == ""
     _plan(s, 8, "L")
     r = s.replica()
-    assert _plan(r, 8, "L") == s.last_plan != "" and _plan(r, 3, "M") == s.last_plan
+    assert _plan(r, 8, "L") == s.call_plan.last != "" and _plan(r, 3, "M") == s.call_plan.last

@@ -21,7 +21,7 @@ from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.models.tokenizer import TextTokenizer
 from dflash2rt.registry import Registry
 
-from tiny_models import fixed_schedule, oracle_pair, successor
+from tiny_models import fixed_policy, oracle_pair, successor
 
 VOCAB, EOS, BLOCK, N = 29, 12, 8, 30
 A, B = (1, 2), (1,)                   # prompts in the two 14-cycles of x → 5x + 3 (mod 29)
@@ -187,7 +187,7 @@ def test_greedy_spec_cuts_exactly_like_target_only(pair, name):
 
 def test_adaptive_greedy_cuts_exactly_like_target_only(pair):
     engine = Engine(pair, get_backend("cpu"))
-    engine.schedule = fixed_schedule(BLOCK)          # not the machine's timings: large blocks
+    engine.policy = fixed_policy(BLOCK)          # not the machine's timings: large blocks
     spec, stats = engine.generate(_requests())
     assert stats.adaptive and max(stats.block_sizes) >= BLOCK   # 2 x BLOCK is a candidate too
     assert _outputs(spec) == [reference(CA if q.prompt_ids == A else CB, q.params)

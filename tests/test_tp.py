@@ -64,20 +64,19 @@ def test_tp2_greedy_equals_tp1_and_ranks_agree_on_sampled_tokens():
 
 
 def _rank1_fails_at_step(pair, step: int, hang_s: float | None = None):
-    """Rank 1 fails at its ``step``-th decode step: SIGKILLs itself, or with ``hang_s`` stops
+    """Rank 1 fails at its ``step``-th decode step (its target's ``step`` + 1-th forward:
+    prefill's, then one per step of a fixed block): SIGKILLs itself, or with ``hang_s`` stops
     answering (sleeps that long); rank 0 is left alone."""
     if int(os.environ["RANK"]) == 1:
-        import dflash2rt.engine.engine as eng
-        real, seen = eng.decode_step, [0]
+        seen = [0]
 
-        def failing(*a, **k):
+        def failing(module, args):
             seen[0] += 1
-            if seen[0] == step:
+            if seen[0] == step + 1:
                 if hang_s is None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(hang_s)
-            return real(*a, **k)
-        eng.decode_step = failing
+        pair.target.register_forward_pre_hook(failing)   # the rank's copy keeps the hook
     return dflash2rt.run(pair, "cpu", prompts=PROMPTS, max_new_tokens=64, block_size=4, tp=2)
 
 

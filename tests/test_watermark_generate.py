@@ -16,7 +16,7 @@ from dflash2rt import get_backend
 from dflash2rt.api import run
 from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.engine.engine import Engine
-from dflash2rt.engine.graphed import WATERMARK_OPS
+from dflash2rt.engine.runner import WATERMARK_OPS
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.registry import Registry
@@ -25,7 +25,7 @@ from dflash2rt.watermark.generate import WatermarkBatch
 from dflash2rt.watermark.sampler import WatermarkUnsupportedError
 
 from test_engine_graphs import ReplayAdapter
-from tiny_models import fixed_schedule, tiny_pair
+from tiny_models import fixed_policy, tiny_pair
 
 KEY = WatermarkKey(bytes(range(32)))
 OTHER = WatermarkKey(bytes(range(1, 33)))
@@ -42,7 +42,7 @@ def _reqs(temp, n=48, seed=1, top_p=1.0):
 @pytest.fixture(scope="module")
 def engine():
     e = Engine(tiny_pair("dflash2", block=8, seed=3), get_backend("cpu"))
-    e.schedule = fixed_schedule(8)   # adaptive choices (so tokens) independent of the machine
+    e.policy = fixed_policy(8)   # adaptive choices (so tokens) independent of the machine
     return e
 
 

@@ -168,7 +168,6 @@ def test_no_object_of_a_watermarked_run_prints_the_key(monkeypatch, caplog):
     import torch
 
     from dflash2rt.backend import TorchOpsBackend
-    from dflash2rt.engine import decode
     from dflash2rt.engine.engine import Engine
     from dflash2rt.engine.request import Request, SamplingParams
 
@@ -181,13 +180,12 @@ def test_no_object_of_a_watermarked_run_prints_the_key(monkeypatch, caplog):
     be.graph_adapter = ReplayAdapter()
     engine = Engine(tiny_pair("dflash2", block=4, seed=3), be)
     held = []
-    real = decode.decode_step
+    real = engine.runner.step
 
-    def spy(stepper, block, st, *a, **k):
-        held.append((stepper, st))
-        return real(stepper, block, st, *a, **k)
-    monkeypatch.setattr(decode, "decode_step", spy)
-    monkeypatch.setattr("dflash2rt.engine.engine.decode_step", spy)
+    def spy(st, block, *a, **k):
+        held.append((engine.runner, st))
+        return real(st, block, *a, **k)
+    monkeypatch.setattr(engine.runner, "step", spy)
     caplog.set_level(logging.DEBUG)
     reqs = [Request((1, 2, 3), SamplingParams(max_new_tokens=10, temperature=1.0, seed=s))
             for s in range(3)]

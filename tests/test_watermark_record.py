@@ -18,14 +18,13 @@ import torch
 
 from dflash2rt import get_backend
 from dflash2rt.backend import TorchOpsBackend
-from dflash2rt.engine import decode
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.watermark import WatermarkKey
 from dflash2rt.watermark.values import context_hash
 
 from test_engine_graphs import ReplayAdapter
-from tiny_models import fixed_schedule, tiny_pair
+from tiny_models import fixed_policy, tiny_pair
 
 KEY = WatermarkKey(bytes(range(7, 39)))
 WIDTH = 4
@@ -51,7 +50,7 @@ def _engine(graphs: bool) -> Engine:
     else:
         be = get_backend("cpu")
     engine = Engine(tiny_pair("dflash2", block=4, seed=5), be)
-    engine.schedule = fixed_schedule(4)
+    engine.policy = fixed_policy(4)
     return engine
 
 
@@ -61,27 +60,23 @@ def test_each_rows_record_is_its_committed_contexts_after_every_step(monkeypatch
     engine = _engine(graphs)
     reqs = [Request(p, SamplingParams(max_new_tokens=n, temperature=t, seed=3, ignore_eos=True))
             for p, n, t in zip(PROMPTS, (9, 23, 14, 30), (1.0, 0.4, 1.0, 0.0))]
-    checked = []
-    real = decode.decode_step
+    checked, got = [], {i: [] for i in range(len(reqs))}
+    real = engine.runner.step
 
-    def spy(stepper, block, st, stats, out, *a, **k):
-        result = real(stepper, block, st, stats, out, *a, **k)
+    def spy(st, block, *a, **k):           # before each step: the live rows after the last
         wm = st.wm
-        for r, i in enumerate(st.rows):
-            o = out.outputs[i]
-            if o.finish_reason:              # cut at max_new_tokens: the record ran on
-                continue
-            want = contexts(reqs[i].prompt_ids, o.token_ids)
+        for r, i in enumerate(st.rows):     # (finished ones dropped, their record ran on)
+            want = contexts(reqs[i].prompt_ids, got[i])
             used = int(wm.used[r])
-            assert used == len(o.token_ids), (i, used, len(o.token_ids))
+            assert used == len(got[i]), (i, used, len(got[i]))
             assert wm.record[r, :used].tolist() == want, f"request {i} after a step"
-            tail = ([-1] * WIDTH + list(reqs[i].prompt_ids) + o.token_ids)[-WIDTH:]
+            tail = ([-1] * WIDTH + list(reqs[i].prompt_ids) + got[i])[-WIDTH:]
             assert wm.window[r].tolist() == tail, f"request {i}'s window"
             checked.append(i)
-        return result
-    monkeypatch.setattr(decode, "decode_step", spy)
-    monkeypatch.setattr("dflash2rt.engine.engine.decode_step", spy)
-    outs, stats = engine.generate(reqs, watermark=KEY, **MODES[mode])
+        return real(st, block, *a, **k)
+    monkeypatch.setattr(engine.runner, "step", spy)
+    outs, stats = engine.generate(reqs, watermark=KEY, on_tokens=lambda i, ids: got[i].extend(ids),
+                                  **MODES[mode])
     assert [len(o.token_ids) for o in outs] == [9, 23, 14, 30]
     assert set(checked) == {0, 1, 2, 3} and len(checked) >= stats.steps
     if graphs:

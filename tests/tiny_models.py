@@ -136,12 +136,13 @@ def save_pair_dir(root, pair: ModelPair, with_tokenizer: bool = True):
     return root
 
 
-def fixed_schedule(block: int):
-    """An adaptive schedule over ``block``'s default candidates with a fixed cost table in which
+def fixed_policy(block: int, **kw):
+    """An adaptive policy over ``block``'s default candidates with a fixed cost table in which
     each doubling of the block costs a little more: every block size can win, from the
-    acceptance the run observes and never from the machine's timings (a measured schedule
+    acceptance the run observes and never from the machine's timings (a measured policy
     follows them: a test asserting what adaptive chose must not)."""
-    from dflash2rt.engine.schedule import AdaptiveSchedule, default_candidates
+    from dflash2rt.engine.policy.adaptive import AdaptivePolicy
+    from dflash2rt.engine.policy.schedule import default_candidates
 
     cands = default_candidates(block)
-    return AdaptiveSchedule(cands, {b: 1.0 + 0.15 * b.bit_length() for b in cands})
+    return AdaptivePolicy(cands, {b: 1.0 + 0.15 * b.bit_length() for b in cands}, **kw)

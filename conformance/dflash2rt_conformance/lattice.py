@@ -176,7 +176,7 @@ def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int
     ``process(ctx, logits, draft)`` the runtime's processing of them before verify, ``min_p``
     the requests' min-p. ``draft_side(ctx, logits)`` → (draft logits, walk mask): the engine's
     draft side under a constraint, whose select is ``ops.selector.select`` with that mask (as
-    ``engine.steps.select_block`` runs it on every backend).
+    ``engine.stages.select_block`` runs it on every backend).
 
     ``key_first_accept``: the law of (index k of slot 0's acceptance coin (2k+1)/(2·M_ACCEPT),
     emitted tokens) instead, so that a schedule that (wrongly) reads the current step's first

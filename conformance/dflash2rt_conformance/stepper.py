@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash2rt.engine import steps
+from dflash2rt.engine import stages
 from dflash2rt.engine.state import BatchState
 from dflash2rt.models.kv_cache import KVCache
 from dflash2rt.models.pair import ModelPair
@@ -25,12 +25,12 @@ def run_step(pair: ModelPair, backend, prompt: tuple[int, ...], seed: int, key: 
         pair.draft.empty_cache(1, max_len, pair.dtype, dev), i64([0]), i64([0]), i64([seed]),
         i64([key]), SamplingBatch.build([temperature], [top_k], [top_p], dev), [0], [0])
     with torch.inference_mode():
-        first = steps.prefill(pair, st, backend, [prompt])
-        pos = steps.block_positions(st, block)
-        h_e = steps.draft_block(pair, st, backend, pos, n)
+        first = stages.prefill(pair, st, backend, [prompt])
+        pos = stages.block_positions(st, block)
+        h_e = stages.draft_block(pair, st, backend, pos, n)
         noise = backend.noise(st.seed, st.key, st.lens, block - 1)
-        sel = steps.select_block(pair, st, backend, h_e, noise)
-        tgt, ver, _ = steps.verify_block(pair, st, backend, sel, noise, pos, n)
+        sel = stages.select_block(pair, st, backend, h_e, noise)
+        tgt, ver, _ = stages.verify_block(pair, st, backend, sel, noise, pos, n)
         logits = pair.target.lm_head(h_e)
     return {"anchor": int(first.token[0]), "draft_hidden": h_e[0], "draft_logits": logits[0],
             "candidates": sel.candidates[0], "draft": sel.draft[0], "q": sel.q[0],

@@ -6,7 +6,8 @@ T_target (a target-only step), T_draft(b) (draft + select) and T_verify(b) (veri
 commit) are measured per block size b, context length and batch size: a batch of random prompts
 of that length is prefilled once, then each step is run ``reps`` times at that context (a step's
 inputs are never modified, so every repeat sees the same context) between device syncs
-(:func:`profile.synced_phases`), eagerly or replayed as the backend runs it. Beside each
+(:func:`profile.synced_phases`), through the engine's Runner (``Runner.trial``: a step whose
+results are discarded), eagerly or replayed as the backend runs it. Beside each
 T_target: the bytes it must move (target weights + the live K/V) and the fraction of the
 memory bandwidth that is, the bandwidth measured in the same run by a device-to-device copy.
 E[L](b) comes from a per-slot acceptance α: given (``tau``: α such that E[L](16) = τ) or from
@@ -21,11 +22,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..backend import Backend, Fallbacks
-from ..engine import steps
-from ..engine.decode import Steppers
 from ..engine.engine import Engine
 from ..engine.memory import cache_bytes
 from ..engine.request import Request, SamplingParams
+from ..engine.runner import Runner
 from ..engine.state import BatchState
 from ..models.kv_cache import KVCache
 from ..models.pair import ModelPair
@@ -96,22 +96,22 @@ def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
     reqs = [Request(p, SamplingParams(max_new_tokens=max(blocks) + 1)) for p in prompts]
     out: dict[int, dict[str, float]] = {}
     with Engine(pair, backend) as engine, torch.inference_mode(), backend.run_context():
-        steppers, st = engine._start(reqs, True, max(blocks))
+        runner = engine.runner
+        st = runner.start(reqs, True, max(blocks), None, Fallbacks().report, {})
         sync(backend.device)
         t0 = time.perf_counter()
-        steps.prefill(pair, st, backend, list(prompts))
+        runner.prefill(st, list(prompts))
         sync(backend.device)
         out[0] = {"prefill": time.perf_counter() - t0}
-        st.host_lens = [context] * batch
         if peer is not None and backend.graph_adapter is None:
-            fresh_placement(st, steppers, peer.kv_layers())
+            fresh_placement(st, runner, peer.kv_layers())
         for b in blocks:
-            stepper, runs = steppers[b], []
+            runs = []
             for i in range(reps + 1):                               # the first: warm-up
                 clock: dict[str, float] = {"draft": 0.0, "verify": 0.0}
                 clocks: dict[int, Any] = {}
-                with synced_phases(backend.device, clocks):
-                    stepper.step(st, Fallbacks().report, clock).for_host().tolist()
+                with synced_phases(runner, clocks):
+                    runner.trial(st, b, clock=clock)
                 if b == 1 and peer is not None:
                     peer.step()
                 if i:
@@ -120,7 +120,7 @@ def step_costs(pair: ModelPair, backend: Backend, batch: int, context: int,
     return out
 
 
-def fresh_placement(st: BatchState, steppers: Steppers, peer_layers: Sequence[Any] = ()) -> None:
+def fresh_placement(st: BatchState, runner: Runner, peer_layers: Sequence[Any] = ()) -> None:
     """Copy our target K/V cache (``st.target_storage``) and a peer's (transformers' cache
     layers: ``keys`` / ``values`` attributes) into fresh memory, layer by layer, ours and
     theirs alternately, before timed steps. On some VMs (free-page reporting, no transparent
@@ -130,10 +130,10 @@ def fresh_placement(st: BatchState, steppers: Steppers, peer_layers: Sequence[An
     by code. Interleaved fresh copies give both the same luck
     (docs/benchmarks/real-scale.md). Contents and
     layout are unchanged; our old buffers are freed. Eager steps only, before the run's first
-    step: step bodies bind the cache storage when ``steppers`` makes them (a graphed run's
-    storage is the engine's static caches, which captured graphs read)."""
-    if steppers.used:
-        raise RuntimeError(f"fresh_placement after steps of blocks {sorted(steppers.used)}: "
+    step: step bodies bind the cache storage when the ``runner`` first steps a block (a graphed
+    run's storage is the engine's static caches, which captured graphs read)."""
+    if runner.blocks_used:
+        raise RuntimeError(f"fresh_placement after steps of blocks {runner.blocks_used}: "
                            "their step bodies hold the old cache storage")
     ours = st.target_storage
     keys, values = list(ours.k), list(ours.v)

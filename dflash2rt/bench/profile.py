@@ -6,49 +6,45 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterator, Sequence
-
-import torch
+from typing import Any, Callable, Iterator, Sequence
 
 from ..engine.engine import Engine
 from ..engine.request import Request
+from ..engine.runner import Runner
 from . import measure
 from .measure import Measurement, Sample
 
+
 @contextlib.contextmanager
-def synced_phases(device: torch.device,
+def synced_phases(runner: Runner,
                   clocks: dict[int, tuple[dict[str, float], dict[str, float]]]
                   ) -> Iterator[None]:
-    """While active (the profiling pass only, never a timed run): every step body
-    (``Stepper._run``: one eager body, or one graph replay) runs between two device syncs
-    (:func:`sync`), and its seconds (graph capture left out) go to
+    """While active (the profiling pass only, never a timed run): every step body the
+    ``runner`` runs (one eager body, or one graph replay: its ``timer`` hook) runs between two
+    device syncs (:func:`sync`), and its seconds (graph capture left out) go to
     ``clocks[id(clock)][1]["draft"]`` (draft + select) or ``["verify"]`` (verify + accept +
-    commit; target-only: forward + sample + commit), where ``clock`` is the time dict the
-    engine passed the body: a run's ``RunStats.time`` for its decode steps, a scratch dict for
-    anything else (adaptive calibration), so a run's part is told apart."""
-    from ..engine.graphed import Stepper
+    commit; target-only: forward + sample + commit), where ``clock`` is the time dict the body
+    adds to: a run's ``RunStats.time`` for its decode steps, a scratch dict for anything else
+    (adaptive calibration), so a run's part is told apart. A timer already set runs inside."""
+    device, inner = runner.backend.device, runner.timer
 
-    run0 = Stepper._run
-
-    def run(self: Stepper, kind: str, *args: Any, **kwargs: Any) -> Any:
-        clock = kwargs.get("clock", args[-1] if args else None)
+    def timer(kind: str, block: int, clock: dict, run: Callable[[], Any]) -> Any:
         acc = clocks.setdefault(id(clock), (clock, dict.fromkeys(
             ("draft", "verify", "capture"), 0.0)))[1]
         measure.sync(device)
-        cap, t0 = self.capture_s, time.perf_counter()
-        out = run0(self, kind, *args, **kwargs)
+        cap, t0 = runner.capture_s(), time.perf_counter()
+        out = run() if inner is None else inner(kind, block, clock, run)
         measure.sync(device)
-        seconds, captured = time.perf_counter() - t0, self.capture_s - cap
+        seconds, captured = time.perf_counter() - t0, runner.capture_s() - cap
         acc["capture"] += captured
         acc["draft" if kind == "draft" else "verify"] += seconds - captured
         return out
 
-    Stepper._run = run                                   # type: ignore[method-assign]
+    runner.timer = timer
     try:
         yield
     finally:
-        Stepper._run = run0                              # type: ignore[method-assign]
-
+        runner.timer = inner
 
 def profile_steps(engine: Engine, batches: Sequence[Sequence[Request]], spec: bool,
                   block: int | None = None) -> dict[str, Any]:
@@ -64,12 +60,12 @@ def profile_steps(engine: Engine, batches: Sequence[Sequence[Request]], spec: bo
     stats: list[RunStats] = []
     for b in batches:
         clocks: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
-        with synced_phases(engine.backend.device, clocks):
+        with synced_phases(engine.runner, clocks):
             st = engine.generate(list(b), spec=spec, block_size=block)[1]
         acc = next((a for c, a in clocks.values() if c is st.time), None)
         if acc is None and st.steps:
             raise RuntimeError("the profiling pass saw no step body of the run's decode steps: "
-                               "the engine's step bodies no longer go through Stepper._run")
+                               "the engine's step bodies no longer go through Runner.timer")
         draft += acc["draft"] if acc else 0.0
         verify += acc["verify"] if acc else 0.0
         host += st.time["host"]

@@ -3,10 +3,10 @@
 Every rank runs the whole engine (replicated draft, selector, verify, sampling) on identical
 tensors with the same counter-based noise, so their tokens agree without any broadcast of
 decisions. The one input that is not identical is time: the adaptive schedule chooses from
-measured step costs, which differ per rank. ``RankZeroSchedule`` makes every rank follow
-rank 0's choices (block size per step, calibration rounds, the call plan): each is broadcast
-from rank 0 over the host group, once per decision. Ranks other than 0 still keep their own
-table (they observe and measure); it never decides.
+measured step costs, which differ per rank. Every rank's adaptive policy takes ``RankZero`` as
+its ``agree``: each of its decisions (the call plan, calibration rounds, block size per step) is
+broadcast from rank 0 over the host group. Ranks other than 0 still keep their own table (they
+observe and measure); it never decides.
 
 ``StepCheck`` (debug mode, ``tp_check``): after prefill and after every decode step, each rank
 hashes what the step committed (accepted counts, flags, tokens, packed logprobs) and the ranks
@@ -16,7 +16,7 @@ compare the hashes with one all-reduce; any disagreement raises on every rank.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,24 +32,14 @@ def broadcast_from_main(value: Any, tp: TPGroup) -> Any:
     return box[0]
 
 
-class RankZeroSchedule:
-    """An AdaptiveSchedule whose decisions are rank 0's on every rank (module docstring);
-    everything else is the wrapped schedule's."""
+class RankZero:
+    """An adaptive policy's ``agree``: every decision is rank 0's (module docstring)."""
 
-    def __init__(self, inner, tp: TPGroup) -> None:
-        self.inner, self.tp = inner, tp
+    def __init__(self, tp: TPGroup) -> None:
+        self.tp = tp
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def plan(self, *args, **kw) -> str:
-        return broadcast_from_main(self.inner.plan(*args, **kw), self.tp)
-
-    def calibrate(self, bucket: int) -> list[int]:
-        return broadcast_from_main(self.inner.calibrate(bucket), self.tp)
-
-    def choose(self, rows: Sequence[Hashable], remaining: Sequence[int] | None = None) -> int:
-        return broadcast_from_main(self.inner.choose(rows, remaining), self.tp)
+    def __call__(self, value: Any) -> Any:
+        return broadcast_from_main(value, self.tp)
 
 
 def digest(host: list) -> int:

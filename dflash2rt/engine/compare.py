@@ -27,19 +27,19 @@ def graph_vs_eager(pair: ModelPair, backend: Backend, make_requests: Callable[[]
     the second call's tokens and step latency are compared. ``graph_replays`` counts that call's
     replays and ``graph_eager_buckets`` names the buckets it ran eagerly (a refused capture or
     a replay that differed from eager): "equal" proves replay == eager only with replays and
-    no eager buckets. Adaptive runs: the eager engine takes a replica of the schedule the graph
+    no eager buckets. Adaptive runs: the eager engine takes a replica of the policy the graph
     engine's second call decided with (its cost table and acceptance pool), so both choose the
-    same block sizes (a table each could choose differently, schedule.py). ``watermark``: a
+    same block sizes (a table each could choose differently, policy/). ``watermark``: a
     key both engines mark with."""
     row: dict[str, Any] = {"mode": "spec" if spec else "target-only"}
-    tokens, used, table = {}, {}, None
+    tokens, used, replica = {}, {}, None
     for name, be in (("graph", backend), ("eager", eager_twin(backend))):
         with Engine(pair, be) as engine:
-            engine.schedule = table
+            engine.policy = replica
             _, first = engine.generate(make_requests(), spec=spec, watermark=watermark)
             outs, stats = engine.generate(make_requests(), spec=spec, watermark=watermark)
-            if table is None and engine.schedule is not None:   # the table the call used
-                table = engine.schedule.replica()
+            if replica is None and engine.policy is not None:   # the table the call used
+                replica = engine.policy.replica()
         used.update(stats.graphs)                        # the eager twin's is empty
         tokens[name] = [o.token_ids for o in outs]
         row[f"{name}_step_ms"] = 1e3 * stats.step_s

@@ -1,4 +1,6 @@
-"""Collects generated tokens per request on the host: stop tokens, stop strings, streaming."""
+"""The host side of a run's tokens: the Collector (stop tokens, stop strings, streaming,
+constraint trackers), dropping finished requests from the batch, and the masks of generic
+constraint hooks that are built on the host (``host_masks``, ``verify_masks``)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..constraints.host import ConstraintTracker
+from ..constraints.host import ConstraintTracker, block_masks
 from ..models.tokenizer import TextTokenizer
 from .request import Request, RequestOutput, stop_at, stop_cut
+from .state import BatchState
+from .stats import RunStats
 
 CONTEXT = 4    # prompt tokens an output is decoded after, for tokenizers whose text depends on it
 
@@ -107,3 +111,43 @@ class Collector:
                 if o.finish_reason == "stop_string" and cut is not None:
                     o.text = o.text[:cut]
         return self.outputs
+
+
+def drop_finished(st: BatchState, out: Collector) -> BatchState:
+    alive = [i for i, row in enumerate(st.rows) if not out.done(row)]
+    return st if len(alive) == st.size else st.keep(alive)
+
+
+def verify_masks(st: BatchState, out: Collector, stats: RunStats, block: int,
+                 count: bool = True) -> Callable[[dict], None] | None:
+    """Generic constraint hooks in a speculative step: a ``Runner.step`` callback that copies
+    the step's drafts to the host (one more device→host round trip, counted in ``syncs`` and
+    ``constraint_host_masks``) and sets every verify row's mask, row j with the hook's state
+    after d_1..d_j (``constraints.host.block_masks``); None when the batch has no such hook.
+    ``count`` False: a calibration step's (its syncs are not the run's decode syncs)."""
+    c = st.constraint
+    if block < 2 or c is None or c.host_mask is None:
+        return None
+
+    def between(drafted: dict) -> None:
+        drafts = drafted["draft"].tolist()                  # the extra round trip
+        if count:
+            stats.syncs += 1
+            stats.constraint_host_masks += 1
+        masks = np.ones((st.size, block, c.host_mask.shape[1]), bool)
+        for i, row in enumerate(st.rows):
+            tracker = out.trackers.get(row)
+            if tracker is not None and not tracker.table:
+                masks[i] = block_masks(tracker, drafts[i])
+        c.set_host_block_(masks)
+    return between
+
+
+def host_masks(st: BatchState, out: Collector, stats: RunStats) -> None:
+    """Generic constraint hooks: their masks for the next token (a target-only step's row, a
+    speculative step's row 0), built
+    on the host from the tokens it already has, copied to the device — one host round trip per
+    step, counted in ``stats.constraint_host_masks``. Token automata need none of this."""
+    if st.size and st.constraint is not None and st.constraint.host_mask is not None:
+        st.constraint.set_host_masks_([out.next_mask(row) for row in st.rows])
+        stats.constraint_host_masks += 1

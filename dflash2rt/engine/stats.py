@@ -14,7 +14,7 @@ class RunStats:
     device: str
     block_size: int                # adaptive: the largest candidate (the cache's block room)
     requests: int = 0
-    adaptive: bool = False         # block size chosen per step (engine/schedule.py)
+    adaptive: bool = False         # block size chosen per step (engine/policy/)
     # adaptive: why the schedule ran this whole call target-only ("": it speculated)
     call_plan: str = ""
     # adaptive: set when the schedule learned from distorted timings ($DFLASH2RT_PERTURB_COSTS)

@@ -140,7 +140,7 @@ class DraftModel(nn.Module):
 
     def empty_cache(self, batch: int, max_len: int, dtype: torch.dtype, device) -> KVCache:
         """K/V per layer, and one side buffer [batch, max_len, H]: the context hidden of
-        positions whose K/V a target-only step deferred (``engine.steps.catch_up_draft``)."""
+        positions whose K/V a target-only step deferred (``engine.stages.catch_up_draft``)."""
         a = self.cfg.arch
         kv = KVCache.empty(a.num_hidden_layers, batch, max_len, a.num_key_value_heads,
                            a.head_dim, dtype, device)

@@ -13,7 +13,7 @@ Under speculation, row j of the verify logits [R, γ+1, V] is the target's law a
 and the drafts d_1..d_j, so it is processed with the counts of the committed output *plus*
 d_1..d_j (row 0, the anchor's row, with the committed counts): ``block_counts`` builds them on
 the device with a cumulative one-hot of the drafts, so nothing is read on the host. The draft
-logits are processed too, with the committed counts only (``engine.steps.draft_logits``: the
+logits are processed too, with the committed counts only (``engine.stages.draft_logits``: the
 block's drafts are not known before the walk): that only shapes the proposals, whose q stays
 the law they were actually drawn from, so verification stays lossless.
 

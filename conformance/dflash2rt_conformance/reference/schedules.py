@@ -17,7 +17,7 @@ from typing import Callable
 Schedule = Callable[[tuple, tuple, float], int]
 
 # A fixed cost table (seconds of one step by block size; block 1 = one target row): the
-# cost-model schedule below and ``dflash2rt.engine.schedule.AdaptiveSchedule`` read it instead
+# cost-model schedule below and ``dflash2rt.engine.policy.schedule.AdaptiveSchedule`` read it instead
 # of measured times, so the schedule is a deterministic function of the accept history.
 COSTS = {1: 1.0, 2: 1.25, 3: 1.5, 4: 1.75, 5: 2.0, 6: 2.25, 7: 2.5, 8: 2.75}
 

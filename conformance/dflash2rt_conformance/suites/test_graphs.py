@@ -3,7 +3,7 @@ reused, on a second stream, with mixed greedy / sampled batches (docs/design.md,
 the target-only step, and when one engine replays its kept graphs in later generate() calls.
 
 These tests run when the backend captures graphs (``backend.graph_adapter`` is set; the engine
-then replays its steps per batch-size bucket of ``dflash2rt.engine.graphed.BUCKETS``). Eager mode
+then replays its steps per batch-size bucket of ``dflash2rt.engine.runner.BUCKETS``). Eager mode
 is the same backend with the adapter removed. They compare Engine outputs (token ids, accept
 lengths) of graph mode with eager mode; a backend without graphs skips them with that reason.
 
@@ -14,7 +14,7 @@ compare eager with eager, so it fails the test naming the reason. Per-test repla
 recorded as level metrics.
 
 Adaptive runs (the engine's default) compare under one schedule state: every engine here takes
-a schedule over the process's measured table that learns nothing between calls (``track=0``),
+a policy over the process's measured table (``dflash2rt.api.measured_table``) that learns nothing between calls (``track=0``),
 so graph mode and eager mode choose the same block sizes from the same outcomes.
 """
 
@@ -27,9 +27,10 @@ import pytest
 import torch
 
 from dflash2rt.engine.engine import Engine
-from dflash2rt.engine.graphed import BUCKETS
+from dflash2rt.engine.runner import BUCKETS
 from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.engine.schedule import shared_schedule
+from dflash2rt.api import measured_table
+from dflash2rt.engine.policy.adaptive import AdaptivePolicy
 from dflash2rt.watermark import WatermarkKey
 from dflash2rt_conformance import models
 from dflash2rt_conformance.capability import skip_without_fp64
@@ -116,8 +117,9 @@ def _run(pair, backend, reqs, spec=True, proof=None, case="", watermark=None, en
 
 def _engine(pair, backend) -> Engine:
     """An engine whose adaptive schedule learns nothing between calls (module docstring)."""
-    engine = Engine(pair, backend)
-    engine.schedule = shared_schedule(pair, backend.device, track=0.0)
+    table = measured_table(pair, backend.device)           # the process's, as the api's
+    engine = Engine(pair, backend, table=table)
+    engine.policy = AdaptivePolicy.measured(pair.draft.cfg.block_size, table, track=0.0)
     return engine
 
 

@@ -98,7 +98,7 @@ def _walk_table() -> np.ndarray:
 
 
 def test_draft_walk_follows_the_constraint(backend, results):
-    """The draft side under a constraint (``engine.steps.draft_logits`` then the selector walk
+    """The draft side under a constraint (``engine.stages.draft_logits`` then the selector walk
     with ``ConstraintBatch.walk``) vs the float64 reference: slot 0's candidates come from
     the committed state's allowed tokens, and at each slot the walk reads its lattice row with
     what the state after the path so far forbids at −inf and draws from that masked law, which

@@ -93,10 +93,18 @@ ENGINE_COSTS = {1: 1.0, 2: 1.7, 3: 2.2, 4: 2.6, 5: 3.0, 6: 3.4, 7: 3.8, 8: 4.2}
 
 
 def _engine_schedule(bmax: int):
-    """``dflash2rt.engine.schedule.AdaptiveSchedule`` (candidates 1..bmax, a fixed cost table)
-    as a function of the past: a fresh schedule replays the history — choose (its probe state
-    lives there), which must give the recorded block, then observe — and chooses (one row)."""
-    cls = importlib.import_module("dflash2rt.engine.schedule").AdaptiveSchedule
+    """The engine's per-step rule, ``AdaptiveSchedule`` (``dflash2rt.engine.policy.schedule``;
+    ``dflash2rt.engine.schedule`` in earlier versions), with candidates 1..bmax and a fixed cost
+    table, as a function of the past: a fresh schedule replays the history — choose (its probe
+    state lives there), which must give the recorded block, then observe — and chooses (one
+    row)."""
+    try:
+        module = importlib.import_module("dflash2rt.engine.policy.schedule")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("dflash2rt.engine.policy", "dflash2rt.engine.policy.schedule"):
+            raise
+        module = importlib.import_module("dflash2rt.engine.schedule")
+    cls = module.AdaptiveSchedule
     cands = tuple(range(1, bmax + 1))
 
     def schedule(history: tuple, ctx: tuple, peek: float) -> int:
@@ -116,7 +124,7 @@ def test_adaptive_engine_schedule(backend, results, sizes):
     except ModuleNotFoundError as exc:
         if exc.name != "dflash2rt.engine.schedule":
             raise
-        pytest.skip("dflash2rt.engine.schedule (AdaptiveSchedule) is not in this dflash2rt")
+        pytest.skip("AdaptiveSchedule (dflash2rt.engine.policy.schedule) is not in this dflash2rt")
     _check(backend, results, sizes, "engine-AdaptiveSchedule", schedule, "float32")
 
 

@@ -9,7 +9,7 @@ only the right mask turns a raw row into its lattice-exact quarter table — a r
 row j with another row's state (row 0's, the committed one) moves the law far from the target.
 With ``draft side`` "unmasked" the backend's select proposes as it would without a constraint
 (its q puts mass on forbidden tokens, which verification rejects); with "masked" the draft side
-is the engine's under a constraint (``engine.steps.select_block``: candidate masks, then the
+is the engine's under a constraint (``engine.stages.select_block``: candidate masks, then the
 walk masked with the state after the path so far, q the masked law), on tables whose masked
 laws stay on the quarter lattice."""
 

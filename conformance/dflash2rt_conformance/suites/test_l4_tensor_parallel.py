@@ -64,17 +64,18 @@ def _ranks(pair, backend_name, runs, out_dir):
     keywords, seeds, spec); each rank writes its tokens to out_dir/rank{r}.json, rank 0
     returns them."""
     from dflash2rt.api import _tp_rank_setup
-    from dflash2rt.distributed.consensus import RankZeroSchedule, StepCheck
+    from dflash2rt.distributed.consensus import RankZero, StepCheck
     from dflash2rt.engine.engine import Engine
     from dflash2rt.engine.request import Request, SamplingParams
-    from dflash2rt.engine.schedule import shared_schedule
+    from dflash2rt.engine.policy.adaptive import AdaptivePolicy
     from dflash2rt.registry import Registry
 
     a = dict(model=pair, tp=TP, tp_check=True, backend=backend_name)
     be, group, p = _tp_rank_setup(a, Registry.discover().select(backend_name).backend)
     got = {}
     with Engine(p, be) as eng:
-        eng.schedule = RankZeroSchedule(shared_schedule(p, be.device), group)
+        eng.policy = AdaptivePolicy.measured(p.draft.cfg.block_size, eng.table,
+                                             agree=RankZero(group))
         eng.step_check = StepCheck(group)
         for name, r in runs.items():
             reqs = [Request(tuple(pr), SamplingParams(**r["params"], seed=seed))

@@ -1,10 +1,10 @@
-"""One decode step, the same bodies whether run eagerly or captured and replayed as graphs.
+"""The step bodies: one decode step, the same bodies whether run eagerly or replayed as graphs.
 
 Speculative: ``draft`` (draft_block → select_block) then ``verify`` (verify_block → accept →
 commit KV). Target-only: ``target_only`` (forward → sample → commit KV). A body reads its
 inputs (the live rows' device state, plus the draft's outputs for ``verify``) and returns
 tensors; the last body of a step returns the ``StepOut`` fields, flags packed (``pack_flags``)
-and the new lengths and anchor, which the engine copies into the batch state in one place.
+and the new lengths and anchor, which the Runner copies into the batch state in one place.
 Rows whose ``live`` input is False (graph padding) commit nothing. A batch with logit
 processors, min-p, logprobs or constraints (``BatchState.eager_only``) runs its bodies eagerly
 with the batch's own sampling, ``procs`` and ``constraint`` (``host``): graphs do not take them
@@ -25,7 +25,7 @@ from ..models.pair import ModelPair
 from ..ops.batch import BlockNoise, SamplingBatch
 from ..ops.selector import SelectorOut
 from ..watermark.generate import WatermarkBatch
-from . import steps
+from . import stages
 from .state import BatchState
 
 Tensors = dict[str, torch.Tensor]
@@ -125,11 +125,11 @@ class StepBodies:
               host: BatchState | None = None) -> Tensors:
         """draft → select: the block's draft tokens, their laws, the step's noise."""
         st, gamma = self._state(inp, sampled, host), self.block - 1
-        pos = steps.block_positions(st, self.block)                      # [R, B]
-        h_e = steps.draft_block(self.pair, st, self.backend, pos, ctx_len)  # [R, γ, H]
+        pos = stages.block_positions(st, self.block)                      # [R, B]
+        h_e = stages.draft_block(self.pair, st, self.backend, pos, ctx_len)  # [R, γ, H]
         noise = self.backend.noise(st.seed, st.key, st.lens, gamma) if sampled \
             else BlockNoise.unused(st.size, gamma, st.lens.device)
-        sel = steps.select_block(self.pair, st, self.backend, h_e, noise)
+        sel = stages.select_block(self.pair, st, self.backend, h_e, noise)
         return {"draft": sel.draft, "cand": sel.candidates, "q": sel.q,    # [R, γ], [R, γ, K] ×2
                 "draft_bad": sel.bad, "lattice_bad": sel.bad_lattice,
                 **{n: getattr(noise, n) for n in NOISE}}
@@ -138,14 +138,14 @@ class StepBodies:
                host: BatchState | None = None) -> Tensors:
         """verify → accept → commit KV of the accepted rows; the StepOut fields."""
         st = self._state(inp, sampled, host)
-        pos = steps.block_positions(st, self.block)                      # [R, B]
+        pos = stages.block_positions(st, self.block)                      # [R, B]
         sel = SelectorOut(inp["draft"], inp["cand"], inp["q"], inp["draft_bad"],
                           inp["lattice_bad"])
         noise = BlockNoise(*(inp[n] for n in NOISE))
-        tgt, ver, lp = steps.verify_block(self.pair, st, self.backend, sel, noise, pos, ctx_len)
+        tgt, ver, lp = stages.verify_block(self.pair, st, self.backend, sel, noise, pos, ctx_len)
         acc = ver.accept_len                                             # [R]
         count = torch.where(inp["live"], acc + 1, 0)                     # padded rows: inert
-        steps.commit_kv(self.pair, st, tgt, pos, count)                  # inputs stay unmodified
+        stages.commit_kv(self.pair, st, tgt, pos, count)                  # inputs stay unmodified
         return {"accept_len": acc, "tokens": ver.tokens,                 # [R], [R, B]
                 "flags": pack_flags(ver.bad, ver.bad_q, inp["draft_bad"], inp["lattice_bad"]),
                 "lens": st.lens + count, "anchor": ver.tokens.gather(1, acc.view(-1, 1))[:, 0],
@@ -155,10 +155,10 @@ class StepBodies:
                     host: BatchState | None = None) -> Tensors:
         """One target token per row: forward → sample → commit KV; the StepOut fields."""
         st = self._state(inp, sampled, host)
-        token, bad, out, pos, lp = steps.target_only_forward(self.pair, st, self.backend,
+        token, bad, out, pos, lp = stages.target_only_forward(self.pair, st, self.backend,
                                                              ctx_len)           # [R], [R]
         count = torch.where(inp["live"], 1, 0)                           # padded rows: inert
-        steps.commit_kv(self.pair, st, out, pos, count, defer_draft=True)  # draft: side buffer
+        stages.commit_kv(self.pair, st, out, pos, count, defer_draft=True)  # draft: side buffer
         return {"accept_len": torch.zeros_like(token), "tokens": token.view(-1, 1),
                 "flags": pack_flags(bad), "lens": st.lens + count, "anchor": token,
                 **({} if lp is None else {"logprobs": lp})}

@@ -1,10 +1,12 @@
-"""The adaptive schedule's measured table and how it learns between calls (schedule.py).
+"""The adaptive policy's measured table and how it learns between calls (schedule.py).
 
-One table per process, model pair and device (``shared_table``), keyed (block, bucket, mode):
-``samples`` are the calibration steps' seconds, ``observed`` the costs folded in from decode
-steps after each call (``fold_costs``), ``accept`` the per-slot acceptance counts pooled per
-(mode, law) over calls (``fold_accept``). A schedule reads it once per call (``costs_now``,
-``pool``), so choices within a call never follow it.
+Keyed (block, bucket, mode): ``samples`` are the calibration steps' seconds, ``observed`` the
+costs folded in from decode steps after each call (``fold_costs``), ``accept`` the per-slot
+acceptance counts pooled per (mode, law) over calls (``fold_accept``), ``calls`` and
+``realized`` the call plan's records (call_plan.py). Its owner is the Engine (``Engine.table``),
+or whoever passes one to several engines (the api keeps one per model pair and device). A
+schedule reads it once per call (``costs_now``, ``pool``), so choices within a call never
+follow it. ``CostNoise``: the seeded distortion of every measured time, for tests.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import math
 import os
 import random
 import statistics
-import weakref
 from typing import Hashable
 
 Key = tuple[int, int, str]           # (block, bucket, mode)
@@ -24,9 +25,6 @@ MIN_STEPS = 3       # a call's steps of one (block, bucket) needed to move its t
 TRACK = 0.5         # a measured table's default: each call moves an entry halfway to its steps
 POOL_MIN = 8        # reached observations of a slot before the pooled prior replaces the chain
 POOL_CAP = 256.0    # the pooled counts are scaled down past this many observations of slot 1
-
-_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # target → draft → device
-
 
 PERTURB_ENV = "DFLASH2RT_PERTURB_COSTS"
 
@@ -91,26 +89,32 @@ class MeasuredTable:
         s = self.samples.get(key)
         return statistics.median(s) if s else None
 
-    def costs_now(self) -> dict[Key, float]:
-        """Every calibrated entry's cost now: observed, else its calibration × its bucket's
-        drift (the geometric mean of observed / calibrated over the bucket's observed entries)."""
+    def costs_now(self, drift: bool = True) -> dict[Key, float]:
+        """Every calibrated or observed entry's cost now: observed, else its calibration × its
+        bucket's drift (the geometric mean of observed / calibrated over the bucket's observed
+        entries; ``drift`` False: its calibration alone)."""
         cal = {k: c for k in self.samples if (c := self.calibrated(k)) is not None}
+        if not drift:
+            return {**cal, **self.observed}
         logs: dict[tuple[int, str], list[float]] = {}
         for key, c in self.observed.items():
             if key in cal and cal[key] > 0 and c > 0:
                 logs.setdefault(key[1:], []).append(math.log(c / cal[key]))
-        drift = {km: math.exp(sum(v) / len(v)) for km, v in logs.items()}
-        return {key: self.observed.get(key, c * drift.get(key[1:], 1.0))
-                for key, c in cal.items()}
+        scale = {km: math.exp(sum(v) / len(v)) for km, v in logs.items()}
+        return {**self.observed, **{key: self.observed.get(key, c * scale.get(key[1:], 1.0))
+                                    for key, c in cal.items()}}
 
     def fold_costs(self, steps: dict[Key, list[float]], frozen: dict[Key, float],
-                   track: float) -> None:
+                   track: float, first: bool = False) -> None:
         """A call's step seconds per key (``frozen``: the costs it decided with): each key
-        with ``MIN_STEPS`` steps moves ``track`` of the way to the call's median step."""
+        with ``MIN_STEPS`` steps moves ``track`` of the way to the call's median step.
+        ``first``: a key with no cost yet takes the median (a table never calibrated)."""
         for key, secs in sorted(steps.items()):
             base = self.observed.get(key, frozen.get(key))
             if base is None:                                    # calibrated in this call
                 base = self.calibrated(key)
+            if base is None and first and len(secs) >= MIN_STEPS:
+                base = statistics.median(secs)
             if len(secs) < MIN_STEPS or base is None:
                 continue
             self.observed[key] = base + track * (statistics.median(secs) - base)
@@ -147,10 +151,3 @@ class MeasuredTable:
         out = MeasuredTable()
         out.accept = {k: (list(a), list(n)) for k, (a, n) in self.accept.items()}
         return out
-
-
-def shared_table(pair, device: object) -> MeasuredTable:
-    """The process's one measured table for this model pair (its target and draft modules) on
-    this device."""
-    drafts = _TABLES.setdefault(pair.target, weakref.WeakKeyDictionary())
-    return drafts.setdefault(pair.draft, {}).setdefault(str(device), MeasuredTable())

@@ -1,103 +1,35 @@
-"""Adaptive speculation: each decode step's block size, chosen from the past only.
-
-The co-design rule Speedup = E[L]·T_target / (T_draft + T_verify), applied online: a step
-takes the block size b among ``candidates`` (1: a target-only step) that maximises
-
-    Σ_rows E_r[b] / cost(b, bucket),   E_r[b] = 1 + Σ_{j=1}^{b-1} Π_{i≤j} α_{r,i}
-
-or, when the engine passes each row's remaining token budget (``remaining``), that minimises
-the batch's projected time to finish if every later step kept block b (a receding horizon):
-row r needs n_r = ⌈rem_r / E_r[b]⌉ more steps (near its end, the exact expected count:
-``steps_to_finish``), and the batch pays cost(b, bucket of the rows still live) per step,
-Σ_i (n_(i) − n_(i−1))·cost(b, bucket(R − i + 1)) over the sorted n_r. A row's steps to
-finish are random (σ_r = √(rem_r·Var[X] / E[X]³) for the tokens X a step commits, renewal
-CLT), and the batch waits for its slowest row: the sorted n_r are spread by the expected
-normal order statistics of R rows (``order_z``; 0 at batch 1, ±1.42 σ at batch 8), which
-target-only steps (σ = 0) never pay. Without the spread a sampled batch takes blocks whose
-mean rate looks good while its last row keeps the batch running well past the mean
-(docs/benchmarks/adaptive.md).
-At batch 1 this is the rate rule (with the last steps' rounding: one token left is a
-target-only step); in a batch it sees what the rate rule misses: the batch runs until its
-slowest row is done, so tokens that rows ahead of it commit only pay back through cheaper
-steps of a smaller batch, while target-only steps keep every row in lockstep.
-
-α_{r,i}: request r's running estimate of P(draft slot i accepted | slot i reached), from a
-prior (``prior_weight`` pseudo-observations, per mode: ``PRIOR_WEIGHT``, at the pooled
-acceptance of slot i over earlier calls with the same sampling settings, once it has
-``POOL_MIN`` observations; else at
-α_{r,i−1}, ``prior`` for slot 1, so a slot the chain never reaches is expected to do as the
-last one reached did, not as well as the prior) and exponential forgetting (``decay`` per
-observation of the slot) so it tracks changes. The pool is what makes a new request start
-with the blocks the pair earns: with the chain alone, one early rejection makes the deep slots
-of a new request look hopeless and shrinks its first blocks.
-cost(b, bucket): seconds of one decode step of block b for a batch of that bucket (the next
-power of two ≥ its rows, as graphs bucket).
-
-Exploration: target-only steps teach nothing about acceptance, so after ``probe`` target-only
-steps in a row the batch re-tries its best speculative block (a probe); the gap doubles (up to
-``max_probe``) while probes keep ending in target-only, and resets once speculation wins.
-
-Losslessness: ``choose`` sees only past outcomes (accepted counts of finished steps) and the
-cost table, never the current step's uniforms, so every step verifies losslessly.
-
-Costs and reproducibility. Measured (the engine's default), per sampling mode ("greedy" or
-"sampled": a sampled step does more work, so its cost is timed on its own; ``begin(mode)``
-sets the mode of a batch): before a batch of a new bucket decodes, the engine calibrates:
-``reps`` rounds over the candidates, one step each on the live batch (results discarded, the
-batch unchanged; RNG keys apart; rounds, so that a machine's drift hits every candidate alike),
-timed wall to the step's one sync with graph capture excluded; the median is kept. The table
-is one per process, model pair and device (``shared_schedule``: every Engine there shares
-it, whatever its backend or graph mode).
-
-The table follows the machine between calls, never within one (and so does the acceptance
-pool): ``begin`` freezes the table a call decides with, ``observe`` collects the seconds its
-decode steps take (a speculative step after target-only steps with the deferred draft context
-it catches up first, so the table learns what switching costs), and ``end`` folds them in
-(``track``: each (block, bucket, mode) with at least ``MIN_STEPS`` steps in the call moves that
-share of the way from its entry to the call's median step). An entry the call did not run
-follows the entries it did: it is its calibration scaled by the bucket's drift, the geometric
-mean of observed / calibrated over the entries observed so far. So a machine that slows down
-(or a calibration that caught it in a fast moment) stops steering the choice after a call or
-two, instead of making the adaptive run pick speculation it cannot afford. Within a
-call choices are a deterministic function of the frozen table, the pool and the batch's
-committed outcomes (so every step verifies losslessly; ``replica()`` gives another engine the
-same decisions: eager == graphs); seeded sampled output can differ between calls whose tables
-differ. For seeded runs that repeat exactly: a fixed block (``block_size=N``), a fixed table
-(below) as ``Engine.schedule`` (it learns nothing between calls unless given ``track``), or a
-measured one with ``track=0`` (``shared_schedule(pair, device, track=0)``). Greedy output never
-depends on the schedule. ``RunStats.costs`` reports the table a call decided with.
-
-API (small and pure-ish; a conformance test can drive it by hand, no clock needed):
+"""The per-step rule of adaptive speculation (docs/adaptive.md): ``AdaptiveSchedule`` keeps each
+live request's acceptance estimates α_{r,i} (a prior pooled over earlier calls, exponential
+forgetting) and a cost table (fixed, or measured: ``MeasuredTable``, table.py), and chooses
+each step's block b among ``candidates`` (1: a target-only step) from the past only: the rate
+Σ_rows E_r[b] / cost(b, bucket), or with the rows' remaining budgets the projected time until
+the batch's slowest row is done (finish.py), with probes back to speculation after runs of
+target-only steps. ``begin`` freezes the table and pool a call decides with; ``end`` folds the
+call's step times and acceptance into the table. It is pure enough to drive by hand:
 
     s = AdaptiveSchedule((1, 2, 4, 8), costs={1: 1.0, 2: 1.3, 4: 1.5, 8: 2.0})  # fixed table
-    s = AdaptiveSchedule((1, 2, 4, 8))          # measured: calibrate(bucket) lists what to time
     s.begin("sampled")                          # a new batch: forget its estimates; its mode
     b = s.choose(rows)                          # rows: the live requests' keys (hashable)
     b = s.choose(rows, remaining=[40, 12])      # or: projected time to finish the batch
     s.observe(rows, b, accepted, seconds)       # accepted[i]: drafts accepted for rows[i]
     s.end()                                     # the batch is done: fold its step times in
-
-``costs`` keys are a block (every bucket) or (block, bucket); seconds or any common unit (a
-fixed table serves both modes).
 """
 
 from __future__ import annotations
 
-from typing import Hashable, Mapping, Sequence
+from typing import Callable, Hashable, Iterable, Mapping, Sequence
 
-from ..errors import InvalidInputError
-from .call_plan import PLAN_MARGIN, CallPlan
-from .cost_table import (FIRST_CALL_GAP, MAX_CALL_GAP, MIN_STEPS, POOL_CAP, POOL_MIN, TRACK,
-                         MeasuredTable, bucket_of, shared_table)
-from .finish import TAIL, BlockLaw, expected_of, finish_spread, finish_steps, order_z
-
-__all__ = ["AdaptiveSchedule", "BlockLaw", "MeasuredTable", "FIRST_CALL_GAP", "MAX_CALL_GAP",
-           "MIN_STEPS", "PLAN_MARGIN", "POOL_CAP", "POOL_MIN", "PRIOR_WEIGHT", "TAIL", "TRACK",
-           "bucket_of", "default_candidates", "expected_of", "finish_spread", "finish_steps",
-           "order_z", "shared_schedule", "shared_table"]
+from ...errors import InvalidInputError
+from .finish import BlockLaw, expected_of, finish_steps, order_z
+from .table import TRACK, MeasuredTable, bucket_of
 
 
 MODES = ("greedy", "sampled")
+# The mechanisms an ablation may switch off (``without``; docs/adaptive.md says what replaces
+# each one). The policy's own: "call_plan" (adaptive.py, call_plan.py).
+ABLATIONS = frozenset({"row_alpha", "pooled_prior", "cost_table", "drift", "finish_rule",
+                       "call_plan", "probes", "calibration"})
+UNIT_COST = 1.0     # "cost_table" off: every step of every block costs this
 # Pseudo-observations of the prior per mode. Greedy acceptance is a function of the context, so
 # a request's own recent outcomes say where it is predictable (runs of boilerplate): a light
 # prior. A sampled slot is accepted by a coin as well, so a request's last few outcomes are
@@ -116,27 +48,27 @@ def default_candidates(block: int) -> tuple[int, ...]:
                                                  if 1 << k < block}))
 
 
-def shared_schedule(pair, device: object, track: float | None = None) -> "AdaptiveSchedule":
-    """A new schedule (an Engine's default) over the process's one measured cost table for this
-    model pair on this device: every engine of the process over them, whatever its backend or
-    graph mode, decides from the same table (as the steps of earlier calls left it) and so
-    makes the same choices from the same outcomes. ``track=0``: a schedule that calibrates
-    into the shared table but learns nothing from its calls (engines compared step for step
-    with one another use such schedules)."""
-    return AdaptiveSchedule(default_candidates(pair.draft.cfg.block_size), track=track,
-                            table=shared_table(pair, device))
-
-
-class AdaptiveSchedule(CallPlan):
+class AdaptiveSchedule:
     """Per-request acceptance estimates (reset by ``begin``) and a cost table (fixed, or
     measured by calibration and tracked between calls, possibly shared: ``table``);
-    ``choose`` / ``observe`` / ``end``."""
+    ``choose`` / ``observe`` / ``end``. ``without``: mechanisms switched off (``ABLATIONS``)."""
+
+    # Called with the schedule whenever one over a measured table begins a call (CI lists the
+    # tests whose choices came from this machine's timings: tests/conftest.py); None: nothing.
+    on_measured_begin: Callable[["AdaptiveSchedule"], None] | None = None
 
     def __init__(self, candidates: Sequence[int], costs: Mapping | None = None, *,
                  prior: float = 0.8, prior_weight: float | Mapping[str, float] = PRIOR_WEIGHT,
                  decay: float = 0.9,
                  probe: int = 4, max_probe: int = 64, reps: int = 3, track: float | None = None,
-                 table: MeasuredTable | None = None) -> None:
+                 table: MeasuredTable | None = None,
+                 without: Iterable[str] = frozenset()) -> None:
+        self.without = frozenset(without)
+        if not self.without <= ABLATIONS:
+            raise InvalidInputError(f"unknown mechanisms {sorted(self.without - ABLATIONS)} in "
+                                    f"without: the adaptive ones are {sorted(ABLATIONS)}")
+        if "cost_table" in self.without:      # a fixed table in which every step costs alike
+            costs = dict.fromkeys(candidates, UNIT_COST)
         cands = sorted(set(int(b) for b in candidates))
         if not cands or cands[0] < 1:
             raise InvalidInputError(f"block size candidates must be integers >= 1, got "
@@ -157,8 +89,6 @@ class AdaptiveSchedule(CallPlan):
         self.track = float(track)
         self.fixed = costs is not None
         self._fixed = dict(costs or {})
-        self.last_plan = ""                  # what ``plan`` said for the current (last) call
-        self._replay_plan: str | None = None  # a replica's: the copied call's plan
         # measured seconds per (block, bucket, mode); ``table``: one shared with others
         self.table = MeasuredTable() if table is None else table
         self._samples = self.table.samples
@@ -180,47 +110,44 @@ class AdaptiveSchedule(CallPlan):
         self._only, self._gap = 0, self.probe          # target-only steps in a row, probe gap
         self._held: tuple | None = None                # the rows of a run of target-only steps
         # the table and pool this call decides with (a copy of the pool for ``replica``)
-        self._frozen = {} if self.fixed else self.table.costs_now()
+        self._frozen = {} if self.fixed else self.table.costs_now("drift" not in self.without)
+        hook = AdaptiveSchedule.on_measured_begin        # a plain function (class lookup)
+        if not self.fixed and hook is not None:
+            hook(self)
         self._pooled = self.table.accept_copy()
         self._pool = self._pooled.pool(mode, law)
         self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds
         self._counts: tuple[list[float], list[float]] = ([], [])    # this call's, per slot
         self._made = [0.0, 0.0]        # this call's decode tokens (observed) and seconds
-        self._planned: tuple | None = None       # (key, rows, budgets, speculated): plan's
 
     def replica(self) -> "AdaptiveSchedule":
         """A schedule that decides as this one's current (or last) call did and learns nothing:
         that call's cost table as a fixed one, its acceptance pool, the same parameters,
-        ``track=0``, and that call's plan (every call of the replica is planned as that one
-        was). Another engine given it chooses the same blocks from the same outcomes (graph
-        replay vs eager, backend vs backend)."""
+        ``track=0`` (``AdaptivePolicy.replica`` adds that call's plan). Another engine given it
+        chooses the same blocks from the same outcomes (graph replay vs eager, backend vs
+        backend)."""
         out = AdaptiveSchedule(self.candidates, self.costs, prior=self.prior,
                                prior_weight=self.prior_weight, decay=self.decay,
                                probe=self.probe, max_probe=self.max_probe, reps=self.reps,
-                               track=0.0, table=self._pooled.accept_copy())
-        out._replay_plan = self.last_plan
+                               track=0.0, table=self._pooled.accept_copy(),
+                               without=self.without - {"cost_table"})
         return out
 
-    def end(self, tokens: int | None = None, seconds: float | None = None) -> None:
+    def end(self) -> tuple[float, float]:
         """The batch is done: fold its decode steps' seconds and its per-slot acceptance
-        counts into the shared table (module docstring; ``track=0``: neither); choices of the
-        next ``begin`` see them, this call's never did. A planned call (speculative, or run
-        target-only by ``plan``: the engine ends those too) also folds its realized rate
-        (``tokens`` over ``seconds``: the engine gives the call's tokens and wall seconds,
-        prefill and host work included, calibration excluded; else the tokens its decode
-        steps committed over their seconds) over the rate ``project`` gives its mode now that
-        every cost it needed is timed: what ``plan`` scales the next projections by."""
+        counts into the table (module docstring; ``track=0``: neither); choices of the next
+        ``begin`` see them, this call's never did. → the tokens its observed decode steps
+        committed and their seconds (the call plan's default realized rate)."""
         steps, self._steps = self._steps, {}
         counts, self._counts = self._counts, ([], [])
         made, self._made = self._made, [0.0, 0.0]
-        planned, self._planned = self._planned, None
         if self.track == 0.0:
-            return
+            return made[0], made[1]
         self.table.fold_accept(self.mode, self.law, counts)
         if not self.fixed:
-            self.table.fold_costs(steps, self._frozen, self.track)
-        self._fold_plan(planned, made[0] if tokens is None else tokens,
-                        made[1] if seconds is None else seconds)
+            self.table.fold_costs(steps, self._frozen, self.track,
+                                  first="calibration" in self.without)
+        return made[0], made[1]
 
     def alphas(self, row: Hashable, slots: int) -> list[float]:
         """α_1 .. α_slots for ``row``: each slot's counts over ``prior_weight`` (this mode's)
@@ -231,11 +158,12 @@ class AdaptiveSchedule(CallPlan):
         slots, so a fixed prior would keep them optimistic; chained, an unreached slot is
         expected to do as the last slot seen did. Without the pool one early rejection would
         make a new request's deep slots look hopeless and shrink its first blocks."""
-        acc, seen = self._rows.get(row, ((), ()))
+        acc, seen = ((), ()) if "row_alpha" in self.without else self._rows.get(row, ((), ()))
+        pool = () if "pooled_prior" in self.without else self._pool
         out, a = [], self.prior
         for j in range(slots):
             hit, n = (acc[j], seen[j]) if j < len(acc) else (0.0, 0.0)
-            pooled = self._pool[j] if j < len(self._pool) else None
+            pooled = pool[j] if j < len(pool) else None
             a = (hit + (a if pooled is None else pooled) * self._pw) / (n + self._pw)
             out.append(a)
         return out
@@ -260,11 +188,14 @@ class AdaptiveSchedule(CallPlan):
         key = (block, bucket, self.mode)
         if key in self._frozen:
             return self._frozen[key]
+        if "calibration" in self.without:   # untimed: as the cheapest entry the call knows
+            known = [c for (_, k, m), c in self._frozen.items() if k == bucket and m == self.mode]
+            return min(known, default=UNIT_COST)
         return self.table.calibrated(key)              # calibrated during this call
 
     def calibrate(self, bucket: int) -> list[int]:
         """The candidates still to time at ``bucket`` (one step each, then ask again)."""
-        if self.fixed:
+        if self.fixed or "calibration" in self.without:
             return []
         return [b for b in self.candidates
                 if len(self._samples.get((b, bucket, self.mode), ())) < self.reps]
@@ -282,7 +213,7 @@ class AdaptiveSchedule(CallPlan):
         if self.fixed:
             return {k if isinstance(k, tuple) else (int(k), 0): float(v)
                     for k, v in sorted(self._fixed.items(), key=str)}
-        return {(b, k): c for (b, k, m) in sorted(self._samples)
+        return {(b, k): c for (b, k, m) in sorted(set(self._samples) | set(self._frozen))
                 if m == self.mode and (c := self.cost(b, k)) is not None}
 
     # ---- decisions ---------------------------------------------------------------------------
@@ -361,19 +292,19 @@ class AdaptiveSchedule(CallPlan):
         without scoring: target-only steps observe nothing, so the rows' estimates stand still
         (the rate rule's scores exactly; the finish rule's budgets shrink by a token a step),
         and scoring them again would only cost time."""
-        key = tuple(rows)
-        if self._held == key and self._only < self._gap:
+        key, probes = tuple(rows), "probes" not in self.without
+        if self._held == key and (self._only < self._gap or not probes):
             self._only += 1
             return 1
         self._held = None
-        if remaining is not None:
+        if remaining is not None and "finish_rule" not in self.without:
             self._calibrated(bucket_of(len(rows)))     # the live bucket must be calibrated
             scores = self.finish_scores(rows, remaining)
         else:
             scores = self.scores(rows)
         best = max(self.candidates, key=lambda b: (scores[b], -b))
         spec = [b for b in self.candidates if b > 1]
-        if best == 1 and spec and self._only >= self._gap:
+        if best == 1 and spec and probes and self._only >= self._gap:
             self._only, self._gap = 0, min(2 * self._gap, self.max_probe)
             return max(spec, key=lambda b: (scores[b], -b))
         if best == 1:
@@ -382,6 +313,22 @@ class AdaptiveSchedule(CallPlan):
         else:
             self._only, self._gap = 0, self.probe
         return best
+
+    def project(self, rows: int, remaining: Sequence[int]) -> tuple[int, float, float] | None:
+        """A call's first-step projection for ``rows`` fresh requests with these budgets, from
+        the pool and table it decides with: (best speculative block, its tokens/s, the
+        target-only tokens/s) by ``finish_scores`` (the "finish_rule" ablation: ``scores``);
+        None before anything is pooled for the call's (mode, law) or while a candidate is
+        untimed at its bucket (the call plan's input, call_plan.py)."""
+        k = bucket_of(rows)
+        if not self._pool or self._pool[0] is None or self.candidates[-1] < 2 \
+                or any(self.cost(b, k) is None for b in self.candidates):
+            return None
+        fresh = [object() for _ in range(rows)]
+        scores = self.scores(fresh) if "finish_rule" in self.without else \
+            self.finish_scores(fresh, remaining)
+        spec = max((b for b in self.candidates if b > 1), key=lambda b: (scores[b], -b))
+        return spec, scores[spec], scores[1]
 
     def observe(self, rows: Sequence[Hashable], block: int, accepted: Sequence[int],
                 seconds: float | None = None) -> None:

@@ -1,7 +1,7 @@
-"""The decode algorithm as named functions, in the order of docs/design.md §1.
+"""The stages of the decode algorithm as plain functions, in the order of docs/design.md §1.
 
-prefill, then per step draft_block → select_block → verify_block → commit_kv (step.py puts
-them into step bodies). Nothing here reads a device value on the host: the engine does exactly
+prefill, then per step draft_block → select_block → verify_block → commit_kv (bodies.py puts
+them into step bodies). Nothing here reads a device value on the host: the Runner does exactly
 one device→host transfer per step. ``ctx_len``: cache rows attention reads (None: all).
 
 Logit processors (``st.procs``: bias, penalties) process every target row the same way in each
@@ -15,7 +15,7 @@ the emitted tokens' log-probabilities under the final law (``ops.procs.token_log
 A watermarked batch (``st.wm``, ``watermark.generate``) draws its sampled rows with keyed
 Gumbel-max: the walk (subkey A), the acceptance coins (C), the residual / bonus, target-only and
 first tokens (B). Its select / verify go through ``Backend.select_marked`` / ``verify_marked``
-(torch ops by default, the kernels' keyed draws on a kernel backend; the Stepper reports a kernel
+(torch ops by default, the kernels' keyed draws on a kernel backend; the Runner reports a kernel
 backend whose watermark runs torch ops); target-only and first tokens are ``sample_next`` (torch).
 """
 

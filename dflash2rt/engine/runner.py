@@ -1,0 +1,425 @@
+"""The Runner: a decode engine's caches and step execution, eager or replayed from graphs.
+
+An Engine holds one Runner. ``start`` gives a run its batch state over the run's caches (the
+kept static caches when the backend captures graphs, else caches made for the run);
+``prefill`` and ``step`` run the step bodies (bodies.py, over the functions of stages.py) and
+make each step's one device→host transfer; ``trial`` runs a step whose results are discarded
+(adaptive calibration, the cost bench). Per mode (a speculative block, or a target-only step)
+the bodies run eagerly, each on the live rows, or replayed from graphs: one bucketed
+GraphRunner per body and sampling mode over the static caches (draft + conv + selector + walk
+in one graph, verify + accept + commit in another; target-only forward + sample + commit in
+one). Per-request temperatures and greedy flags are static tensors (select, not branch);
+padded rows are inert: greedy, length 0, and they commit nothing (``live`` False). ``timer``:
+an optional hook every body run goes through (the profiler's synced timing).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..backend import TORCH_OPS, Backend
+from ..errors import InvalidInputError
+from ..graphs.adapter import GraphAdapter
+from ..graphs.runner import GraphRunner, SharedPool, bucket_for
+from ..models.kv_cache import KVCache
+from ..models.pair import ModelPair
+from ..ops.procs import unpack_logprobs
+from ..watermark import DEFAULT_CONTEXT_WIDTH, WatermarkKey
+from ..watermark import generate as wm_generate
+from ..watermark.generate import WatermarkBatch, capacity_for
+from . import stages
+from .bodies import NOISE, StepBodies, StepOut, Tensors, live_inputs, pack_flags, raise_flags
+from .memory import make_caches
+from .request import Request
+from .state import BatchState, new_state
+
+BUCKETS = (1, 2, 4, 8, 16, 32)
+LEN_STEP = 256      # cache lengths round up to this, so later generate() calls fit the graphs
+_PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.int64, 0),
+           "key": (torch.int64, 0), "temperature": (torch.float32, 0.0),
+           "top_k": (torch.int64, 0), "top_p": (torch.float32, 1.0), "greedy": (torch.bool, True),
+           "live": (torch.bool, False)}
+GraphStats = dict[str, dict[int, dict[str, Any]]]     # graph name → bucket → counters
+Report = Callable[[str], None]
+Check = Callable[[list], None]
+# A hook every body run goes through: (kind, block, clock, run) → run()'s result; kind is
+# "draft", "verify" or "target-only", clock the time dict the step's eager bodies add to.
+BodyTimer = Callable[[str, int, dict, Callable[[], Tensors]], Tensors]
+EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs or constraints run "
+               "eagerly (graphs do not take their state as inputs)")
+CONSTRAINT_WALK_OPS = ("constrained steps walk the selector with torch ops (the walk's "
+                       "constraint mask has no kernel)")
+WATERMARK_OPS = ("watermarked steps select and verify with torch ops (this backend's kernels do "
+                 "not run the keyed draws)")
+
+
+@dataclass
+class Step:
+    """One decode step as the host sees it, right after its one device→host transfer."""
+
+    rows: list[int]            # the batch's request indices the step ran on
+    block: int                 # its block size (1: a target-only step)
+    width: int                 # B: the tokens per row in ``host`` (1 for target-only)
+    host: list[list[int]]      # per row: accepted, flags, the B tokens (then packed logprobs)
+    t0: float                  # perf_counter at the step's start (after any catch-up)
+    host_t0: float             # where the step's host time starts (graphs: after the sync)
+    device_s: float            # graphs: launch + the wait at the sync (else 0)
+    capture_s: float           # graph warm-up and capture inside the step
+    catch_up_s: float = 0.0    # deferred draft context projected before the step
+    deferred: int = 0          # the positions that catch-up projected
+
+    @property
+    def accepted(self) -> list[int]:
+        return [h[0] for h in self.host]
+
+    def tokens(self, i: int) -> list[int]:
+        """Row i's committed tokens."""
+        return self.host[i][2:3 + self.host[i][0]]
+
+    def logprobs(self, i: int, st: BatchState) -> list | None:
+        """Row i's committed tokens' log-probabilities, or None when the batch asks none."""
+        if st.procs is None or st.procs.logprobs is None:
+            return None
+        h, b = self.host[i], self.width
+        return unpack_logprobs(h[2 + b:], b, st.procs.logprobs, st.procs.wants[i])[:h[0] + 1]
+
+
+class Mode:
+    """One decode step of one mode (``bodies.block`` None: target-only) for a BatchState:
+    eagerly, each body on the live rows (timed per body into ``clock``), or with a graph
+    adapter through GraphRunners kept across generate() calls, what runs eagerly reported to
+    the current run's ``report``. A batch that is ``eager_only`` (logit processors, min-p,
+    logprobs, constraints) runs its bodies eagerly over the same caches, reported. A
+    watermarked batch replays graphs of its own (its key words and state are static inputs)."""
+
+    def __init__(self, bodies: StepBodies, adapter: GraphAdapter | None,
+                 pool: SharedPool | None = None) -> None:
+        self.bodies, self.adapter, self.pool = bodies, adapter, pool
+        self.block = bodies.block or 1
+        self.runners: dict[tuple, GraphRunner] = {}
+
+    def step(self, st: BatchState, report: Report, clock: dict[str, float],
+             between: Callable[[Tensors], None] | None = None,
+             timer: BodyTimer | None = None) -> StepOut:
+        """The step's device results. ``between(drafted)``: host work between a speculative
+        step's draft and verify (generic constraint hooks' verify-row masks)."""
+        live = live_inputs(st)
+        if self.bodies.block is None:
+            return StepOut.of(self._timed("target-only", st, live, report, clock, timer))
+        drafted = self._timed("draft", st, live, report, clock, timer)
+        if between is not None:
+            between(drafted)
+        return StepOut.of(self._timed("verify", st, {**live, **drafted}, report, clock, timer))
+
+    def _timed(self, kind: str, st: BatchState, inp: Tensors, report: Report,
+               clock: dict[str, float], timer: BodyTimer | None) -> Tensors:
+        run = functools.partial(self._run, kind, st, inp, report, clock)
+        return run() if timer is None else timer(kind, self.block, clock, run)
+
+    def _body(self, kind: str):
+        b = self.bodies
+        return {"draft": b.draft, "verify": b.verify, "target-only": b.target_only}[kind]
+
+    def _run(self, kind: str, st: BatchState, inp: Tensors, report: Report,
+             clock: dict[str, float]) -> Tensors:
+        sampled, impl = st.sampling.any_sampled, self.bodies.backend.implementation
+        if st.wm is not None and kind != "target-only":      # select_marked / verify_marked
+            if impl.get("watermark", TORCH_OPS) == TORCH_OPS \
+                    and any(impl.get(op) != TORCH_OPS for op in ("select", "verify")):
+                report(WATERMARK_OPS)
+        if self.adapter is not None and not st.eager_only:
+            marked = None if st.wm is None else st.wm.shape
+            return self._runner(kind, sampled, marked).run(inp, report)
+        if st.constraint is not None and kind == "draft" and impl.get("select") != TORCH_OPS:
+            report(CONSTRAINT_WALK_OPS)
+        if self.adapter is not None:
+            if st.procs is not None or st.sampling.min_p is not None \
+                    or st.constraint is not None:
+                report(EAGER_PROCS)
+        start = time.perf_counter()
+        out = self._body(kind)(inp, sampled, max(st.host_lens), host=st)   # host facts too
+        name = "draft" if kind == "draft" else "verify"
+        clock[name] = clock.get(name, 0.0) + time.perf_counter() - start
+        return out
+
+    def _runner(self, kind: str, sampled: bool, marked: tuple[int, int] | None) -> GraphRunner:
+        """The runner of one body and sampling mode; ``marked``: a watermarked batch's
+        (window width, record capacity), which size its state's static inputs."""
+        key = (kind, sampled, marked)
+        if key not in self.runners:
+            self.runners[key] = GraphRunner(
+                self.adapter, BUCKETS, functools.partial(self._static_inputs, kind, marked),
+                functools.partial(self._body(kind), sampled=sampled, ctx_len=None),
+                self._pads(kind, marked),
+                name=f"{kind} {'sampled' if sampled else 'greedy'}"
+                     + (" watermarked" if marked else ""), pool=self.pool)
+        return self.runners[key]
+
+    def _static_inputs(self, kind: str, marked: tuple[int, int] | None, size: int) -> Tensors:
+        """A bucket's static inputs: every row's parameters, for verify the draft's outputs,
+        and for a watermarked batch its key words, window, record and count."""
+        dev = self.bodies.storage[0].device
+        out = {n: torch.full((size,), v, dtype=d, device=dev) for n, (d, v) in _PARAMS.items()}
+        if marked is not None:
+            width, capacity = marked
+            out.update({n: torch.full(shape, wm_generate.PADS[n], dtype=torch.int64, device=dev)
+                        for n, shape in zip(wm_generate.INPUTS, ((size, 9), (size, width),
+                                                                 (size, capacity), (size,)))})
+        if kind == "verify":
+            g, k = self.bodies.block - 1, stages.selector_params(self.bodies.pair).top_k
+            out.update(draft=torch.zeros(size, g, dtype=torch.int64, device=dev),
+                       cand=torch.zeros(size, g, k, dtype=torch.int64, device=dev),
+                       q=torch.zeros(size, g, k, device=dev),
+                       draft_bad=torch.zeros(size, dtype=torch.bool, device=dev),
+                       lattice_bad=torch.zeros(size, dtype=torch.bool, device=dev),
+                       bonus=torch.full((size,), 0.5, device=dev),
+                       **{n: torch.full((size, g), 0.5, device=dev) for n in NOISE[:3]})
+        return out
+
+    @staticmethod
+    def _pads(kind: str, marked: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Each static input's inert value for padded rows."""
+        pads = {n: v for n, (_, v) in _PARAMS.items()}
+        if marked is not None:
+            pads.update(wm_generate.PADS)
+        if kind == "verify":
+            pads.update(draft=0, cand=0, q=0.0, draft_bad=False, lattice_bad=False,
+                        **{n: 0.5 for n in NOISE})
+        return pads
+
+    def close(self) -> None:
+        """Release the graphs and their static buffers."""
+        for r in self.runners.values():
+            r.close()
+        self.runners.clear()
+
+    @property
+    def capture_s(self) -> float:
+        """Seconds spent warming up and capturing graphs so far (inside decode steps)."""
+        return sum(r.capture_s for r in self.runners.values())
+
+    def graph_stats(self) -> GraphStats:
+        """Per graph ("draft greedy", "verify sampled", "target-only greedy", ...) and bucket
+        since capture: captured, verified, replays, eager runs, refusal (GraphRunner.stats)."""
+        return {r.name: r.stats() for r in self.runners.values()}
+
+
+class Runner:
+    """Caches and step execution of one Engine (module docstring). Graphs and static caches
+    are kept across runs (``close`` releases them); a run's modes, the part of capture time
+    and graph counters it used, and its deferred draft context are the current run's."""
+
+    def __init__(self, pair: ModelPair, backend: Backend) -> None:
+        self.pair, self.backend = pair, backend
+        self.timer: BodyTimer | None = None          # profiling: wraps every body run
+        self.static: tuple[KVCache, KVCache | None] | None = None   # the graphs' caches
+        self._pool: SharedPool | None = None      # the one graph memory pool of every mode
+        self._graphed: dict[tuple, Mode] = {}
+        self._start_run(None, True, lambda m: None, {}, None)
+
+    # ---- a run -------------------------------------------------------------------------------
+    def start(self, requests: Sequence[Request], spec: bool, room: int,
+              watermark: WatermarkKey | None, report: Report, clock: dict[str, float],
+              check: Check | None = None) -> BatchState:
+        """A run's batch state, its caches with room for ``room`` (the largest block a step may
+        take): the kept static caches when the backend captures graphs, else caches made for
+        this run. ``report``: the run's fallbacks; ``clock``: the time dict eager bodies add
+        their seconds to; ``check``: called with every step's host rows (Engine.step_check)."""
+        max_len, n = self.max_len(requests, room), len(requests)
+        if self.backend.graph_adapter is not None:
+            self._ensure_static(bucket_for(n, BUCKETS) or n, max_len)
+            caches = self.static
+        else:
+            caches = make_caches(self.pair, self.backend.device, n, max_len, spec)
+        wm = None if watermark is None else WatermarkBatch.build(
+            watermark, [q.prompt_ids for q in requests],
+            capacity_for(max(q.params.max_new_tokens for q in requests) + room + 1),
+            DEFAULT_CONTEXT_WIDTH, self.backend.device)
+        st = new_state(requests, *caches, self.backend.device, self.pair.target.cfg.vocab_size,
+                       wm)
+        self._start_run(st, spec, report, clock, check)
+        return st
+
+    def _start_run(self, st: BatchState | None, spec: bool, report: Report,
+                   clock: dict[str, float], check: Check | None) -> None:
+        self._first, self._spec, self._report, self._clock = st, spec, report, clock
+        self._check, self._pending = check, 0    # target-only steps since the last spec step
+        self._used: dict[int, tuple[Mode, float, GraphStats]] = {}
+        self._scratch: dict[str, float] = dict.fromkeys(("draft", "verify"), 0.0)
+
+    def max_len(self, requests: Sequence[Request], block: int) -> int:
+        """Cache rows a batch needs: prompt + new tokens + one block in flight."""
+        max_len = max(len(q.prompt_ids) + q.params.max_new_tokens for q in requests) + block + 1
+        a = self.pair.target.cfg
+        if max_len > a.max_position_embeddings + block + 1:
+            raise InvalidInputError(f"prompt + max_new_tokens ({max_len - block - 1}) exceeds the "
+                                    f"target's max_position_embeddings={a.max_position_embeddings}")
+        return max_len
+
+    def prefill(self, st: BatchState, prompts: list[tuple[int, ...]]) -> list[list[int]]:
+        """Prefill (stages.prefill) and its one device→host transfer: per row [token, flags,
+        packed logprobs...]; raises on bad flags; mirrors the lengths on the host."""
+        first = stages.prefill(self.pair, st, self.backend, prompts)
+        host = torch.cat([torch.stack([first.token, pack_flags(first.bad)], 1)]
+                         + ([first.logprobs] if first.logprobs is not None else []),
+                         1).tolist()                                       # prefill's sync
+        if self._check is not None:
+            self._check(host)
+        raise_flags([h[1] for h in host], st.rows)
+        st.host_lens[:] = [len(p) for p in prompts]                        # mirrors st.lens = n
+        return host
+
+    def step(self, st: BatchState, block: int,
+             between: Callable[[Tensors], None] | None = None) -> Step:
+        """One decode step of ``block`` (1: target-only): a speculative step after target-only
+        steps of a speculative run first projects their deferred draft context; the bodies;
+        lengths, anchors and the device states committed; the step's one device→host
+        transfer; bad flags raised. The host work (tokens out, lengths) is the caller's."""
+        caught, deferred = 0.0, 0
+        if block > 1 and self._pending:
+            t0 = time.perf_counter()
+            stages.catch_up_draft(self.pair, st, self._pending)    # deferred draft context
+            caught, deferred = time.perf_counter() - t0, self._pending
+        if self._spec:
+            self._pending = self._pending + 1 if block == 1 else 0
+        mode, t0 = self._mode(block), time.perf_counter()
+        cap0 = mode.capture_s
+        res = mode.step(st, self._report, self._clock, between, self.timer)
+        _commit(st, res)
+        t1 = time.perf_counter()
+        host = res.for_host().tolist()       # the step's one device→host sync: [R, 2 + B]
+        if self._check is not None:
+            self._check(host)
+        device_s = 0.0
+        if mode.adapter is not None:         # launch + the wait for the graphs at the sync
+            t1 = time.perf_counter()
+            device_s = t1 - t0
+        raise_flags([h[1] for h in host], st.rows)
+        return Step(list(st.rows), block, res.tokens.shape[1], host, t0, t1, device_s, mode.capture_s - cap0,
+                    caught, deferred)
+
+    def trial(self, st: BatchState, block: int,
+              between: Callable[[Tensors], None] | None = None,
+              clock: dict[str, float] | None = None) -> float:
+        """A step whose results are discarded (nothing of ``st`` changes; cache rows past the
+        committed lengths are scratch), run to its sync → seconds, capture excluded.
+        ``clock``: where eager bodies add their seconds (default: a scratch dict)."""
+        mode, t0 = self._mode(block), time.perf_counter()
+        cap0 = mode.capture_s
+        mode.step(st, self._report, self._scratch if clock is None else clock, between,
+                  self.timer).for_host().tolist()
+        return time.perf_counter() - t0 - (mode.capture_s - cap0)
+
+    def _mode(self, block: int) -> Mode:
+        """The run's mode of ``block``, made on first use (its capture seconds and graph
+        counters taken then, so the run reports its own part)."""
+        if block not in self._used:
+            m = self._graphed_mode(block) if self.backend.graph_adapter is not None else \
+                Mode(StepBodies(self.pair, self.backend, self._first.target_storage,
+                                self._first.draft_storage,
+                                block if self._spec and block > 1 else None), None)
+            self._used[block] = (m, m.capture_s, m.graph_stats())
+        return self._used[block][0]
+
+    @property
+    def blocks_used(self) -> list[int]:
+        """The block sizes the current run has stepped (eager bodies bind its caches then)."""
+        return sorted(self._used)
+
+    def capture_s(self) -> float:
+        """Seconds of graph warm-up and capture in the current run."""
+        return sum(m.capture_s - c0 for m, c0, _ in self._used.values())
+
+    def graphs(self) -> GraphStats:
+        """The current run's graph counters (``merge_graph_stats`` of its modes' parts)."""
+        return merge_graph_stats(graph_delta(g0, m.graph_stats())
+                                 for _, (m, _, g0) in sorted(self._used.items()))
+
+    # ---- kept across runs --------------------------------------------------------------------
+    def _ensure_static(self, capacity: int, max_len: int) -> None:
+        """The one set of static caches (every mode's graphs share them: runs go one at a time;
+        the draft cache is made whenever there is a draft, so target-only first costs no
+        re-capture later). A batch that does not fit (slots, rows rounded up to LEN_STEP)
+        releases every graph, then grows the caches: graphs hold their pointers."""
+        kept = self.static
+        if kept is None or capacity > kept[0].batch_size or max_len > kept[0].max_len:
+            if kept is not None:
+                capacity, max_len = max(capacity, kept[0].batch_size), max(max_len, kept[0].max_len)
+            self.close()
+            self.static = make_caches(self.pair, self.backend.device, capacity,
+                                      -(-max_len // LEN_STEP) * LEN_STEP,
+                                      self.pair.draft is not None)
+
+    def _graphed_mode(self, block: int) -> Mode:
+        """The kept graphed mode: ("spec", b) (b = 1: a target-only step that keeps the
+        draft's context hidden for a later catch-up, for adaptive runs) or ("target-only",)."""
+        key = ("spec", block) if self._spec else ("target-only",)
+        if key not in self._graphed:
+            caches = self.static if self._spec else (self.static[0], None)
+            if self._pool is None:
+                self._pool = SharedPool(self.backend.graph_adapter)
+            self._graphed[key] = Mode(
+                StepBodies(self.pair, self.backend, *caches, block if block > 1 else None),
+                self.backend.graph_adapter, self._pool)
+        return self._graphed[key]
+
+    def captured(self) -> dict[tuple, dict[tuple, GraphRunner]]:
+        """The kept graphed modes, ("spec", b) or ("target-only",), and each one's graph
+        runners by (body, sampled, watermark shape)."""
+        return {key: dict(m.runners) for key, m in self._graphed.items()}
+
+    def close(self) -> None:
+        """Release the captured graphs and the static caches now."""
+        for m in self._graphed.values():
+            m.close()
+        self._graphed.clear()
+        self.static = None
+        self._pool = None
+
+
+def _commit(st: BatchState, res: StepOut) -> None:
+    """A step's new lengths and anchors, and the committed tokens into the device states of
+    the logit processors' counts, the watermark's contexts and the constraints."""
+    st.lens.copy_(res.lens)
+    st.anchor.copy_(res.anchor)
+    for state in (st.procs, st.wm, st.constraint):
+        if state is not None:
+            state.commit_(res.tokens, res.accept_len + 1)
+
+
+def graph_delta(before: GraphStats, after: GraphStats) -> GraphStats:
+    """One run's part of ``graph_stats()`` (taken before and after it, same runners): the
+    buckets the run used, with the run's replays and eager runs and each bucket's state."""
+    out: GraphStats = {}
+    for name, buckets in after.items():
+        for size, s in buckets.items():
+            was = before.get(name, {}).get(size, {})
+            d = {**s, "replays": s["replays"] - was.get("replays", 0),
+                 "eager": s["eager"] - was.get("eager", 0)}
+            if d["replays"] or d["eager"]:
+                out.setdefault(name, {})[size] = d
+    return out
+
+
+def merge_graph_stats(parts) -> GraphStats:
+    """Graph stats keep their names across block sizes ("verify greedy"): per bucket, replays
+    and eager runs are summed, captured / verified hold for every part, and refused is the
+    first refusal (calibration steps' replays are counted too)."""
+    out: GraphStats = {}
+    for part in parts:
+        for name, buckets in part.items():
+            for size, d in buckets.items():
+                was = out.setdefault(name, {}).get(size)
+                out[name][size] = d if was is None else {
+                    "captured": was["captured"] and d["captured"],
+                    "verified": was["verified"] and d["verified"],
+                    "fresh": d["fresh"] if was["fresh"] is None else (
+                        was["fresh"] if d["fresh"] is None else was["fresh"] and d["fresh"]),
+                    "replays": was["replays"] + d["replays"],
+                    "eager": was["eager"] + d["eager"], "refused": was["refused"] or d["refused"]}
+    return out
