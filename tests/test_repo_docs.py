@@ -2,6 +2,9 @@
 
 * Every repository path that a Markdown file cites (inline code, markdown links with their
   #anchors, paths in fenced command blocks) exists.
+* Every repository path that code cites in a comment, docstring or message (``docs/x.md``,
+  ``tests/test_y.py``, ``engine/runner.py``: a path from the repository's root, or a package
+  module's path) exists.
 * Nothing cites the design notes that lived outside the repository (the parent folder's
   ``shared`` directory and its upper-case ``*.md`` files): the repository's own are in docs/.
 * Code, comments and docstrings carry no issue numbers and no ISO dates: dated measurements and
@@ -184,6 +187,50 @@ def test_paths_cited_in_markdown_exist(rel):
         elif not resolves(token, md_dir):
             problems.append(f"{rel}:{line}: `{token}` ({kind}) does not exist in the repository")
     assert not problems, "\n".join(problems)
+
+
+# In code: a path from the root (its first folder one of the repository's) or from a package
+# root (its first folder one of a package's sub-packages), ending in a file name or a slash.
+CODE_CITATION = re.compile(r"(?<![\w./-])((?:[A-Za-z_][\w-]*/)+(?:[\w-]+\.(?:py|md|sh|json|toml)\b"
+                           r"|(?=[\s`'\"),;:]|$)))")
+ROOT_FOLDERS = ("docs", "tests", "scripts", "dflash2rt", "conformance", "backends", ".ci")
+
+
+def code_citations(rel: str) -> list[tuple[int, str]]:
+    """(line, path) of every repository path a code file names (see CODE_CITATION)."""
+    text = text_of(rel)
+    out: list[tuple[int, str]] = []
+    for i, line in enumerate((text or "").splitlines(), 1):
+        for m in CODE_CITATION.finditer(line):
+            token = m.group(1)
+            first = token.split("/")[0]
+            if first in ROOT_FOLDERS or (first in SUB_DIRS and token.endswith(".py")):
+                out.append((i, token))
+    return out
+
+
+CODE_FILES = sorted(f for f in FILES if f.endswith((".py", ".sh")) and f.split("/")[0] in
+                    ("dflash2rt", "backends", "conformance", "scripts", "tests", ".ci"))
+
+
+# Tests build trees of their own (plugin folders, test files) under tmp_path: there, paths
+# under backends/ and tests/ name those, not the repository's.
+BUILT_BY_TESTS = ("backends/", "tests/")
+
+
+def test_paths_cited_in_code_exist():
+    problems = [f"{rel}:{line}: {token} does not exist in the repository"
+                for rel in CODE_FILES if rel != "tests/test_repo_docs.py"
+                for line, token in code_citations(rel)
+                if not (rel.startswith("tests/") and token.startswith(BUILT_BY_TESTS))
+                and not resolves(token, (ROOT / rel).parent)]
+    assert not problems, "\n".join(problems)
+
+
+def test_code_citations_are_found():
+    """The check above sees the citations code makes (a pattern that found none would pass)."""
+    found = {t for rel in CODE_FILES for _, t in code_citations(rel)}
+    assert {"docs/adaptive.md", "docs/watermark.md"} & found and len(found) > 40
 
 
 def test_readme_and_docs_are_checked():
