@@ -21,6 +21,8 @@ def test_plain_bench_keeps_its_command_and_options():
     ("sampling", ["--prompts", "2", "--repeats", "1"], "prompts", 2),
     ("watermark", ["--docs", "4", "--block-size", "8"], "block_size", 8),
     ("tp-equivalence", ["--tp", "3", "--token-prompts"], "tp", 3),
+    ("ablation", ["--quick", "--batches", "1,4"], "batches", "1,4"),
+    ("step-profile", ["--backend", "cuda"], "backend", "cuda"),
 ])
 def test_each_tool_parses_to_its_own_command(tool, argv, attr, value):
     args = build_parser().parse_args(["bench", tool, *argv, "--json-out", "f.json"])
