@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash2rt.bench.watermark import _fill_nulls
+from dflash2rt.bench.watermark import fill_nulls
 from dflash2rt.cli import build_parser
 from dflash2rt.cli import bench_cmd
 from dflash2rt.train.heldout import per_slot
@@ -39,8 +39,8 @@ def test_per_slot_acceptance_from_an_accept_histogram():
 
 def test_null_texts_are_topped_up_with_consecutive_chunks():
     nulls = [[9, 9]]
-    _fill_nulls(nulls, iter([[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11]]), 2, 4)
+    fill_nulls(nulls, iter([[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11]]), 2, 4)
     assert nulls == [[9, 9], [1, 2], [3, 4], [6, 7]]
     full = [[0]] * 3
-    _fill_nulls(full, iter([[1, 2]]), 2, 3)
+    fill_nulls(full, iter([[1, 2]]), 2, 3)
     assert full == [[0]] * 3
