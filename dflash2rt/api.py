@@ -100,8 +100,8 @@ def resolve_model(model: ModelSpec, device: torch.device | str = "cpu",
                  name)
 
 
-def _encode(pair: ModelPair, prompts: str | Sequence[str] | Sequence[Sequence[int]]
-            ) -> list[tuple[int, ...]]:
+def encode_prompts(pair: ModelPair, prompts: str | Sequence[str] | Sequence[Sequence[int]]
+                   ) -> list[tuple[int, ...]]:
     """Prompts → token ids: a string, or a list of strings and/or token-id lists."""
     if isinstance(prompts, str):
         prompts = [prompts]
@@ -239,13 +239,13 @@ def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:
             f"{', '.join(given)} given with sampling_params (set them in the SamplingParams)")
     values = {k: v.value if isinstance(v, _Default) else v for k, v in keywords.items()}
     metrics_path = None if a["metrics"] is None else check_metrics_path(a["metrics"])
-    key = _watermark_key(a["watermark"])
-    be = _backend(a["backend"])
+    key = watermark_key(a["watermark"])
+    be = backend_of(a["backend"])
     if group is None:
         pair = resolve_model(a["model"], be.device, a["dtype"], draft=a["draft"],
                              revision=a["revision"], draft_revision=a["draft_revision"])
     else:
-        be, group, pair = _tp_rank_setup(a, be)
+        be, group, pair = tp_rank_setup(a, be)
     regex = a["regex"]
     if regex is not None and values["constraint"] is not None:
         raise InvalidInputError("give regex or constraint, not both")
@@ -255,8 +255,8 @@ def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:
         sampling_params = SamplingParams(
             **{**values, "stop_strings": (stop,) if isinstance(stop, str) else stop,
                "logit_bias": values["logit_bias"] or {}})
-    prompt_ids = _encode(pair, a["prompts"])
-    params = _params_list(sampling_params, len(prompt_ids))
+    prompt_ids = encode_prompts(pair, a["prompts"])
+    params = params_list(sampling_params, len(prompt_ids))
     if automaton is not None:
         params = _constrained(params, automaton)
     main = group is None or group.is_main
@@ -268,7 +268,7 @@ def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:
                 engine.policy = AdaptivePolicy.measured(pair.draft.cfg.block_size,
                                                         engine.table, agree=RankZero(group))
             engine.step_check = StepCheck(group) if group.check else None
-        outputs, stats = _generate(engine, prompt_ids, params, spec=a["spec"],
+        outputs, stats = generate_requests(engine, prompt_ids, params, spec=a["spec"],
                                    block_size=a["block_size"],
                                    on_tokens=a["on_tokens"] if main else None, watermark=key)
     if not main:
@@ -296,7 +296,9 @@ def measured_table(pair: ModelPair, device: object) -> MeasuredTable:
     return drafts.setdefault(key, {}).setdefault(str(device), MeasuredTable())
 
 
-def _backend(backend: str | Backend | None) -> Backend:
+def backend_of(backend: str | Backend | None) -> Backend:
+    """A Backend object as is; a name (None: $DFLASH2RT_BACKEND, else the best available)
+    through the plugin registry."""
     return backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
 
 
@@ -324,7 +326,7 @@ def _constrained(params: list[SamplingParams], automaton: TokenAutomaton
     return [done[id(p)] for p in params]
 
 
-def _params_list(sampling_params: object, n: int) -> list[SamplingParams]:
+def params_list(sampling_params: object, n: int) -> list[SamplingParams]:
     """One ``SamplingParams`` per prompt, from None (the defaults), one for every prompt, or a
     list / tuple of exactly ``n``."""
     if sampling_params is None:
@@ -347,8 +349,9 @@ def _params_list(sampling_params: object, n: int) -> list[SamplingParams]:
     return list(sampling_params)
 
 
-def _generate(engine: Engine, prompt_ids: list[tuple[int, ...]], params: list[SamplingParams],
-              **kw: Any) -> tuple[list[RequestOutput], RunStats]:
+def generate_requests(engine: Engine, prompt_ids: list[tuple[int, ...]],
+                      params: list[SamplingParams], **kw: Any
+                      ) -> tuple[list[RequestOutput], RunStats]:
     """The one decode path of ``run`` and ``LLM.generate``: a request per prompt, one
     ``Engine.generate`` call (``kw``: its spec, block_size, on_tokens, watermark)."""
     return engine.generate([Request(p, q) for p, q in zip(prompt_ids, params)], **kw)
@@ -407,7 +410,7 @@ def _run_spawned(a: dict[str, Any]) -> RunResult | None:
     return _run(a, a["tp"])
 
 
-def _tp_rank_setup(a: dict[str, Any], be: Backend):
+def tp_rank_setup(a: dict[str, Any], be: Backend):
     """A rank's (backend on its device, TPGroup, sharded pair): an accelerator backend is
     taken again on device LOCAL_RANK; the pair is this rank's own (loaded without the
     process's cache, or a copy of a given ModelPair), its target sharded."""
@@ -440,7 +443,7 @@ def _tp_rank_setup(a: dict[str, Any], be: Backend):
     return be, group, pair
 
 
-def _watermark_key(watermark: object) -> WatermarkKey | None:
+def watermark_key(watermark: object) -> WatermarkKey | None:
     """A WatermarkKey, a key file's path, or None."""
     if watermark is None or isinstance(watermark, WatermarkKey):
         return watermark
@@ -448,3 +451,8 @@ def _watermark_key(watermark: object) -> WatermarkKey | None:
         return WatermarkKey.from_file(watermark)
     raise InvalidInputError(f"watermark must be a WatermarkKey or the path of a key file, got "
                             f"{type(watermark).__name__}")
+
+
+# The former private names, still imported by qualify/tp_equivalence.py: that module moves to
+# the public ones, then these go.
+_encode, _tp_rank_setup = encode_prompts, tp_rank_setup

@@ -10,8 +10,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .api import (DEFAULT_MODEL, ModelSpec, _backend, _encode, _generate, _params_list,
-                  _watermark_key, measured_table, regex_constraint, resolve_model)
+from .api import (DEFAULT_MODEL, ModelSpec, backend_of, encode_prompts, generate_requests,
+                  measured_table, params_list, regex_constraint, resolve_model, watermark_key)
 from .backend import Backend
 from .constraints import TokenAutomaton
 from .engine.engine import Engine
@@ -100,7 +100,7 @@ class LLM:
     def __init__(self, model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None,
                  *, dtype: torch.dtype | str = "auto", draft: str | Path | None = None,
                  revision: str | None = None, draft_revision: str | None = None) -> None:
-        self.backend = _backend(backend)
+        self.backend = backend_of(backend)
         self.pair: ModelPair | None = resolve_model(
             model, self.backend.device, dtype, draft=draft, revision=revision,
             draft_revision=draft_revision)
@@ -121,11 +121,11 @@ class LLM:
         stats: ``self.last_stats``."""
         if self.engine is None or self.pair is None:
             raise DFlash2Error("this LLM is closed: make a new one")
-        key = _watermark_key(watermark)
+        key = watermark_key(watermark)
         prompt_list = [prompts] if isinstance(prompts, str) else prompts
-        prompt_ids = _encode(self.pair, prompts)
-        params = _params_list(sampling_params, len(prompt_ids))
-        outputs, self.last_stats = _generate(self.engine, prompt_ids, params, spec=spec,
+        prompt_ids = encode_prompts(self.pair, prompts)
+        params = params_list(sampling_params, len(prompt_ids))
+        outputs, self.last_stats = generate_requests(self.engine, prompt_ids, params, spec=spec,
                                              block_size=block_size, on_tokens=on_tokens,
                                              watermark=key)
         return [_llm_output(i, p, o, self.pair.tokenizer)

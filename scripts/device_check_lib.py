@@ -198,7 +198,7 @@ def conformance_verdict(sec: Section, runner: Runner, st: Step, report: dict | N
         sec.fail(f"{runner.why(st)}; " + "; ".join(report.get("reasons", [])[:5]))
 
 
-def _tar(work: Path, dest: Path) -> dict:
+def tar_results(work: Path, dest: Path) -> dict:
     """All of ``work`` into ``dest``; the largest files are dropped (and named) until it fits."""
     files = sorted((p for p in work.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     dropped: list[str] = []
@@ -218,7 +218,7 @@ def write_outputs(out: Path, work: Path, meta: dict, sections: list[Section]) ->
     out.mkdir(parents=True, exist_ok=True)
     for name in OUT_FILES:
         (out / name).unlink(missing_ok=True)
-    meta["results_tgz"] = _tar(work, out / "results.tgz")
+    meta["results_tgz"] = tar_results(work, out / "results.tgz")
     summary = {**meta, "sections": [asdict(s) for s in sections]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "summary.txt").write_text(summary_text(summary))

@@ -98,12 +98,17 @@ _measured: set[str] = set()
 
 
 @pytest.fixture(autouse=True)
-def _record_measured_schedules(request, monkeypatch):
-    if os.environ.get(MEASURED_ENV):
-        from dflash2rt.engine.policy.schedule import AdaptiveSchedule
+def _record_measured_schedules(request):
+    if not os.environ.get(MEASURED_ENV):
+        yield
+        return
+    from dflash2rt.engine.policy.schedule import add_measured_begin_listener
 
-        monkeypatch.setattr(AdaptiveSchedule, "on_measured_begin",     # the schedule's hook
-                            lambda schedule: _measured.add(request.node.nodeid))
+    remove = add_measured_begin_listener(lambda schedule: _measured.add(request.node.nodeid))
+    try:
+        yield
+    finally:
+        remove()
 
 
 def pytest_sessionfinish(session):

@@ -50,7 +50,13 @@ _watches: list[list[str]] = []      # the innermost watch records what its test 
 _popen_init = subprocess.Popen.__init__
 
 
-def _recording_init(self, args, *rest, **kwargs):
+def active_watches() -> list[list[str]]:
+    """What each active watch recorded so far, outermost first (the innermost records)."""
+    return _watches
+
+
+def recording_init(self, args, *rest, **kwargs):
+    """``subprocess.Popen.__init__`` while a watch is active: records a heavy command."""
     why = heavy_command(args)
     if why and _watches:
         cmd = os.fsdecode(args) if isinstance(args, (str, bytes, os.PathLike)) else \
@@ -74,7 +80,7 @@ def watch(nodeid: str, slow: bool) -> Iterator[None]:
     outermost = not _watches
     if outermost:
         hook = register_optimizer_step_pre_hook(_optimizer_step)
-        subprocess.Popen.__init__ = _recording_init
+        subprocess.Popen.__init__ = recording_init
     _watches.append(seen)
     try:
         yield

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash2rt.bench.watermark import _fill_nulls
+from dflash2rt.bench.watermark import fill_nulls
 from dflash2rt.cli import build_parser
 from dflash2rt.cli import bench_cmd
 from dflash2rt.train.heldout import per_slot
@@ -21,6 +21,8 @@ def test_plain_bench_keeps_its_command_and_options():
     ("sampling", ["--prompts", "2", "--repeats", "1"], "prompts", 2),
     ("watermark", ["--docs", "4", "--block-size", "8"], "block_size", 8),
     ("tp-equivalence", ["--tp", "3", "--token-prompts"], "tp", 3),
+    ("ablation", ["--quick", "--batches", "1,4"], "batches", "1,4"),
+    ("step-profile", ["--backend", "cuda"], "backend", "cuda"),
 ])
 def test_each_tool_parses_to_its_own_command(tool, argv, attr, value):
     args = build_parser().parse_args(["bench", tool, *argv, "--json-out", "f.json"])
@@ -37,8 +39,8 @@ def test_per_slot_acceptance_from_an_accept_histogram():
 
 def test_null_texts_are_topped_up_with_consecutive_chunks():
     nulls = [[9, 9]]
-    _fill_nulls(nulls, iter([[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11]]), 2, 4)
+    fill_nulls(nulls, iter([[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11]]), 2, 4)
     assert nulls == [[9, 9], [1, 2], [3, 4], [6, 7]]
     full = [[0]] * 3
-    _fill_nulls(full, iter([[1, 2]]), 2, 3)
+    fill_nulls(full, iter([[1, 2]]), 2, 3)
     assert full == [[0]] * 3

@@ -146,7 +146,7 @@ def test_results_tgz_drops_the_largest_files_to_fit(tmp_path, monkeypatch):
     (work / "logs" / "small.log").write_text("ok\n")
     (work / "big.bin").write_bytes(os.urandom(300_000))
     monkeypatch.setattr(device_check_lib, "TGZ_LIMIT", 100_000)
-    info = device_check_lib._tar(work, tmp_path / "r.tgz")
+    info = device_check_lib.tar_results(work, tmp_path / "r.tgz")
     assert info["members"] == 1 and info["dropped_over_50MB"][0].startswith("big.bin")
     with tarfile.open(tmp_path / "r.tgz") as tar:
         assert tar.getnames() == ["logs/small.log"]

@@ -64,7 +64,7 @@ def test_greedy_generate_equals_run(llm):
     # a single string prompt; no SamplingParams: the defaults (greedy, 64 new tokens)
     one = llm.generate("def f(x):", SamplingParams(max_new_tokens=12), block_size=4)
     assert len(one) == 1 and tokens(one) == [ref.tokens[1]]
-    assert api._params_list(None, 2) == [SamplingParams()] * 2
+    assert api.params_list(None, 2) == [SamplingParams()] * 2
 
 
 def test_per_prompt_sampling_params(llm):

@@ -13,7 +13,8 @@ from dflash2rt import get_backend
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.engine.policy.adaptive import AdaptivePolicy
-from dflash2rt.engine.policy.schedule import AdaptiveSchedule, default_candidates
+from dflash2rt.engine.policy.schedule import (AdaptiveSchedule, add_measured_begin_listener,
+                                              default_candidates)
 from dflash2rt.engine.policy.table import MIN_STEPS, POOL_MIN, bucket_of
 from dflash2rt.errors import InvalidInputError
 
@@ -423,3 +424,18 @@ def test_a_spec_step_after_target_only_steps_is_observed_with_its_catch_up(monke
     assert spec and all(sec >= 0.05 for sec in spec)
     n, total = stats.step_time[4][1]
     assert total / n < 0.05 and stats.draft_deferred > 0
+
+
+def test_measured_begin_listeners_hear_measured_schedules_only():
+    heard: list[AdaptiveSchedule] = []
+    remove = add_measured_begin_listener(heard.append)
+    try:
+        measured = AdaptiveSchedule((1, 2))              # begins once when made
+        AdaptiveSchedule((1, 2), costs={1: 1.0, 2: 1.5}).begin("greedy")
+        measured.begin("sampled")
+    finally:
+        remove()
+    remove()                                             # a second removal is harmless
+    assert heard == [measured, measured]
+    AdaptiveSchedule((1, 2)).begin("greedy")             # removed: heard no more
+    assert len(heard) == 2

@@ -40,8 +40,8 @@ def test_heavy_commands_are_named(args, why):
 
 
 def test_the_conftest_watches_this_test():
-    assert subprocess.Popen.__init__ is slow_guard._recording_init
-    assert len(slow_guard._watches) == 1
+    assert subprocess.Popen.__init__ is slow_guard.recording_init
+    assert len(slow_guard.active_watches()) == 1
 
 
 def test_an_unmarked_test_that_starts_the_suite_fails_naming_it():
@@ -65,4 +65,4 @@ def test_an_unmarked_test_that_trains_fails():
             opt.step()
     with watch("tests/x.py::t", slow=True):
         opt.step()
-    assert not slow_guard._watches[-1]            # the inner watches kept it from this test's own
+    assert not slow_guard.active_watches()[-1]            # the inner watches kept it from this test's own

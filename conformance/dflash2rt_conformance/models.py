@@ -20,7 +20,8 @@ from dflash2rt.models.target import TargetModel
 VOCAB, HIDDEN = 61, 32                      # a prime vocabulary, not a multiple of 16
 
 
-def _target_dict(model_type: str, layers: int = 3, vocab: int = VOCAB) -> dict:
+def target_dict(model_type: str, layers: int = 3, vocab: int = VOCAB) -> dict:
+    """The tiny target's config.json (a Qwen3 or Llama ``model_type``)."""
     return {"model_type": model_type, "vocab_size": vocab, "hidden_size": HIDDEN,
             "intermediate_size": 2 * HIDDEN + 8, "num_hidden_layers": layers,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": HIDDEN // 4,
@@ -30,7 +31,7 @@ def _target_dict(model_type: str, layers: int = 3, vocab: int = VOCAB) -> dict:
 
 def _draft_dict(block: int, taps=(0, 2), conv_taps: int = 2, top_k: int = 4,
                 vocab: int = VOCAB) -> dict:
-    d = _target_dict("qwen3", 2, vocab)
+    d = target_dict("qwen3", 2, vocab)
     d.pop("tie_word_embeddings")
     d["architectures"] = ["DFlash2DraftModel"]
     d["dflash_config"] = {"block_size": block, "mask_token_id": vocab - 1,
@@ -55,7 +56,7 @@ def tiny_pair(seed: int = 0, dtype: torch.dtype = torch.float64, model_type: str
               ) -> ModelPair:
     dcfg = DraftConfig.from_dict(_draft_dict(block, conv_taps=conv_taps, top_k=top_k,
                                              vocab=vocab))
-    target = TargetModel(TargetConfig.from_dict(_target_dict(model_type, vocab=vocab)),
+    target = TargetModel(TargetConfig.from_dict(target_dict(model_type, vocab=vocab)),
                          dcfg.target_layer_ids).double()
     draft = DraftModel(dcfg).double()
     _randomise(target, seed, 0.3)
@@ -96,7 +97,7 @@ def l4_pair(option: str, device, dtype: torch.dtype = torch.float32) -> tuple[Mo
     ``auto``, the installed bundled pair) cannot be loaded."""
     desc = describe_l4(option)
     if option == "tiny" or (option == "auto" and desc.startswith("tiny")):
-        return ModelPair(*_to(tiny_pair(0, dtype), device)), f"{desc} ({dtype})"
+        return pair_on(tiny_pair(0, dtype), device), f"{desc} ({dtype})"
     from dflash2rt import api
 
     name = bundled_default()[0] if option == "auto" else option
@@ -109,8 +110,9 @@ def l4_pair(option: str, device, dtype: torch.dtype = torch.float32) -> tuple[Mo
                            "--dflash2rt-model tiny (named in every report)") from exc
 
 
-def _to(pair: ModelPair, device):
-    return pair.target.to(device), pair.draft.to(device), pair.tokenizer, pair.name
+def pair_on(pair: ModelPair, device) -> ModelPair:
+    """``pair`` with its models moved to ``device`` (the same tokenizer and name)."""
+    return ModelPair(pair.target.to(device), pair.draft.to(device), pair.tokenizer, pair.name)
 
 
 def target_reference(model: TargetModel) -> tuple[dict, dict]:

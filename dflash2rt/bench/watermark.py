@@ -104,8 +104,8 @@ def _detection(marked: list[list[int]], keys: list[WatermarkKey], lengths: Seque
     return per_len
 
 
-def _fill_nulls(nulls: list[list[int]], heldout_ids: Iterable[list[int]], new: int,
-                count: int) -> None:
+def fill_nulls(nulls: list[list[int]], heldout_ids: Iterable[list[int]], new: int,
+               count: int) -> None:
     """Top ``nulls`` up to ``count`` texts with consecutive chunks of ``new`` tokens of the
     held-out texts."""
     for ids in heldout_ids:
@@ -154,7 +154,7 @@ def watermark_bench(engine: Engine, prompts: list[list[int]], heldout_ids: Itera
         report["detection"][str(temp)] = _detection(marked, keys, cfg.lengths, clock)
         log(f"T={temp}: {report['detection'][str(temp)]}; cost {report['cost'][str(temp)]}")
     # Null texts: the plain generations, then held-out chunks of max(lengths) tokens.
-    _fill_nulls(nulls, heldout_ids, new, cfg.null_texts)
+    fill_nulls(nulls, heldout_ids, new, cfg.null_texts)
     report["false_positives"] = _false_positives(nulls, cfg, clock)
     report["detector_tokens_per_s"] = clock.tokens / clock.seconds if clock.seconds else math.nan
     return report

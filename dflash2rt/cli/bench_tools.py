@@ -4,6 +4,9 @@
 ``sampling``        sampling parameters under speculation: greedy equality, and their cost
 ``watermark``       watermark detection power, false positives and cost
 ``tp-equivalence``  greedy TP=N vs TP=1 on one host, differences explained by near-ties
+``ablation``        adaptive speculation without each of its mechanisms, side by side with
+                    target-only, the full policy and fixed blocks
+``step-profile``    where a graphed decode step's time goes on a GPU backend
 
 Each writes JSON with ``--json`` (stdout) or ``--json-out FILE``; progress goes to stderr."""
 
@@ -18,7 +21,8 @@ MODEL_HELP = "bundled model name or a directory with target/, draft/ and heldout
 
 
 def add_parsers(tools: argparse._SubParsersAction) -> None:
-    for add in (_add_heldout, _add_sampling, _add_watermark, _add_tp_equivalence):
+    for add in (_add_heldout, _add_sampling, _add_watermark, _add_tp_equivalence,
+                _add_ablation, _add_step_profile):
         p = add(tools)
         p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
         p.add_argument("--json-out", default=None, metavar="FILE",
@@ -163,3 +167,74 @@ def _tp_equivalence(args: argparse.Namespace) -> int:
     _log(res.summary())
     _log(f"  {res.tensor_parallel}; {time.monotonic() - t0:.0f}s")
     return _emit(args, res.to_dict())
+
+
+def _add_ablation(tools: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = tools.add_parser("ablation", help="target-only, adaptive, adaptive without each "
+                         "mechanism (AdaptivePolicy(without=...)) and fixed blocks side by side "
+                         "at every temperature x batch (docs/benchmarks/ablation.md)")
+    p.add_argument("--model", default="stdlib-code", help=MODEL_HELP)
+    p.add_argument("--backend", default="cpu")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt "
+                   "(default 128; --quick: 8)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved timed rounds, every "
+                   "contender warmed up first (default 3; --quick: 1)")
+    p.add_argument("--prompts", type=int, default=None, help="held-out prompts decoded alone "
+                   "at batch 1 (default 8; --quick: 1)")
+    p.add_argument("--temperatures", default="0,0.7,1", help="temperatures of the rows (0.7: "
+                   "top-p 0.95; V:P for top-p P); T = 0 always comes first")
+    p.add_argument("--batches", default="1,8", help="batch sizes of the rows")
+    p.add_argument("--blocks", default="4,8", help="the fixed-block contenders")
+    p.add_argument("--quick", action="store_true", help="a smoke run: every contender and row, "
+                   "few tokens, one round (its figures mean nothing)")
+    p.set_defaults(func=_ablation)
+    return p
+
+
+def _ablation(args: argparse.Namespace) -> int:
+    from ..bench.ablation import QUICK, ablation_table, measure_ablation
+    from ..bench.suite import heldout_prompts, parse_temperatures
+    from ..bundled import model_dir
+
+    defaults = QUICK if args.quick else {"max_new_tokens": 128, "repeats": 3, "prompts": 8}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    backend, pair = _pair(args)
+    prompts = heldout_prompts(model_dir(args.model), pair)
+    res = measure_ablation(pair, prompts, backend, args.max_new_tokens, args.repeats,
+                           args.prompts, parse_temperatures(args.temperatures),
+                           [int(b) for b in args.batches.split(",")],
+                           [int(b) for b in args.blocks.split(",")], _log)
+    res["quick"] = args.quick
+    _emit(args, res)
+    if not args.json:
+        print(ablation_table(res))
+    return 0
+
+
+def _add_step_profile(tools: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = tools.add_parser("step-profile", help="where a graphed decode step's time goes on a GPU "
+                         "backend: the synced split, each graph's replay, top kernels, GEMMs")
+    p.add_argument("--model", default="stdlib-code", help=MODEL_HELP)
+    p.add_argument("--backend", default="cuda")
+    p.set_defaults(func=_step_profile)
+    return p
+
+
+def _step_profile(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..api import resolve_model
+    from ..bench.step_profile import step_profile, step_profile_text
+    from ..registry import Registry
+
+    backend = Registry.discover().select(args.backend).backend
+    if backend.graph_adapter is None:
+        _log(f"{args.backend} captures no graphs: nothing to profile")
+        return 1
+    res = step_profile(resolve_model(args.model, backend.device, torch.float32), backend)
+    _emit(args, res)
+    if not args.json:
+        print(step_profile_text(res))
+    return 0

@@ -269,9 +269,9 @@ def load_target_shard(path: str | Path, tp: TPGroup, dtype: torch.dtype = torch.
     plan = ShardPlan.of(cfg, tp.rank, tp.world)
     with torch.device("meta"):
         model = TargetModel(cfg, tap_layer_ids)
-    expected = hf._stored_shapes(model, cfg)
-    found = hf._scan(hf._tensor_files(path))
-    hf._check_names(expected, found, cfg)
+    expected = hf.stored_shapes(model, cfg)
+    found = hf.scan_tensors(hf.tensor_files(path))
+    hf.check_tensor_names(expected, found, cfg)
     with torch.device("meta"):
         local_model = TargetModel(plan.local_cfg(cfg), tap_layer_ids)
     local_shapes = {n: tuple(t.shape) for n, t in local_model.state_dict().items()}

@@ -19,8 +19,8 @@ from dflash2rt.errors import CheckpointError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.draft import DraftModel
 from dflash2rt.models.draft_config import DraftConfig, draft_config_dict
-from dflash2rt.models.hf_loader import (CONFIG_FILE, SINGLE_FILE, _scan, _tensor_files,
-                                        check_weights_fit, read_config)
+from dflash2rt.models.hf_loader import (CONFIG_FILE, SINGLE_FILE, check_weights_fit,
+                                        read_config, scan_tensors, tensor_files)
 from dflash2rt.ops.vocab import target_ids
 
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -85,7 +85,7 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32,
     cfg = DraftConfig.from_dict(read_config(path))
     if target is not None:
         cfg.check_target(target)
-    found = _scan(_tensor_files(path))
+    found = scan_tensors(tensor_files(path))
     cfg = cfg.with_tensors(canonical_names(found).values())
     expected = check_draft_tensors(cfg, found, path)
     check_weights_fit(expected, dtype, device, f"the draft at {path}")

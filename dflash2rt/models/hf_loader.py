@@ -34,7 +34,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return read_json_object(file)
 
 
-def _tensor_files(path: Path) -> list[Path]:
+def tensor_files(path: Path) -> list[Path]:
     """The safetensors files of a checkpoint: model.safetensors, else the shards of the index."""
     if (path / SINGLE_FILE).is_file():
         return [path / SINGLE_FILE]
@@ -55,7 +55,7 @@ def _tensor_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path}: no safetensors files: expected {SINGLE_FILE} or {INDEX_FILE}{hint}")
 
 
-def _scan(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
+def scan_tensors(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     """name -> (file, shape, dtype) without reading tensor data."""
     from safetensors import safe_open
 
@@ -75,7 +75,11 @@ def _scan(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     return found
 
 
-def _check_names(expected: dict[str, tuple[int, ...]], found: dict[str, Any], cfg: TargetConfig) -> None:
+def check_tensor_names(expected: dict[str, tuple[int, ...]], found: dict[str, Any],
+                       cfg: TargetConfig) -> None:
+    """Every stored tensor (``scan_tensors``) is one the model expects (``stored_shapes``) with
+    that shape, and every expected one is stored: CheckpointError naming the first that is
+    not (unused suffixes and a tied LM head aside)."""
     for name, (file, shape, dtype) in sorted(found.items()):
         if name.endswith(_IGNORED_SUFFIXES):
             continue
@@ -92,14 +96,20 @@ def _check_names(expected: dict[str, tuple[int, ...]], found: dict[str, Any], cf
             raise CheckpointError(f"missing tensor {name} (a {cfg.model_type} checkpoint must contain it)")
 
 
+# The former private names, still imported by models/inspection.py: that module moves to the
+# public ones above, then these go.
+_tensor_files, _check_names = tensor_files, check_tensor_names
+
+
 def target_tensors(cfg: TargetConfig, tap_layer_ids: Sequence[int] = ()) -> dict[str, tuple[int, ...]]:
     """Every tensor a target checkpoint stores for ``cfg``, with its shape (no ``lm_head.weight``
     when the embeddings are tied)."""
     with torch.device("meta"):
-        return _stored_shapes(TargetModel(cfg, tap_layer_ids), cfg)
+        return stored_shapes(TargetModel(cfg, tap_layer_ids), cfg)
 
 
-def _stored_shapes(model: TargetModel, cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
+def stored_shapes(model: TargetModel, cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
+    """name -> shape of every tensor a checkpoint of ``model`` stores (a tied LM head is not)."""
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         del shapes["lm_head.weight"]
@@ -131,9 +141,9 @@ def load_target(
     cfg = TargetConfig.from_dict(read_config(path))
     with torch.device("meta"):
         model = TargetModel(cfg, tap_layer_ids)  # no memory for weights until they are loaded
-    expected = _stored_shapes(model, cfg)
-    found = _scan(_tensor_files(path))
-    _check_names(expected, found, cfg)
+    expected = stored_shapes(model, cfg)
+    found = scan_tensors(tensor_files(path))
+    check_tensor_names(expected, found, cfg)
     check_weights_fit(expected, dtype, device, f"the target at {path}")
     wanted = set(expected) | ({"lm_head.weight"} & set(found) if cfg.tie_word_embeddings else set())
     # One tensor at a time: read (memory-mapped file), convert straight to the device and dtype,

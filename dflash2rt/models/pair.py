@@ -11,8 +11,9 @@ from dflash2rt.errors import CheckpointError, InvalidInputError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.draft import DraftModel
 from dflash2rt.models.draft_loader import canonical_names, expected_tensors, load_draft
-from dflash2rt.models.hf_loader import (_scan, _tensor_files, check_weights_fit, load_target,
-                                        load_tokenizer, read_config, target_tensors)
+from dflash2rt.models.hf_loader import (check_weights_fit, load_target, load_tokenizer,
+                                        read_config, scan_tensors, target_tensors,
+                                        tensor_files)
 from dflash2rt.models.target import TargetModel
 from dflash2rt.models.draft_config import DraftConfig
 from dflash2rt.models.tokenizer import TextTokenizer
@@ -86,7 +87,7 @@ def load_pair(target_dir: str | Path, draft_dir: str | Path | None,
         draft_cfg.check_target(TargetConfig.from_dict(read_config(target_dir)))
         if draft_cfg.source_format == "speculators":      # its own embedding / head, if shipped
             draft_cfg = draft_cfg.with_tensors(
-                canonical_names(_scan(_tensor_files(Path(draft_dir)))).values())
+                canonical_names(scan_tensors(tensor_files(Path(draft_dir)))).values())
     taps = draft_cfg.target_layer_ids if draft_cfg else ()
     _check_pair_fits(target_dir, draft_cfg, taps, dtype, device)
     target, target_cfg = load_target(target_dir, dtype, device, taps)

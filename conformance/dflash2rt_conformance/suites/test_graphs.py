@@ -96,7 +96,7 @@ def proof(graphs, results, request):
 @pytest.fixture(scope="module")
 def pair(backend):
     dtype = torch.float32 if torch.float32 in backend.dtypes else backend.dtypes[0]
-    return models.ModelPair(*models._to(models.tiny_pair(11, dtype, vocab=61), backend.device))
+    return models.pair_on(models.tiny_pair(11, dtype, vocab=61), backend.device)
 
 
 def _requests(n, sampled=lambda i: i % 2 == 1, new=10):

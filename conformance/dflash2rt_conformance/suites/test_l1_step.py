@@ -78,7 +78,7 @@ def test_spec_step(case, dtype, backend, results):
         pytest.skip(f"backend {backend.name} does not declare {dtype}")
     pair = models.tiny_pair(seed, DTYPES[dtype], case.model, block, case.taps,
                             vocab=case.vocab)
-    pair = models.ModelPair(*models._to(pair, backend.device))
+    pair = models.pair_on(pair, backend.device)
     got = run_step(pair, backend, prompt, seed, 7, temp, top_k, top_p)
     tw, tcfg = models.target_reference(pair.target)
     dw, dcfg = models.draft_reference(pair.draft)
@@ -147,7 +147,7 @@ def test_rope_from_config(name, rope, head_dim, backend, results):
     """The runtime's rope frequencies and attention scaling (parsed from a config.json) vs the
     reference's, computed from the same config in NumPy (``reference.rope``): a float32 ulp
     apart at most (a float32 ``pow`` that is not correctly rounded), within the float32 row."""
-    config = {**models._target_dict("llama"), "head_dim": head_dim, **rope}
+    config = {**models.target_dict("llama"), "head_dim": head_dim, **rope}
     cfg = TargetConfig.from_dict(config)
     inv, scaling = inv_freq(cfg.rope, head_dim)
     want, want_scaling = r_rope.inv_freq(config, head_dim)

@@ -73,7 +73,7 @@ def test_sampled_law_of_first_tokens(conformance, backend, results, quick, sizes
     """(t1, t2): t1 from the prefill, t2 decided by the first speculative step."""
     if conformance.model in ("auto", "tiny"):
         pair = models.tiny_pair(3, torch.float32, block=3, vocab=11)
-        pair = models.ModelPair(*models._to(pair, backend.device))
+        pair = models.pair_on(pair, backend.device)
         model = "tiny random pair (V=11, block 3, seed 3: a χ² over every cell needs a small V)"
     else:
         pair, model = models.l4_pair(conformance.model, backend.device, torch.float32)

@@ -38,6 +38,25 @@ UNIT_COST = 1.0     # "cost_table" off: every step of every block costs this
 PRIOR_WEIGHT = {"greedy": 1.0, "sampled": 4.0}
 
 
+# Listeners called with the schedule whenever one over a measured table begins a call
+# (``add_measured_begin_listener``).
+_MEASURED_BEGIN: list[Callable[["AdaptiveSchedule"], None]] = []
+
+
+def add_measured_begin_listener(listener: Callable[["AdaptiveSchedule"], None]
+                                ) -> Callable[[], None]:
+    """Call ``listener(schedule)`` whenever a schedule over a measured table (not a fixed one)
+    begins a call, i.e. whenever choices are about to come from this machine's timings (CI
+    lists the tests that did so: tests/conftest.py). → a function that removes the listener
+    (calling it twice is harmless)."""
+    _MEASURED_BEGIN.append(listener)
+
+    def remove() -> None:
+        if listener in _MEASURED_BEGIN:
+            _MEASURED_BEGIN.remove(listener)
+    return remove
+
+
 def default_candidates(block: int) -> tuple[int, ...]:
     """1, the powers of two below the draft's block size, that block size and twice it: few
     sizes, so graphs capture few buckets (the bundled block 8: 1, 2, 4, 8, 16). A draft keeps
@@ -52,10 +71,6 @@ class AdaptiveSchedule:
     """Per-request acceptance estimates (reset by ``begin``) and a cost table (fixed, or
     measured by calibration and tracked between calls, possibly shared: ``table``);
     ``choose`` / ``observe`` / ``end``. ``without``: mechanisms switched off (``ABLATIONS``)."""
-
-    # Called with the schedule whenever one over a measured table begins a call (CI lists the
-    # tests whose choices came from this machine's timings: tests/conftest.py); None: nothing.
-    on_measured_begin: Callable[["AdaptiveSchedule"], None] | None = None
 
     def __init__(self, candidates: Sequence[int], costs: Mapping | None = None, *,
                  prior: float = 0.8, prior_weight: float | Mapping[str, float] = PRIOR_WEIGHT,
@@ -111,9 +126,9 @@ class AdaptiveSchedule:
         self._held: tuple | None = None                # the rows of a run of target-only steps
         # the table and pool this call decides with (a copy of the pool for ``replica``)
         self._frozen = {} if self.fixed else self.table.costs_now("drift" not in self.without)
-        hook = AdaptiveSchedule.on_measured_begin        # a plain function (class lookup)
-        if not self.fixed and hook is not None:
-            hook(self)
+        if not self.fixed:
+            for listener in tuple(_MEASURED_BEGIN):
+                listener(self)
         self._pooled = self.table.accept_copy()
         self._pool = self._pooled.pool(mode, law)
         self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds

@@ -1,23 +1,22 @@
-"""Where a graphed decode step's time goes on a GPU backend (JSON): the per-step split (draft,
-verify, host) of the greedy and the sampled speculative step at the draft's block size, and their
-ratio (dflash2rt.bench.measure.profile_steps: every graph replay between two device syncs), each
-captured graph's replay time alone, the whole step as the engine runs it (host work and the one
-sync included), and the top kernels of each graph's body run eagerly under torch.profiler."""
+"""``dflash2rt bench step-profile``: where a graphed decode step's time goes on a GPU backend:
+the per-step split (draft, verify, host) of the greedy and the sampled speculative step at the
+draft's block size, and their ratio (:func:`~dflash2rt.bench.profile.profile_steps`: every
+graph replay between two device syncs), each captured graph's replay time alone, the whole step
+as the engine runs it (host work and the one sync included), the top kernels of each graph's
+body run eagerly under torch.profiler, and the model's GEMM shapes alone (CUDA)."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
+from typing import Any
 
 import torch
 
-from dflash2rt.api import resolve_model
-from dflash2rt.bench.measure import TEMPERATURES, mean_ms, seeded_requests
-from dflash2rt.bench.profile import profile_steps
-from dflash2rt.engine.engine import Engine
-from dflash2rt.engine.request import Request, SamplingParams
-from dflash2rt.registry import Registry
+from ..backend import Backend
+from ..engine.engine import Engine
+from ..engine.request import Request, SamplingParams
+from ..models.pair import ModelPair
+from .measure import TEMPERATURES, mean_ms, seeded_requests
+from .profile import profile_steps
 
 PROMPT = "def parse(self, text):\n"
 
@@ -46,14 +45,16 @@ def _graphed_ms(fn, sync, calls: int = 50) -> float:
 
 
 def _gemms(pair, device, sync) -> list[dict]:
-    """GPU time (a graph of 50 calls, so no launch overhead) of x [M, hidden] @ W^T for the model's MLP and LM-head widths: M = 1 (a target-only step),
-    block (a verify / draft block), 8 blocks; fp32, fp32 with TF32, bf16 (cuBLAS's choice)."""
+    """GPU time (a graph of 50 calls, so no launch overhead) of x [M, hidden] @ W^T for the
+    model's MLP and LM-head widths: M = 1 (a target-only step), block (a verify / draft block),
+    8 blocks; fp32, fp32 with TF32, bf16 (cuBLAS's choice)."""
     cfg = pair.target.cfg
     block = pair.draft.cfg.block_size if pair.draft is not None else 8
     rows = []
     for n in (cfg.intermediate_size, cfg.vocab_size):
         for m in (1, block + 1, 8 * (block + 1)):
-            for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
+            for name, dtype, tf32 in (("fp32", torch.float32, False),
+                                      ("tf32", torch.float32, True),
                                       ("bf16", torch.bfloat16, False)):
                 x = torch.randn(m, cfg.hidden_size, device=device, dtype=dtype)
                 w = torch.randn(n, cfg.hidden_size, device=device, dtype=dtype)
@@ -72,20 +73,14 @@ def _gemms(pair, device, sync) -> list[dict]:
     return rows
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--backend", default="cuda")
-    ap.add_argument("--model", default="stdlib-code")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    backend = Registry.discover().select(args.backend).backend
+def step_profile(pair: ModelPair, backend: Backend) -> dict[str, Any]:
+    """The profile of one decode step of ``pair`` on ``backend`` (module docstring), as JSON.
+    ``backend`` must capture graphs (``backend.graph_adapter``): ValueError otherwise."""
     if backend.graph_adapter is None:
-        print(f"{args.backend} captures no graphs: nothing to profile", file=sys.stderr)
-        return 1
-    pair = resolve_model(args.model, backend.device, torch.float32)
+        raise ValueError(f"backend {backend.name!r} captures no graphs: nothing to profile")
     sync = torch.cuda.synchronize if backend.device.type == "cuda" else (lambda: None)
     ids = tuple(pair.tokenizer.encode(PROMPT))
-    res: dict = {"backend": args.backend}
+    res: dict[str, Any] = {"backend": backend.name}
     block = pair.draft.cfg.block_size
     with torch.inference_mode(), Engine(pair, backend) as engine:
         # the synced split, greedy vs sampled, at the draft's block size (graphs captured by the
@@ -106,7 +101,8 @@ def main() -> int:
                                       for t in TEMPERATURES[1:]}
         for spec in (True, False):
             mode = "spec" if spec else "target-only"
-            reqs = lambda: [Request(ids, SamplingParams(max_new_tokens=96, ignore_eos=True))]  # noqa: E731
+            reqs = lambda: [Request(ids, SamplingParams(max_new_tokens=96,  # noqa: E731
+                                                        ignore_eos=True))]
             b = block if spec else None                               # fixed block, not adaptive
             engine.generate(reqs(), spec=spec, block_size=b)          # capture
             _, st = engine.generate(reqs(), spec=spec, block_size=b)  # replay
@@ -117,36 +113,38 @@ def main() -> int:
                 bucket = runner.state[1]
                 name = f"{mode}:{key}"
                 res[f"{name}_replay_ms"] = mean_ms(bucket.graph.replay, sync, 50)
-                res[f"{name}_eager_body_ms"] = mean_ms(lambda: runner.body(bucket.inputs), sync, 10)
+                res[f"{name}_eager_body_ms"] = mean_ms(lambda: runner.body(bucket.inputs),
+                                                       sync, 10)
                 if backend.device.type == "cuda":
-                    res[f"{name}_top_kernels"] = _top_kernels(lambda: runner.body(bucket.inputs))
+                    res[f"{name}_top_kernels"] = _top_kernels(
+                        lambda: runner.body(bucket.inputs))
     if backend.device.type == "cuda":
         try:
             res["gemm_us"] = _gemms(pair, backend.device, sync)
         except Exception as exc:  # noqa: BLE001 - a diagnostic; keep the profile above
             res["gemm_error"] = f"{type(exc).__name__}: {exc}"
+    return res
+
+
+def step_profile_text(res: dict[str, Any]) -> str:
+    """The profile as text, one entry (or table) per key."""
+    lines: list[str] = []
     for k, v in res.items():
         if k == "gemm_us":
-            print("linear x[M, K] @ W[N, K]^T, GPU us per call (graph of 50):")
-            for row in v:
-                print(f"    M {row['m']:3d} N {row['n']:5d} K {row['k']} {row['dtype']}: "
-                      f"{row['us']:7.1f}")
+            lines.append("linear x[M, K] @ W[N, K]^T, GPU us per call (graph of 50):")
+            lines += [f"    M {row['m']:3d} N {row['n']:5d} K {row['k']} {row['dtype']}: "
+                      f"{row['us']:7.1f}" for row in v]
         elif k == "synced_split_ms":
-            print("per-step split, ms (synced profiling pass):")
-            for name, row in v.items():
-                print(f"    {name:28} draft {row['draft']:8.3f} verify {row['verify']:8.3f} "
-                      f"host {row['host']:8.3f} step {row['step']:8.3f}")
+            lines.append("per-step split, ms (synced profiling pass):")
+            lines += [f"    {name:28} draft {row['draft']:8.3f} verify {row['verify']:8.3f} "
+                      f"host {row['host']:8.3f} step {row['step']:8.3f}"
+                      for name, row in v.items()]
         elif isinstance(v, dict):
-            print(f"{k}: " + ", ".join(f"{a} {b:.3f}" for a, b in v.items()))
+            lines.append(f"{k}: " + ", ".join(f"{a} {b:.3f}" for a, b in v.items()))
         elif not k.endswith("top_kernels"):
-            print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+            lines.append(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
         else:
-            print(k)
-            for row in v:
-                print(f"    {row['us']:9.1f} us  x{row['calls']:<3d} {row['kernel']}")
-    json.dump(res, open(args.out, "w"), indent=2)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            lines.append(k)
+            lines += [f"    {row['us']:9.1f} us  x{row['calls']:<3d} {row['kernel']}"
+                      for row in v]
+    return "\n".join(lines)
