@@ -47,7 +47,7 @@ class RunStats:
     # Seconds per phase. Eager steps, per step body: "draft" (draft + select) and "verify"
     # (verify + accept + commit; target-only: forward + sample + commit), then "host" (the one
     # sync and the host work). Graph-replaying steps: "graphs" (launching the step's graphs and
-    # waiting for them at the sync; scripts/step_profile.py splits it per graph), then host.
+    # waiting for them at the sync; `dflash2rt bench step-profile` splits it per graph), then host.
     # "select" stays for reports that sum draft + select. "catch_up": adaptive runs, the deferred
     # draft context K/V projected (eagerly, graphs or not) before a spec step (``draft_deferred``).
     time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
