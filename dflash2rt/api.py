@@ -452,7 +452,3 @@ def watermark_key(watermark: object) -> WatermarkKey | None:
     raise InvalidInputError(f"watermark must be a WatermarkKey or the path of a key file, got "
                             f"{type(watermark).__name__}")
 
-
-# The former private names, still imported by qualify/tp_equivalence.py: that module moves to
-# the public ones, then these go.
-_encode, _tp_rank_setup = encode_prompts, tp_rank_setup

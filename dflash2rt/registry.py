@@ -161,7 +161,7 @@ class Registry:
         """Probe one backend (cached), "name:index" for one device of a backend with several;
         a probe that raises is an unavailable backend."""
         base, index = split_device(name)
-        entry = self._entry(base)
+        entry = self.entry(base)
         if index is not None:
             if entry.spec.probe_device is None:
                 return Probe(False, f"backend {base!r} has no devices to choose from: use "
@@ -185,7 +185,9 @@ class Registry:
         rows.sort(key=lambda s: -(s.priority or 0))
         return rows + list(self.failures)
 
-    def _entry(self, name: str) -> _Entry:
+    def entry(self, name: str) -> _Entry:
+        """The installed entry (spec, distribution, version) of backend ``name``, or
+        UnknownBackendError saying which are installed."""
         if name not in self.entries:
             known = ", ".join(sorted(self.entries)) or "none"
             failed = [f for f in self.failures if f.name == name]
@@ -198,7 +200,7 @@ class Registry:
     def create(self, name: str) -> Backend:
         """Build the named backend ("name:index": on that device) or raise
         BackendUnavailableError with the probe's reason."""
-        entry = self._entry(split_device(name)[0])
+        entry = self.entry(split_device(name)[0])
         probe = self.probe(name)
         if not probe.available:
             raise BackendUnavailableError(f"backend {name!r} is not available here: "

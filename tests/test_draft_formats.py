@@ -21,7 +21,8 @@ import dflash2rt
 from dflash2rt.cli import main
 from dflash2rt.errors import CheckpointError
 from dflash2rt.models.draft import DraftModel
-from dflash2rt.models.draft_config import DraftConfig, draft_config_dict
+from dflash2rt.models.draft_config import DraftConfig
+from dflash2rt.models.draft_config_write import draft_config_dict
 from dflash2rt.models.draft_loader import load_draft
 from dflash2rt.synth import synthesize
 

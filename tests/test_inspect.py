@@ -16,7 +16,8 @@ from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.draft_config import DraftConfig
 from dflash2rt.models.draft_loader import expected_tensors
 from dflash2rt.models.hf_loader import target_tensors
-from dflash2rt.models.inspection import detect_format, inspect_models
+from dflash2rt.models.inspect_read import detect_format
+from dflash2rt.models.inspection import inspect_models
 from dflash2rt.models.pair import load_pair
 
 from hub_cache import add_repo, files_of
@@ -251,7 +252,7 @@ def test_inspect_online_fetches_configs_and_reads_headers_remotely(tmp_path, pai
     import huggingface_hub
     from huggingface_hub.utils import SafetensorsFileMetadata, TensorInfo
 
-    from dflash2rt.models.inspection import read_header
+    from dflash2rt.models.inspect_read import read_header
 
     cache = tmp_path / "cache"
     add_repo(cache, "tiny-org/t", {n: b for n, b in files_of(pair_dir / "target").items()

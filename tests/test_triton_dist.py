@@ -1,8 +1,8 @@
-"""The Triton a machine gets (plugin_kit/triton_dist.py, scripts/setup.sh): torch's own
-requirement decides, PyPI triton is never installed over a vendor's Triton distribution, a wrong
-or doubled one is reported with its fix, and the missing-Triton hints name the vendor's own
-distribution. Vendor distributions and torch builds are faked: dist-info directories on a
-temporary path, and ``torch.version`` patched."""
+"""The Triton a machine gets (plugin_kit/triton_dist.py, triton_env.py, triton_hints.py,
+scripts/setup.sh): torch's own requirement decides, PyPI triton is never installed over a
+vendor's Triton distribution, a wrong or doubled one is reported with its fix, and the
+missing-Triton hints name the vendor's own distribution. Vendor distributions and torch builds
+are faked: dist-info directories on a temporary path, and ``torch.version`` patched."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ import pytest
 import torch
 
 from dflash2rt.plugin_kit import triton_dist as td
-from dflash2rt.plugin_kit.triton_dist import Action, Decision, Environment, Provider, TorchBuild
+from dflash2rt.plugin_kit import triton_env as te
+from dflash2rt.plugin_kit import triton_hints as th
+from dflash2rt.plugin_kit.triton_dist import Action, Decision
+from dflash2rt.plugin_kit.triton_env import Environment, Provider, TorchBuild
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP = ROOT / "scripts" / "setup.sh"
@@ -104,7 +107,7 @@ def test_rocm_torch_with_its_vendor_triton_installs_nothing(tmp_path, monkeypatc
     fake_dist(tmp_path, "pytorch-triton-rocm", "3.5.0")
     monkeypatch.setattr(torch.version, "hip", "6.4.43482", raising=False)
     monkeypatch.setattr(torch, "__version__", "2.9.0+rocm6.4")
-    e = td.inspect([str(tmp_path)], marker_env=LINUX, cpu_req="triton>=3.6")
+    e = te.inspect([str(tmp_path)], marker_env=LINUX, cpu_req="triton>=3.6")
     assert e.build == TorchBuild("rocm", "2.9.0+rocm6.4", "6.4.43482")
     assert e.providers == (Provider("pytorch-triton-rocm", "3.5.0"),)
     assert e.torch_triton == "pytorch-triton-rocm==3.5.0"
@@ -119,7 +122,7 @@ def test_a_fake_vendor_distribution_is_never_overwritten(tmp_path, vendor, build
     """Whatever torch says (here: no metadata at all), a fake vendor Triton on the path, found
     through its RECORD only (no top_level.txt), is never replaced."""
     fake_dist(tmp_path, vendor, "3.5.0", top_level=False)
-    e = td.inspect([str(tmp_path)], torch_module=fake_torch_module(build), marker_env=LINUX,
+    e = te.inspect([str(tmp_path)], torch_module=fake_torch_module(build), marker_env=LINUX,
                    cpu_req="triton>=3.6")
     assert e.providers == (Provider(vendor, "3.5.0"),) and not e.torch_metadata
     d = td.decide(e)
@@ -130,7 +133,7 @@ def test_cpu_build_without_triton_gets_pypi_triton_as_the_extra_pins_it(tmp_path
     fake_dist(tmp_path, "torch", "2.13.0+cpu", requires=("filelock", "sympy>=1.13.3"),
               provides_triton=False)
     fake_dist(tmp_path, "numpy", "2.1.0", provides_triton=False)
-    e = td.inspect([str(tmp_path)], torch_module=fake_torch_module(CPU), marker_env=LINUX)
+    e = te.inspect([str(tmp_path)], torch_module=fake_torch_module(CPU), marker_env=LINUX)
     assert e.providers == () and e.torch_triton is None and e.torch_metadata
     d = td.decide(e)
     assert d.action is Action.INSTALL and d.pip_args == (e.cpu_requirement,)
@@ -147,7 +150,7 @@ def test_cuda_torch_gets_the_triton_it_pins(tmp_path):
     fake_dist(tmp_path, "torch", "2.9.0+cu128", requires=(f"triton==3.5.0; {MARKER}",),
               provides_triton=False)
     fake_dist(tmp_path, "triton", "3.5.0")
-    e = td.inspect([str(tmp_path)], torch_module=fake_torch_module(CUDA), marker_env=LINUX,
+    e = te.inspect([str(tmp_path)], torch_module=fake_torch_module(CUDA), marker_env=LINUX,
                    cpu_req="triton>=3.6")
     d = td.decide(e)
     assert e.torch_triton == "triton==3.5.0" and d.action is Action.OK and d.pip_args == ()
@@ -156,7 +159,7 @@ def test_cuda_torch_gets_the_triton_it_pins(tmp_path):
         == ("triton==3.5.0",)
     assert td.decide(env(CUDA, torch_triton="triton==3.5.0")).pip_args == ("triton==3.5.0",)
     # torch's marker excludes this platform: nothing to install, and it says why
-    e = td.inspect([str(tmp_path)], torch_module=fake_torch_module(CUDA),
+    e = te.inspect([str(tmp_path)], torch_module=fake_torch_module(CUDA),
                    marker_env={**LINUX, "platform_system": "Windows"}, cpu_req="triton>=3.6")
     assert e.torch_triton is None
     d = td.decide(e)
@@ -170,7 +173,7 @@ def test_rocm_torch_with_only_pypi_triton_is_reported_with_its_fix(tmp_path):
     fake_dist(tmp_path, "torch", "2.9.0+rocm6.4",
               requires=(f"pytorch-triton-rocm==3.5.0; {MARKER}",), provides_triton=False)
     fake_dist(tmp_path, "triton", "3.5.0")
-    d = td.decide(td.inspect([str(tmp_path)], torch_module=fake_torch_module(ROCM),
+    d = td.decide(te.inspect([str(tmp_path)], torch_module=fake_torch_module(ROCM),
                              marker_env=LINUX, cpu_req="triton>=3.6"))
     assert d.action is Action.FIX and d.pip_args == ()
     assert "requires pytorch-triton-rocm==3.5.0, but triton comes from triton 3.5.0" in d.reason
@@ -200,7 +203,7 @@ def test_two_triton_distributions_and_a_missing_vendor_one_are_fixes():
 
 @pytest.fixture
 def no_torch_metadata(monkeypatch):
-    monkeypatch.setattr(td, "torch_triton_requirement", lambda *a, **k: (False, None))
+    monkeypatch.setattr(th, "torch_triton_requirement", lambda *a, **k: (False, None))
 
 
 def test_missing_triton_hints_name_the_vendors_own_distribution(monkeypatch, no_torch_metadata):
@@ -233,11 +236,11 @@ def test_missing_triton_hints_name_the_vendors_own_distribution(monkeypatch, no_
 
 
 def test_the_hint_uses_torchs_exact_requirement(monkeypatch):
-    monkeypatch.setattr(td, "torch_triton_requirement",
+    monkeypatch.setattr(th, "torch_triton_requirement",
                         lambda *a, **k: (True, "triton-xpu==3.6.0"))
     monkeypatch.setattr(torch.version, "xpu", "20250101", raising=False)
     monkeypatch.setattr(torch, "__version__", "2.10.0+xpu")
-    hint = td.install_hint("pytorch-triton-xpu")
+    hint = th.install_hint("pytorch-triton-xpu")
     assert hint.startswith("pip install 'triton-xpu==3.6.0' --index-url "
                            "https://download.pytorch.org/whl/xpu")
 
@@ -275,7 +278,7 @@ def test_cli_with_a_fake_distribution_path(tmp_path):
     assert r.returncode == 0 and r.stdout == "", r
     assert r.stderr.startswith("triton: ok:") and "pytorch-triton-rocm 3.5.0" in r.stderr
     r = _cli("--pip-args", "--path", str(empty))
-    assert r.returncode == 0 and r.stdout.split() == [td.cpu_requirement()], r
+    assert r.returncode == 0 and r.stdout.split() == [te.cpu_requirement()], r
     assert "triton: install:" in r.stderr
     r = _cli("--json", "--path", str(vendor))
     assert json.loads(r.stdout)["installed"] == ["pytorch-triton-rocm 3.5.0"]
@@ -367,5 +370,5 @@ def test_only_pypi_triton_vendors_carry_a_triton_extra():
         else:
             assert "triton" not in extras, (v.name, extras)
             assert not any("triton" in r for rs in extras.values() for r in rs), (v.name, extras)
-        assert v.triton.distribution == td.USUAL_DISTRIBUTION[
+        assert v.triton.distribution == th.USUAL_DISTRIBUTION[
             {"hip": "rocm"}.get(v.triton.backend, v.triton.backend)], v.name

@@ -187,17 +187,41 @@ def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int
     it. Verify gets the walk noise of the first of those points, so a verifier that reads the
     walk stream still sees it vary across drafts (and fails); for any other verifier the law is
     the full lattice's, on far fewer rows."""
-    dev, v = backend.device, sel.v
     m_walk, m_acc, m_res = (1, 1, 1) if temperature == 0 else (M_WALK, M_ACCEPT, M_RESIDUAL)
     walks, coins = grid(*(m_walk,) * gamma), grid(*(m_acc,) * gamma, m_res)
     if not dedup:                              # every (walk, accept, residual) point, one row each
         walks, coins = np.repeat(walks, len(coins), 0), np.tile(coins, (len(walks), 1))
     r = len(walks)
     u_walk = midpoints(m_walk)[walks]
-    logits, proj = sel.inputs(ctx, gamma)
+    t = _to_device(backend.device, dtype)
+    out = _select(backend, ctx, sel, gamma, temperature, u_walk, t, draft_side)
+    rows, count, total = np.arange(r), np.ones(r, np.int64), r    # row weight = count / total
+    if dedup:                                  # one coin block per distinct select output
+        rows, count, total, coins = _distinct_selects(out, r, coins)
+    u_coins = (midpoints(m_acc)[coins[:, :gamma]], midpoints(m_res)[coins[:, gamma]])
+    tokens = _verify(backend, ctx, p_fn, sel.v, gamma, out, rows, u_walk[rows], u_coins, t,
+                     temperature, min_p, raw_fn, process)
+    if key_first_accept:
+        tokens = np.concatenate([coins[:, :1], tokens], 1)
+        law = {(k[0], k[1:]): c for k, c in law_of(tokens, count).items()}
+    else:
+        law = law_of(tokens, count)
+    return {k: c / total for k, c in law.items()}
 
+
+def _to_device(dev, dtype: torch.dtype):
+    """x → a tensor on ``dev`` of dtype ``dt`` (default ``dtype``), through float64."""
     def t(x, dt=dtype):
         return torch.tensor(np.asarray(x), dtype=torch.float64).to(dt).to(dev)
+    return t
+
+
+def _select(backend, ctx: tuple, sel: SelectorTables, gamma: int, temperature: float,
+            u_walk: np.ndarray, t, draft_side):
+    """The backend's select on every walk row (``draft_side``: the engine's constrained draft
+    side, then ``ops.selector.select`` with its walk mask)."""
+    dev, v, r = backend.device, sel.v, len(u_walk)
+    logits, proj = sel.inputs(ctx, gamma)
     args = (t(np.broadcast_to(logits, (r, gamma, v))),
             t(np.broadcast_to(proj, (r, gamma, v * v))),
             torch.full((r,), ctx[-1], dtype=torch.int64, device=dev),
@@ -205,39 +229,43 @@ def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int
             SamplingBatch.build([temperature] * r, [0] * r, [1.0] * r, dev),
             t(u_walk, torch.float32))
     if draft_side is None:
-        out = backend.select(*args)
-    else:
-        x, mask = draft_side(ctx, args[0])
-        with backend.run_context():
-            out = ops_selector.select(x, *args[1:], has_fp64=backend.has_fp64, mask=mask)
-    rows, count, total = np.arange(r), np.ones(r, np.int64), r    # row weight = count / total
-    if dedup:                                  # one coin block per distinct select output
-        key = np.concatenate([x.cpu().numpy().reshape(r, -1) for x in
-                              (out.draft, out.candidates, out.q.view(torch.int32))], 1)
-        _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
-        n = len(coins)
-        rows, count, total = np.repeat(first, n), np.repeat(counts, n), r * n
-        coins = np.tile(coins, (len(first), 1))
+        return backend.select(*args)
+    x, mask = draft_side(ctx, args[0])
+    with backend.run_context():
+        return ops_selector.select(x, *args[1:], has_fp64=backend.has_fp64, mask=mask)
+
+
+def _distinct_selects(out, r: int, coins: np.ndarray):
+    """``dedup``: the first row of each distinct select output (draft, candidates, q), repeated
+    once per coin point, with its walk count → (rows, count, total, coins)."""
+    key = np.concatenate([x.cpu().numpy().reshape(r, -1) for x in
+                          (out.draft, out.candidates, out.q.view(torch.int32))], 1)
+    _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
+    n = len(coins)
+    return (np.repeat(first, n), np.repeat(counts, n), r * n,
+            np.tile(coins, (len(first), 1)))
+
+
+def _verify(backend, ctx: tuple, p_fn, v: int, gamma: int, out, rows: np.ndarray,
+            u_walk: np.ndarray, u_coins: tuple, t, temperature: float, min_p: float,
+            raw_fn, process) -> np.ndarray:
+    """The backend's verify of select rows ``rows`` against the target's law after ``ctx``,
+    with walk noise ``u_walk`` and (acceptance, residual) coins ``u_coins`` → emitted tokens
+    [n, γ + 1] (−1 after the last emitted one)."""
+    dev = backend.device
     sel_rows = torch.tensor(rows, device=dev)
     draft, cand, q = out.draft[sel_rows], out.candidates[sel_rows], out.q[sel_rows]
-    u_acc = midpoints(m_acc)[coins[:, :gamma]]
-    u_res = midpoints(m_res)[coins[:, gamma]]
+    u_acc, u_res = u_coins
     vlog = t(target_logits(p_fn, ctx, draft.cpu().numpy(), v, raw_fn))
     if process is not None:
         vlog = process(ctx, vlog, draft)
     res = t(np.repeat(u_res[:, None], gamma, 1), torch.float32)
-    noise = BlockNoise(t(u_walk[rows], torch.float32), t(u_acc, torch.float32), res,
+    noise = BlockNoise(t(u_walk, torch.float32), t(u_acc, torch.float32), res,
                        t(u_res, torch.float32))
     n = len(rows)
     sampling = SamplingBatch.build([temperature] * n, [0] * n, [1.0] * n, dev, [min_p] * n)
     ver = backend.verify(vlog, draft, cand, q, sampling, noise, check=True)
-    tokens = ver.tokens.cpu().numpy()                      # tokens are −1 after the emitted one
-    if key_first_accept:
-        tokens = np.concatenate([coins[:, :1], tokens], 1)
-        law = {(k[0], k[1:]): c for k, c in law_of(tokens, count).items()}
-    else:
-        law = law_of(tokens, count)
-    return {k: c / total for k, c in law.items()}
+    return ver.tokens.cpu().numpy()
 
 
 def target_only_law_backend(backend, ctx: tuple, p_fn, dtype: torch.dtype,

@@ -186,22 +186,11 @@ def run(args: argparse.Namespace) -> int:
         return _run_tp(args, prompts)
     if args.metrics is not None:
         check_metrics_path(args.metrics)          # before loading: a bad path fails at once
-    key = None
-    if args.watermark_key_file is not None:      # before loading: a bad key file fails at once
-        from ..watermark import WatermarkKey
-
-        key = WatermarkKey.from_file(args.watermark_key_file,
-                                     allow_shared=args.watermark_key_allow_shared)
+    key = _watermark_key(args)                    # before loading: a bad key file fails at once
     selection = Registry.discover().select(args.backend)
     print(selection.describe(), file=sys.stderr)
     dtype = "auto" if args.dtype == "auto" else DTYPES[args.dtype]
-    load = _LoadWatch()
-    pair = resolve_model_args(args, selection.backend.device, dtype)
-    loaded = load.done(pair)
-    print(f"loaded {pair.name} ({str(pair.dtype).replace('torch.', '')}) in "
-          f"{loaded['seconds']:.1f}s: peak host RSS {loaded['peak_rss_bytes'] / 1e9:.2f} GB "
-          f"(before loading {loaded['rss_before_bytes'] / 1e9:.2f} GB), checkpoint files "
-          f"{loaded['checkpoint_bytes'] / 1e9:.2f} GB", file=sys.stderr)
+    pair, loaded = _load(args, selection.backend.device, dtype)
     single = len(prompts) == 1 and not args.json
     progress = _Progress(pair.tokenizer, single, lambda: _shown(pair, prompts[0]), args.stop,
                          lambda: _prompt_ids(pair, prompts[0]), args.include_stop_str_in_output)
@@ -226,7 +215,36 @@ def run(args: argparse.Namespace) -> int:
         print(file=sys.stderr)
         for i, text in enumerate(res.texts):
             print(f"--- [{i}] {res.outputs[i].finish_reason}\n{_shown(pair, prompts[i])}{text}")
-    s = res.stats
+    print(_stats_line(res.stats), file=sys.stderr)
+    return 0
+
+
+def _watermark_key(args: argparse.Namespace):
+    """The key --watermark-key-file names (None without it)."""
+    if args.watermark_key_file is None:
+        return None
+    from ..watermark import WatermarkKey
+
+    return WatermarkKey.from_file(args.watermark_key_file,
+                                  allow_shared=args.watermark_key_allow_shared)
+
+
+def _load(args: argparse.Namespace, device, dtype) -> tuple:
+    """The pair the model arguments name, loaded on ``device``, and what loading took (printed
+    on stderr) → (pair, load stats)."""
+    load = _LoadWatch()
+    pair = resolve_model_args(args, device, dtype)
+    loaded = load.done(pair)
+    print(f"loaded {pair.name} ({str(pair.dtype).replace('torch.', '')}) in "
+          f"{loaded['seconds']:.1f}s: peak host RSS {loaded['peak_rss_bytes'] / 1e9:.2f} GB "
+          f"(before loading {loaded['rss_before_bytes'] / 1e9:.2f} GB), checkpoint files "
+          f"{loaded['checkpoint_bytes'] / 1e9:.2f} GB", file=sys.stderr)
+    return pair, loaded
+
+
+def _stats_line(s) -> str:
+    """A run's stats in one line: throughput, τ, block sizes, speculation metrics, where the
+    time went, fallbacks."""
     split = ", ".join(f"{k} {v:.3f}s" for k, v in s.time.items())
     if s.calibration_steps:       # the adaptive schedule's timing steps: part of the wall time
         split += f", calibration {s.calibration_s:.3f}s ({s.calibration_steps} steps)"
@@ -234,22 +252,19 @@ def run(args: argparse.Namespace) -> int:
         split += f", {s.cost_noise}"
     blocks = f"block {s.block_size}" if not s.adaptive else "adaptive blocks " + ", ".join(
         f"{b}x{n}" for b, n in sorted(s.block_sizes.items()))
-    print(f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "
-          f"{s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f} ({blocks}), "
-          f"accept histogram {s.accept_hist}; {_spec_summary(s)}; {split}; "
-          f"fallbacks: {s.fallbacks or 'none'}"
-          + (f"; {s.model_pass}" if s.model_pass else ""), file=sys.stderr)
-    return 0
+    return (f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "
+            f"{s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f} ({blocks}), "
+            f"accept histogram {s.accept_hist}; {_spec_summary(s)}; {split}; "
+            f"fallbacks: {s.fallbacks or 'none'}"
+            + (f"; {s.model_pass}" if s.model_pass else ""))
 
 
 def _run_tp(args: argparse.Namespace, prompts: list) -> int:
     """--tp N: every rank loads and shards its own pair (api.run); only rank 0 prints.
     Tokens are not streamed (the texts are printed at the end)."""
     from ..api import run as api_run
-    from ..watermark import WatermarkKey
 
-    key = None if args.watermark_key_file is None else WatermarkKey.from_file(
-        args.watermark_key_file, allow_shared=args.watermark_key_allow_shared)
+    key = _watermark_key(args)
     res = api_run(_model_arg(args.model), args.backend, prompts=prompts, draft=args.draft,
                   revision=args.revision, draft_revision=args.draft_revision,
                   max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -27,7 +27,7 @@ NAME_NOFP64 = "triton-interpret-nofp64"
 
 def probe() -> Probe:
     if importlib.util.find_spec("triton") is None:
-        from ..plugin_kit.triton_dist import install_hint
+        from ..plugin_kit.triton_hints import install_hint
 
         return Probe(False, f"triton is not installed: {install_hint()}")
     if "triton" in sys.modules and not interpreting():

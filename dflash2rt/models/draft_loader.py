@@ -1,5 +1,6 @@
 """Load and save DFlash2 / DFlash v1 drafts in the published layouts (config.json + safetensors):
-the native z-lab layouts and the speculators format (``draft_config.py``).
+the native z-lab layouts and the speculators format (``draft_config.py``,
+``speculators_config.py``).
 
 Tensor names: the published DFlash2 checkpoints store the selector's codebooks as bare
 parameters (``candidate_selector.predecessor_codebook``); checkpoints saved from an
@@ -18,7 +19,8 @@ import torch
 from dflash2rt.errors import CheckpointError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.draft import DraftModel
-from dflash2rt.models.draft_config import DraftConfig, draft_config_dict
+from dflash2rt.models.draft_config import DraftConfig
+from dflash2rt.models.draft_config_write import draft_config_dict
 from dflash2rt.models.hf_loader import (CONFIG_FILE, SINGLE_FILE, check_weights_fit,
                                         read_config, scan_tensors, tensor_files)
 from dflash2rt.ops.vocab import target_ids

@@ -96,10 +96,6 @@ def check_tensor_names(expected: dict[str, tuple[int, ...]], found: dict[str, An
             raise CheckpointError(f"missing tensor {name} (a {cfg.model_type} checkpoint must contain it)")
 
 
-# The former private names, still imported by models/inspection.py: that module moves to the
-# public ones above, then these go.
-_tensor_files, _check_names = tensor_files, check_tensor_names
-
 
 def target_tensors(cfg: TargetConfig, tap_layer_ids: Sequence[int] = ()) -> dict[str, tuple[int, ...]]:
     """Every tensor a target checkpoint stores for ``cfg``, with its shape (no ``lm_head.weight``

@@ -133,7 +133,7 @@ def snapshot(repo_id: str, revision: str | None = None, weights: bool = True) ->
         raise ModelNotFoundError(f"hub repository {repo_id} does not exist (or is private: log "
                                  f"in with {_login_hint()})") from exc
     except (err["LocalEntryNotFoundError"], FileNotFoundError) as exc:
-        raise _not_cached(repo_id, revision, off) from exc
+        raise not_cached(repo_id, revision, off) from exc
     except err["HfHubHTTPError"] as exc:
         raise ModelNotFoundError(f"hub repository {repo_id}{rev} could not be fetched: "
                                  f"{exc}") from exc
@@ -141,7 +141,7 @@ def snapshot(repo_id: str, revision: str | None = None, weights: bool = True) ->
     return path
 
 
-def _not_cached(repo_id: str, revision: str | None, off: bool,
+def not_cached(repo_id: str, revision: str | None, off: bool,
                 missing: str | None = None) -> ModelNotFoundError:
     rev = f" at revision {revision}" if revision else ""
     where = f"the Hugging Face cache ({cache_dir()})"
@@ -164,7 +164,7 @@ def _check_snapshot(repo_id: str, revision: str | None, path: Path, weights: boo
         name = lambda f: f"{root.name}/{f}" if pair else f  # noqa: E731
         if not (root / "config.json").is_file():
             if off:
-                raise _not_cached(repo_id, revision, off, name("config.json"))
+                raise not_cached(repo_id, revision, off, name("config.json"))
             raise CheckpointError(f"hub model {repo_id} has no {name('config.json')}: it is not a "
                                   "Hugging Face checkpoint")
         if not weights or (root / "model.safetensors").is_file():
@@ -177,7 +177,7 @@ def _check_snapshot(repo_id: str, revision: str | None, path: Path, weights: boo
             missing = sorted({s for s in shards.values() if not (root / s).is_file()}) \
                 if isinstance(shards, dict) else []
             if missing:
-                raise _not_cached(repo_id, revision, off, name(missing[0]))
+                raise not_cached(repo_id, revision, off, name(missing[0]))
             continue
         pickles = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles or not off:
@@ -187,7 +187,7 @@ def _check_snapshot(repo_id: str, revision: str | None, path: Path, weights: boo
                 f"safetensors weights ({name('model.safetensors')} or its index){found}: "
                 "dflash2rt loads safetensors only, never pickle weights (.bin / .pt); use a "
                 "revision or repository that has safetensors, or convert it")
-        raise _not_cached(repo_id, revision, off, name("model.safetensors"))
+        raise not_cached(repo_id, revision, off, name("model.safetensors"))
 
 
 def file_headers(repo_id: str, filename: str, commit: str | None

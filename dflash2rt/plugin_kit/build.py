@@ -24,11 +24,11 @@ def kernel_mode(triton: TritonFacts | None = None) -> tuple[bool, str]:
     """(triton kernels usable, description): triton kernels when triton imports, else torch
     ops. Without triton the description says what to install: the Triton the installed torch
     requires, else the vendor's own distribution (``triton.distribution``), never PyPI triton
-    over a vendor build (``triton_dist.install_hint``)."""
+    over a vendor build (``triton_hints.install_hint``)."""
     if importlib.util.find_spec("triton") is None:
-        # Imported on use: plugin_kit loads this module, and `python -m
-        # dflash2rt.plugin_kit.triton_dist` must find triton_dist not yet imported.
-        from .triton_dist import install_hint
+        # Imported on use: only a machine without triton needs the hint (it reads package
+        # metadata).
+        from .triton_hints import install_hint
 
         hint = install_hint(triton.distribution if triton is not None else None)
         return False, f"torch eager ops (triton not installed: {hint})"
@@ -44,7 +44,7 @@ def _kernel_backend(name: str, probe: Probe, dtypes: tuple[torch.dtype, ...], tu
     if interpreting():                  # never run a GPU backend's kernels interpreted
         raise RuntimeError(INTERPRET_REASON)
     if importlib.util.find_spec("triton") is None:
-        from .triton_dist import install_hint
+        from .triton_hints import install_hint
 
         raise ModuleNotFoundError("triton is not installed: " + install_hint(
             triton.distribution if triton is not None else None))

@@ -18,6 +18,9 @@ Triton it was released with, and the version), never from a fixed name:
 - two Triton distributions installed, or one that is not the one torch requires: ``fix``, with
   the commands that repair it (uninstall first, then install, so no shared file is lost).
 
+What the decision looks at is read by ``triton_env.py``; the commands and hints it words are
+``triton_hints.py``'s (``install_hint`` too, for a backend that finds no triton).
+
 ``python -m dflash2rt.plugin_kit.triton_dist`` prints the decision; ``--pip-args`` prints only
 what pip should install (one argument a line, nothing when nothing is to be installed) with one
 human line on stderr, and exits 3 when the environment needs a fix by hand (``scripts/setup.sh``
@@ -29,78 +32,19 @@ from __future__ import annotations
 import argparse
 import enum
 import json
-import re
 import sys
 from dataclasses import asdict, dataclass
-from importlib import metadata
-from typing import Iterable, Mapping, Sequence
+from typing import Sequence
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-IMPORT_PACKAGE = "triton"
-PYPI_TRITON = "triton"            # the only Triton distribution pip may install from PyPI here
+from .triton_env import (IMPORT_PACKAGE, PYPI_TRITON, Environment, Provider, TorchBuild,
+                         TritonDistError, inspect, normalize)
+from .triton_hints import USUAL_DISTRIBUTION, vendor_note, install_command
+
 EXIT_FIX = 3
-PYTORCH_INDEX = "https://download.pytorch.org/whl"
-# The Triton each torch build normally brings, named in messages when torch's metadata says
-# nothing (a source build, or a platform its wheels bring none for).
-USUAL_DISTRIBUTION = {
-    "cuda": "triton",
-    "rocm": "pytorch-triton-rocm",
-    "xpu": "pytorch-triton-xpu",          # triton-xpu in newer torch releases
-    "cpu": "triton",
-}
-
-
-class TritonDistError(RuntimeError):
-    """The Triton installation cannot be decided or needs a fix by hand; the message says what
-    to do."""
-
-
-def normalize(name: str) -> str:
-    """A distribution name as pip compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-@dataclass(frozen=True)
-class TorchBuild:
-    """The installed torch: ``kind`` is "cuda", "rocm", "xpu" or "cpu" (from ``torch.version``);
-    ``runtime`` the CUDA / HIP / XPU version it was built with ("" on the CPU build)."""
-
-    kind: str
-    version: str
-    runtime: str = ""
-
-    def __str__(self) -> str:
-        what = {"cuda": "CUDA", "rocm": "ROCm", "xpu": "XPU", "cpu": "CPU"}[self.kind]
-        return f"torch {self.version} ({what} build{' ' + self.runtime if self.runtime else ''})"
-
-
-@dataclass(frozen=True)
-class Provider:
-    """An installed distribution that provides the import package ``triton``."""
-
-    name: str
-    version: str
-
-    def __str__(self) -> str:
-        return f"{self.name} {self.version}"
-
-
-@dataclass(frozen=True)
-class Environment:
-    """What the decision looks at. ``torch_triton``: the Triton requirement torch's metadata
-    names for this platform (None: it names none); ``torch_metadata``: whether torch's
-    distribution metadata was found at all; ``cpu_requirement``: dflash2rt's ``triton`` extra,
-    what the CPU build gets; ``platform``: ``sys.platform``."""
-
-    build: TorchBuild
-    providers: tuple[Provider, ...]
-    torch_triton: str | None
-    torch_metadata: bool
-    cpu_requirement: str
-    platform: str = "linux"
 
 
 class Action(str, enum.Enum):
@@ -143,144 +87,6 @@ class Decision:
         d["build"] = {**asdict(self.build), "label": str(self.build)}
         d["installed"] = [str(p) for p in self.installed]
         return d
-
-
-# -- looking at the machine ------------------------------------------------------------------
-
-def torch_build(torch_module=None) -> TorchBuild:
-    """The installed torch's build, from ``torch.version`` (ROCm builds also set ``cuda`` on
-    some releases, so ``hip`` is read first)."""
-    if torch_module is None:
-        import torch as torch_module
-    v = torch_module.version
-    for attr, kind in (("hip", "rocm"), ("xpu", "xpu"), ("cuda", "cuda")):
-        value = getattr(v, attr, None)
-        if value:
-            return TorchBuild(kind, torch_module.__version__, str(value))
-    return TorchBuild("cpu", torch_module.__version__)
-
-
-def _distributions(path: Sequence[str] | None) -> Iterable[metadata.Distribution]:
-    return metadata.distributions(path=list(path)) if path is not None \
-        else metadata.distributions()
-
-
-def _provides_triton(dist: metadata.Distribution) -> bool:
-    top = dist.read_text("top_level.txt")
-    if top is not None and IMPORT_PACKAGE in top.split():
-        return True
-    # No top_level.txt (not every build backend writes one): the installed files say.
-    return any(f.parts[:1] == (IMPORT_PACKAGE,) for f in (dist.files or ()))
-
-
-def triton_providers(path: Sequence[str] | None = None) -> tuple[Provider, ...]:
-    """Every installed distribution that provides the import package ``triton`` (the first of
-    each name on the path, as Python would import it)."""
-    found: dict[str, Provider] = {}
-    for dist in _distributions(path):
-        name = normalize(dist.metadata["Name"] or "")
-        if name and name not in found and _provides_triton(dist):
-            found[name] = Provider(name, dist.version)
-    return tuple(sorted(found.values(), key=lambda p: p.name))
-
-
-def _applies(req: Requirement, marker_env: Mapping[str, str] | None) -> bool:
-    if req.marker is None:
-        return True
-    return req.marker.evaluate({**(marker_env or {}), "extra": ""})
-
-
-def torch_triton_requirement(path: Sequence[str] | None = None,
-                             marker_env: Mapping[str, str] | None = None
-                             ) -> tuple[bool, str | None]:
-    """(torch's metadata found, the Triton requirement it names for this platform, without its
-    marker): a requirement of torch's whose name contains "triton"."""
-    dist = next((d for d in _distributions(path) if normalize(d.metadata["Name"] or "") == "torch"),
-                None)
-    if dist is None:
-        return False, None
-    for text in dist.requires or ():
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
-            continue
-        if "triton" in normalize(req.name) and _applies(req, marker_env):
-            return True, f"{normalize(req.name)}{req.specifier}"
-    return True, None
-
-
-def cpu_requirement() -> str:
-    """dflash2rt's ``triton`` extra (pyproject.toml), read from the installed metadata."""
-    try:
-        requires = metadata.requires("dflash2rt") or []
-    except metadata.PackageNotFoundError:
-        raise TritonDistError("dflash2rt is not installed in this environment, so its triton "
-                              "extra cannot be read: run pip install -e . first") from None
-    for text in requires:
-        req = Requirement(text)
-        if normalize(req.name) == PYPI_TRITON and req.marker is not None \
-                and req.marker.evaluate({"extra": "triton"}) \
-                and not req.marker.evaluate({"extra": ""}):
-            return f"{PYPI_TRITON}{req.specifier}"
-    raise TritonDistError("dflash2rt's metadata has no 'triton' extra naming PyPI triton: "
-                          "reinstall dflash2rt (pip install -e .)")
-
-
-def inspect(path: Sequence[str] | None = None, torch_module=None,
-            marker_env: Mapping[str, str] | None = None,
-            cpu_req: str | None = None) -> Environment:
-    """The environment as the decision sees it. ``path``: look for torch's and Triton's
-    distributions there instead of ``sys.path``; ``torch_module``, ``marker_env`` and
-    ``cpu_req`` replace the imported torch, the platform's marker values and dflash2rt's extra
-    (tests)."""
-    found, req = torch_triton_requirement(path, marker_env)
-    return Environment(build=torch_build(torch_module), providers=triton_providers(path),
-                       torch_triton=req, torch_metadata=found,
-                       cpu_requirement=cpu_req if cpu_req is not None else cpu_requirement(),
-                       platform=sys.platform)
-
-
-# -- what to say ------------------------------------------------------------------------------
-
-def torch_index(torch_version: str) -> str | None:
-    """The PyPI-style index of PyTorch's wheels that a torch version's local tag names
-    (``2.9.0+rocm6.4`` → ``.../whl/rocm6.4``), or None when the tag names none (then torch came
-    from elsewhere, e.g. PyPI or AMD's repo.radeon.com)."""
-    base, _, local = torch_version.partition("+")
-    if not re.fullmatch(r"cu\d+|rocm\d+(\.\d+)*|xpu", local):
-        return None
-    return f"{PYTORCH_INDEX}/{'nightly/' if 'dev' in base else ''}{local}"
-
-
-def index_text(distribution: str, build: TorchBuild) -> str:
-    """Where ``distribution`` (a vendor Triton) comes from: the index the installed torch's
-    version names, else an example of the PyTorch index for that vendor."""
-    index = torch_index(build.version)
-    if index:
-        return index
-    name = normalize(distribution)
-    example = ("rocm6.4" if "rocm" in name else "xpu" if "xpu" in name else "nightly/cu128")
-    return f"<the PyTorch index your torch came from, e.g. {PYTORCH_INDEX}/{example}>"
-
-
-def install_command(requirement: str, build: TorchBuild) -> str:
-    """The pip command that installs ``requirement``: from PyPI for PyPI ``triton``, else from
-    the PyTorch index the installed torch came from."""
-    name = normalize(Requirement(requirement).name)
-    if name == PYPI_TRITON:
-        return f"pip install '{requirement}'"
-    return f"pip install '{requirement}' --index-url {index_text(name, build)}"
-
-
-def _vendor_note(requirement: str) -> str:
-    """Why a vendor Triton is not installed from PyPI ("" for PyPI triton itself)."""
-    name = normalize(Requirement(requirement).name)
-    if name == PYPI_TRITON:
-        return ""
-    wheels = "ROCm" if "rocm" in name else "XPU" if "xpu" in name else "nightly"
-    return (f" ({name} comes with torch's {wheels} wheels from the PyTorch index; PyPI "
-            f"{PYPI_TRITON!r} or dflash2rt[triton] would be installed over it, and a {name} "
-            f"on PyPI, if any, is not the build torch was released with)")
 
 
 # -- the decision -----------------------------------------------------------------------------
@@ -364,7 +170,7 @@ def _against_wanted(env: Environment, wanted: str, source: str) -> Decision:
             return _out(env, Action.INSTALL, wanted, f"{source}; none installed: installing "
                         f"{wanted} from PyPI", wanted)
         return _out(env, Action.FIX, wanted, (
-            f"{source}; none installed{_vendor_note(wanted)}. Fix: "
+            f"{source}; none installed{vendor_note(wanted)}. Fix: "
             f"{install_command(wanted, b)}"))
     p = have[0]
     if p.name != want_name:
@@ -373,7 +179,7 @@ def _against_wanted(env: Environment, wanted: str, source: str) -> Decision:
                 f"{b} brings no Triton; {p} provides triton, so PyPI {PYPI_TRITON!r} is not "
                 f"installed over it (the interpreter lane uses it as it is)"))
         return _out(env, Action.FIX, wanted, (
-            f"{source}, but triton comes from {p}{_vendor_note(wanted)}. Fix (uninstall first, "
+            f"{source}, but triton comes from {p}{vendor_note(wanted)}. Fix (uninstall first, "
             f"so no shared file is lost): pip uninstall -y {p.name} && "
             f"{install_command(wanted, b)}"))
     if _satisfies(p, wanted):
@@ -383,26 +189,8 @@ def _against_wanted(env: Environment, wanted: str, source: str) -> Decision:
             f"{source}; {p} does not match: installing {wanted} from PyPI (the same "
             f"distribution, replaced)"), wanted)
     return _out(env, Action.FIX, wanted, (
-        f"{source}, but {p} is installed{_vendor_note(wanted)}. Fix: pip uninstall -y {p.name} "
+        f"{source}, but {p} is installed{vendor_note(wanted)}. Fix: pip uninstall -y {p.name} "
         f"&& {install_command(wanted, b)}"))
-
-
-def install_hint(distribution: str | None = None) -> str:
-    """What to install when ``import triton`` finds nothing, for the vendor whose Triton is
-    ``distribution`` (``TritonFacts.distribution``; None: the interpreter / CPU): the exact
-    requirement and index when torch's metadata names them, never PyPI triton for a vendor
-    build."""
-    b = torch_build()
-    _, req = torch_triton_requirement()
-    if req is not None:
-        return f"{install_command(req, b)}, the Triton {b} requires{_vendor_note(req)}"
-    dist = distribution or USUAL_DISTRIBUTION[b.kind]
-    if normalize(dist) == PYPI_TRITON and b.kind in ("cpu", "cuda"):
-        return ("pip install 'dflash2rt[triton]' (PyPI triton)" if b.kind == "cpu" else
-                f"pip install triton, the version {b} was released with")
-    return (f"install {dist}, the version {b} was released with: pip install '{dist}==<that "
-            f"version>' --index-url {index_text(dist, b)}; not PyPI triton or dflash2rt[triton], "
-            f"which would be installed over it")
 
 
 # -- CLI ----------------------------------------------------------------------------------------

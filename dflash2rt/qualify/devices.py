@@ -37,6 +37,7 @@ from .merge import _checks, merge
 # _checks rows that are timings (or chosen from timings), or the device's own name
 _NOT_RESULTS = ("target-only tok/s", "speculative tok/s", "tau ", "speedup vs target-only",
                 "recommended block size", "device", "commit")
+_Procs = dict[str, tuple[subprocess.Popen, Path, Any]]     # device → (process, its dir, its log)
 
 
 def device_list(devices: str, backend: str | None, registry: Registry | None = None
@@ -52,7 +53,7 @@ def device_list(devices: str, backend: str | None, registry: Registry | None = N
             raise InvalidInputError(f"--devices all takes a backend name without an index, "
                                     f"got {backend!r}")
         reg = registry or Registry.discover()
-        entry = reg._entry(base)
+        entry = reg.entry(base)
         probe = reg.probe(base)
         if not probe.available:
             raise InvalidInputError(f"backend {base!r} is not available here: {probe.reason}")
@@ -112,42 +113,9 @@ def qualify_devices(devices: list[str], out: str | Path, argv: list[str],
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cpu_share = max(1, (os.cpu_count() or 1) // len(devices))
-    procs: dict[str, tuple[subprocess.Popen, Path, Any]] = {}
     t0 = time.monotonic()
-    for dev in devices:
-        d = out / _dir_name(dev)
-        d.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        if split_device(dev)[0].startswith("cpu"):     # the runs share the host's cores
-            env.update(OMP_NUM_THREADS=str(cpu_share), MKL_NUM_THREADS=str(cpu_share))
-        logf = open(d / "qualify.log", "w", encoding="utf-8")
-        cmd = [sys.executable, "-m", "dflash2rt", "qualify", "--backend", dev, "--out", str(d),
-               *argv]
-        procs[dev] = (subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env),
-                      d, logf)
-        log(f"qualify {dev}: started (pid {procs[dev][0].pid}, log {d / 'qualify.log'})")
-    codes: dict[str, int | str] = {}
-    try:
-        for dev, (p, d, logf) in procs.items():
-            left = None if timeout_s is None else max(1.0, timeout_s - (time.monotonic() - t0))
-            try:
-                codes[dev] = p.wait(left)
-            except subprocess.TimeoutExpired:
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-                codes[dev] = "timed out"
-            logf.close()
-            log(f"qualify {dev}: exit {codes[dev]} ({time.monotonic() - t0:.0f}s)")
-    finally:
-        for p, _, logf in procs.values():
-            if p.poll() is None:
-                p.terminate()
-            logf.close()
+    procs = _start(devices, out, argv, log)
+    codes = _wait(procs, t0, timeout_s, log)
     reports, missing = {}, []
     for dev, (_, d, _) in procs.items():
         f = d / "report.json"
@@ -169,6 +137,54 @@ def qualify_devices(devices: list[str], out: str | Path, argv: list[str],
     (out / "devices.json").write_text(json.dumps(summary, indent=2, default=str),
                                       encoding="utf-8")
     return summary
+
+
+def _start(devices: list[str], out: Path, argv: list[str], log: Callable[[str], None]) -> _Procs:
+    """One ``dflash2rt qualify`` process per device, writing into OUT/<device>/ (CPU runs share
+    the host's cores: each gets ``cores / N`` threads)."""
+    cpu_share = max(1, (os.cpu_count() or 1) // len(devices))
+    procs: _Procs = {}
+    for dev in devices:
+        d = out / _dir_name(dev)
+        d.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if split_device(dev)[0].startswith("cpu"):     # the runs share the host's cores
+            env.update(OMP_NUM_THREADS=str(cpu_share), MKL_NUM_THREADS=str(cpu_share))
+        logf = open(d / "qualify.log", "w", encoding="utf-8")
+        cmd = [sys.executable, "-m", "dflash2rt", "qualify", "--backend", dev, "--out", str(d),
+               *argv]
+        procs[dev] = (subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env),
+                      d, logf)
+        log(f"qualify {dev}: started (pid {procs[dev][0].pid}, log {d / 'qualify.log'})")
+    return procs
+
+
+def _wait(procs: _Procs, t0: float, timeout_s: float | None,
+          log: Callable[[str], None]) -> dict[str, int | str]:
+    """Each process's exit code ("timed out": terminated, then killed, once ``timeout_s`` since
+    ``t0`` has passed); none is left running, whatever happens."""
+    codes: dict[str, int | str] = {}
+    try:
+        for dev, (p, d, logf) in procs.items():
+            left = None if timeout_s is None else max(1.0, timeout_s - (time.monotonic() - t0))
+            try:
+                codes[dev] = p.wait(left)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                codes[dev] = "timed out"
+            logf.close()
+            log(f"qualify {dev}: exit {codes[dev]} ({time.monotonic() - t0:.0f}s)")
+    finally:
+        for p, _, logf in procs.values():
+            if p.poll() is None:
+                p.terminate()
+            logf.close()
+    return codes
 
 
 def summary_lines(s: dict[str, Any]) -> list[str]:

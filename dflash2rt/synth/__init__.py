@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from ..models.config import TargetConfig
-from ..models.draft_config import DraftConfig, draft_config_dict
+from ..models.draft_config import DraftConfig
+from ..models.draft_config_write import draft_config_dict
 from ..models.draft_loader import CODEBOOKS
 from ..models.draft_loader import expected_tensors as draft_tensors
 from ..models.hf_loader import target_tensors

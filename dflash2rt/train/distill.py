@@ -159,44 +159,23 @@ def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: 
     h = draft_hidden(draft, target, batch, backend)[:, :, 1:]                # [R, N, γ, H]
     logits = target.lm_head(h)                                               # [R, N, γ, V]
     labels = batch.labels                                                    # [R, N, γ]
-    gamma = labels.shape[-1]
-    w = slot_weights(gamma, decay)
+    w = slot_weights(labels.shape[-1], decay)
     # the hard targets: the continuation's own tokens, or (hard_argmax) the target's argmax
     # after the continuation's prefix, the token a greedy verifier accepts, on every continuation
     if hard_argmax and batch.soft_ids is None:
         raise InvalidInputError("hard_argmax needs the target's law in the data (build it with "
                                 "soft_top > 0)")
     hard = batch.soft_ids[..., 0] if hard_argmax else labels
-    ce = F.cross_entropy(logits.flatten(0, 2), hard.flatten(), reduction="none").view(labels.shape)
-    loss_ce = (ce.mean(dim=(0, 1)) * w).sum()
+    loss_ce = _slot_ce(logits, hard, w)
     prev = torch.cat([batch.block_ids[..., :1], labels[..., :-1]], dim=-1)   # [R, N, γ]
     scores, cand = selector_scores(draft, h, logits, prev, draft.cfg.selector_top_k)
     hit_h = cand == hard.unsqueeze(-1)                                       # [R, N, γ, K]
-    present_h = hit_h.any(-1)
-    sel_ce = F.cross_entropy(scores.flatten(0, 2), hit_h.float().argmax(-1).flatten(),
-                             reduction="none").view(labels.shape)
-    sel_ce = torch.where(present_h, sel_ce, torch.zeros_like(sel_ce))
-    loss_sel = (sel_ce.sum(dim=(0, 1)) / present_h.sum(dim=(0, 1)).clamp(min=1) * w).sum()
+    loss_sel = _selector_ce(scores, hit_h, w)
     loss = hard_weight * (loss_ce + selector_weight * loss_sel)
     extra: dict[str, float] = {}
     if batch.soft_ids is not None and soft_weight > 0:
-        sp, si = batch.soft_p, batch.soft_ids                                # [R, N, γ, M]
-        logp = F.log_softmax(logits, dim=-1)
-        kl = (sp * (torch.log(sp.clamp(min=1e-30)) - logp.gather(-1, si))).sum(-1)   # [R, N, γ]
-        loss_kl = (kl.mean(dim=(0, 1)) * w).sum()
-        pc = candidate_mass(cand, si, sp)                                    # [R, N, γ, K]
-        mass = pc.sum(-1)                                                    # [R, N, γ]
-        pt = pc / mass.clamp(min=1e-12).unsqueeze(-1)                        # p̃ on the candidates
-        q_log = F.log_softmax(scores, dim=-1)
-        sel_kl = (pt * (torch.log(pt.clamp(min=1e-30)) - q_log)).sum(-1)    # KL(p̃ ‖ q)
-        loss_selkl = ((sel_kl * mass).sum(dim=(0, 1)) / mass.sum(dim=(0, 1)).clamp(min=1e-12)
-                      * w).sum()
+        loss_kl, loss_selkl, extra = _soft_losses(logits, scores, cand, batch, w)
         loss = loss + soft_weight * (loss_kl + selector_weight * loss_selkl)
-        with torch.no_grad():
-            acc = torch.minimum(pc, q_log.exp()).sum(-1)                     # [R, N, γ]
-            extra = {"kl": loss_kl.item(), "selkl": loss_selkl.item(), "mass": mass.mean().item(),
-                     "acc1": acc.mean().item(),
-                     "tau1": 1 + torch.cumprod(acc, dim=-1).sum(-1).mean().item()}
     with torch.no_grad():
         hit = cand == labels.unsqueeze(-1) if hard_argmax else hit_h         # [R, N, γ, K]
         present = hit.any(-1)
@@ -206,6 +185,46 @@ def distill_loss(draft: DraftModel, target: TargetModel, batch: Batch, backend: 
         top1 = (logits.argmax(-1) == labels).float().mean()
     return loss, {"ce": loss_ce.item(), "sel": loss_sel.item(), "tau": 1 + accept.item(),
                   "top1": top1.item(), **extra}
+
+
+def _slot_ce(logits: torch.Tensor, hard: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per-slot CE on the hard targets, a slot-weighted mean."""
+    ce = F.cross_entropy(logits.flatten(0, 2), hard.flatten(), reduction="none").view(hard.shape)
+    return (ce.mean(dim=(0, 1)) * w).sum()
+
+
+def _selector_ce(scores: torch.Tensor, hit_h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """K-way selector CE on the rows whose hard target is a candidate (``hit_h``), a
+    slot-weighted mean."""
+    present_h = hit_h.any(-1)
+    sel_ce = F.cross_entropy(scores.flatten(0, 2), hit_h.float().argmax(-1).flatten(),
+                             reduction="none").view(present_h.shape)
+    sel_ce = torch.where(present_h, sel_ce, torch.zeros_like(sel_ce))
+    return (sel_ce.sum(dim=(0, 1)) / present_h.sum(dim=(0, 1)).clamp(min=1) * w).sum()
+
+
+def _soft_losses(logits: torch.Tensor, scores: torch.Tensor, cand: torch.Tensor, batch: Batch,
+                 w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """(per-slot KL(p_target ‖ q_draft) over the target's top M, mass-weighted KL(p̃ ‖ q) of the
+    selector, metrics ``kl``, ``selkl``, ``mass``, ``acc1``, ``tau1``) against the target's law
+    in ``batch``."""
+    sp, si = batch.soft_p, batch.soft_ids                                    # [R, N, γ, M]
+    logp = F.log_softmax(logits, dim=-1)
+    kl = (sp * (torch.log(sp.clamp(min=1e-30)) - logp.gather(-1, si))).sum(-1)   # [R, N, γ]
+    loss_kl = (kl.mean(dim=(0, 1)) * w).sum()
+    pc = candidate_mass(cand, si, sp)                                        # [R, N, γ, K]
+    mass = pc.sum(-1)                                                        # [R, N, γ]
+    pt = pc / mass.clamp(min=1e-12).unsqueeze(-1)                            # p̃ on the candidates
+    q_log = F.log_softmax(scores, dim=-1)
+    sel_kl = (pt * (torch.log(pt.clamp(min=1e-30)) - q_log)).sum(-1)        # KL(p̃ ‖ q)
+    loss_selkl = ((sel_kl * mass).sum(dim=(0, 1)) / mass.sum(dim=(0, 1)).clamp(min=1e-12)
+                  * w).sum()
+    with torch.no_grad():
+        acc = torch.minimum(pc, q_log.exp()).sum(-1)                         # [R, N, γ]
+        extra = {"kl": loss_kl.item(), "selkl": loss_selkl.item(), "mass": mass.mean().item(),
+                 "acc1": acc.mean().item(),
+                 "tau1": 1 + torch.cumprod(acc, dim=-1).sum(-1).mean().item()}
+    return loss_kl, loss_selkl, extra
 
 
 def train_draft(draft: DraftModel, target: TargetModel, data: DistillData, steps: int,

@@ -9,7 +9,8 @@ import torch
 
 from ..models.config import TargetConfig
 from ..models.draft import DraftModel
-from ..models.draft_config import ARCH_V2, DraftConfig
+from ..models.draft_config import DraftConfig
+from ..models.draft_fields import ARCH_V2
 
 
 @dataclass(frozen=True)

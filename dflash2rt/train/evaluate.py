@@ -42,41 +42,53 @@ def measure(pair: ModelPair, backend: Backend | str, prompts: list[list[int]], n
         contenders.append(engine_contender(TARGET_ONLY, engine, batches, False))
     m = measure_contenders(contenders, 1)
     spec = m[SPEC]
+    hist, steps_per_block = _step_counts(spec.stats)
+    result = {
+        "prompts": len(prompts), "new_tokens": new_tokens, "temperature": temperature,
+        "top_p": top_p, "block_size": block,
+        "tau": spec.tau, "accept_hist": hist, "steps_per_block": steps_per_block,
+        "spec_tokens_per_s": _rate(spec.samples),
+        "capture_s": sum(x.capture_s for x in m.values()),
+    }
+    if baseline:
+        result.update(_against_target_only(spec, m[TARGET_ONLY], result["spec_tokens_per_s"],
+                                           temperature))
+    if mass:
+        result.update(topk_mass(pair, prompts, spec.outputs, temperature, top_p))
+    return result
+
+
+def _step_counts(stats) -> tuple[list[int], dict[int, int]]:
+    """The accept histogram and the steps per block size, summed over the runs' stats."""
     hist: list[int] = []
     steps_per_block: dict[int, int] = {}
-    for st in spec.stats:
+    for st in stats:
         for b, n in st.block_sizes.items():
             steps_per_block[b] = steps_per_block.get(b, 0) + n
         for a, c in enumerate(st.accept_hist):
             hist += [0] * (a + 1 - len(hist))
             hist[a] += c
+    return hist, steps_per_block
 
-    def rate(samples) -> float:
-        seconds = sum(s.seconds for s in samples)
-        return sum(s.tokens for s in samples) / seconds if seconds else 0.0
 
-    result = {
-        "prompts": len(prompts), "new_tokens": new_tokens, "temperature": temperature,
-        "top_p": top_p, "block_size": block,
-        "tau": spec.tau, "accept_hist": hist, "steps_per_block": steps_per_block,
-        "spec_tokens_per_s": rate(spec.samples),
-        "capture_s": sum(x.capture_s for x in m.values()),
-    }
-    if baseline:
-        tonly = m[TARGET_ONLY]
-        result["target_only_tokens_per_s"] = rate(tonly.samples)
-        result["speedup_vs_target_only"] = result["spec_tokens_per_s"] / max(
-            result["target_only_tokens_per_s"], 1e-9)
-        # deprecated aliases (one release): read the target_only keys
-        result["target_tokens_per_s"] = result["target_only_tokens_per_s"]
-        result["speedup"] = result["speedup_vs_target_only"]
-        if temperature == 0:
-            result["greedy_mismatches"] = [i for i, (a, b) in enumerate(zip(spec.samples,
-                                                                            tonly.samples))
-                                           if a.outputs != b.outputs]
-    if mass:
-        result.update(topk_mass(pair, prompts, spec.outputs, temperature, top_p))
-    return result
+def _rate(samples) -> float:
+    """Generated tokens per second, summed over the samples."""
+    seconds = sum(s.seconds for s in samples)
+    return sum(s.tokens for s in samples) / seconds if seconds else 0.0
+
+
+def _against_target_only(spec, tonly, spec_rate: float, temperature: float) -> dict:
+    """Target-only's tokens/s, the speedup over it (and their deprecated aliases), and for greedy
+    runs the prompts whose spec output differs from target-only's."""
+    out: dict = {"target_only_tokens_per_s": _rate(tonly.samples)}
+    out["speedup_vs_target_only"] = spec_rate / max(out["target_only_tokens_per_s"], 1e-9)
+    # deprecated aliases (one release): read the target_only keys
+    out["target_tokens_per_s"] = out["target_only_tokens_per_s"]
+    out["speedup"] = out["speedup_vs_target_only"]
+    if temperature == 0:
+        out["greedy_mismatches"] = [i for i, (a, b) in enumerate(zip(spec.samples, tonly.samples))
+                                    if a.outputs != b.outputs]
+    return out
 
 
 @torch.no_grad()

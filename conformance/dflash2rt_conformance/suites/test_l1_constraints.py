@@ -116,20 +116,7 @@ def test_draft_walk_follows_the_constraint(backend, results):
     a, b = g.normal(0.0, 1.0, (2, V, WALK_RANK))
     anchor = g.integers(0, V, WALK_R)
     u = g.uniform(0.02, 0.98, (WALK_R, WALK_GAMMA))
-    committed = []
-    for length in (1, 2, 0, 3):                     # allowed tokens from the start state
-        c, st = [], 0
-        for _ in range(length):
-            c.append(int(g.choice(np.flatnonzero(table[st] >= 0))))
-            st = int(table[st, c[-1]])
-        committed.append(tuple(c))
-    cb = ConstraintBatch.build([TokenAutomaton(table)] * WALK_R, V, dev)
-    n = max(len(c) for c in committed)
-    toks = torch.tensor([list(c) + [0] * (n - len(c)) for c in committed], device=dev)
-    cb.commit_(toks, torch.tensor([len(c) for c in committed], device=dev))
-    state = [ref.walk(table, 0, c) for c in committed]
-    assert (cb.state.cpu().numpy() - 1).tolist() == state, \
-        "committed states differ (see the L1 row cases; the batch table's state 0 is free)"
+    cb, state = _committed_batch(table, g, dev)
 
     def t(x, dt=torch.float32):
         return torch.tensor(np.asarray(x), dtype=torch.float64).to(dt).to(dev)
@@ -152,6 +139,34 @@ def test_draft_walk_follows_the_constraint(backend, results):
         f"{want['draft'].tolist()}, max |q err| {err:.3g}: the walk must draw from the row " \
         "masked with the state after the path so far, and return that law as q"
     assert not out.bad_lattice.any() and not want["bad_lattice"].any()
+    forbidden = _forbidden_slots(table, state, want)
+    assert forbidden >= WALK_R * WALK_GAMMA // 2, "the case masks too little to test the walk"
+
+
+def _committed_batch(table: np.ndarray, g: np.random.Generator, dev) -> tuple:
+    """Each row's committed tokens (lengths 1, 2, 0, 3, allowed tokens drawn from ``g``
+    from the start state) in a ConstraintBatch → (the batch, the reference state per row); the
+    batch's states must equal the reference's."""
+    committed = []
+    for length in (1, 2, 0, 3):                     # allowed tokens from the start state
+        c, st = [], 0
+        for _ in range(length):
+            c.append(int(g.choice(np.flatnonzero(table[st] >= 0))))
+            st = int(table[st, c[-1]])
+        committed.append(tuple(c))
+    cb = ConstraintBatch.build([TokenAutomaton(table)] * WALK_R, V, dev)
+    n = max(len(c) for c in committed)
+    toks = torch.tensor([list(c) + [0] * (n - len(c)) for c in committed], device=dev)
+    cb.commit_(toks, torch.tensor([len(c) for c in committed], device=dev))
+    state = [ref.walk(table, 0, c) for c in committed]
+    assert (cb.state.cpu().numpy() - 1).tolist() == state, \
+        "committed states differ (see the L1 row cases; the batch table's state 0 is free)"
+    return cb, state
+
+
+def _forbidden_slots(table: np.ndarray, state: list[int], want: dict) -> int:
+    """How many (row, slot) pairs of the reference walk offer a forbidden candidate; a draft
+    never takes a forbidden candidate while an allowed one is there."""
     forbidden = 0
     for i in range(WALK_R):                # the case reaches forbidden candidates on most slots
         s = state[i]
@@ -163,4 +178,4 @@ def test_draft_walk_follows_the_constraint(backend, results):
             s = ref.walk(table, s, (int(want["draft"][i, e]),))
             assert s >= 0 or not ok.any(), f"[L1 constraint case=draft_walk] draft " \
                 f"{want['draft'][i]} takes a forbidden candidate at slot {e} beside allowed ones"
-    assert forbidden >= WALK_R * WALK_GAMMA // 2, "the case masks too little to test the walk"
+    return forbidden
