@@ -89,8 +89,8 @@ def test_same_key_and_prompt_same_tokens_on_cpu_and_triton_interpret():
 
 
 def test_kernel_backend_whose_watermark_is_torch_ops_reports_it():
-    """A backend whose select / verify are kernels but whose keyed draws are the default torch
-    ops (``Backend.select_marked``) reports WATERMARK_OPS; the torch backend does not."""
+    """A backend whose select / verify are kernels but whose keyed draws (given the watermark's
+    draw source) are the torch ops reports WATERMARK_OPS; the torch backend does not."""
     class KernelClaims(TorchOpsBackend):
         @property
         def implementation(self):

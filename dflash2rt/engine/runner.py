@@ -128,7 +128,7 @@ class Mode:
     def _run(self, kind: str, st: BatchState, inp: Tensors, report: Report,
              clock: dict[str, float]) -> Tensors:
         sampled, impl = st.sampling.any_sampled, self.bodies.backend.implementation
-        if st.wm is not None and kind != "target-only":      # select_marked / verify_marked
+        if st.wm is not None and kind != "target-only":      # the keyed draw source
             if impl.get("watermark", TORCH_OPS) == TORCH_OPS \
                     and any(impl.get(op) != TORCH_OPS for op in ("select", "verify")):
                 report(WATERMARK_OPS)

@@ -14,9 +14,10 @@ the emitted tokens' log-probabilities under the final law (``ops.procs.token_log
 
 A watermarked batch (``st.wm``, ``watermark.generate``) draws its sampled rows with keyed
 Gumbel-max: the walk (subkey A), the acceptance coins (C), the residual / bonus, target-only and
-first tokens (B). Its select / verify go through ``Backend.select_marked`` / ``verify_marked``
-(torch ops by default, the kernels' keyed draws on a kernel backend; the Runner reports a kernel
-backend whose watermark runs torch ops); target-only and first tokens are ``sample_next`` (torch).
+first tokens (B). Its select / verify are the backend's, given the watermark's draw source
+(``watermark.generate.KeyedDraws``) instead of the ordinary noise (the kernels' keyed draws on a
+kernel backend; the Runner reports a kernel backend whose watermark runs torch ops); target-only
+and first tokens are ``sample_next`` (torch).
 """
 
 from __future__ import annotations
@@ -148,17 +149,11 @@ def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.T
     else:
         args = (logits, sel.hidden_projection(h_e), st.anchor, sel.predecessor_codebook,
                 sel.successor_codebook)
-    mask = None if st.constraint is None else st.constraint.walk()
-    if st.wm is not None and mask is None:                               # the keyed walk
-        return backend.select_marked(st.wm, *args, selector_params(pair), st.sampling,
-                                     noise.walk)
-    if st.wm is not None:                                # keyed and masked walk: torch ops
-        return wm_generate.select_marked(st.wm, *args, selector_params(pair), st.sampling,
-                                         noise.walk, backend.has_fp64, mask)
-    if mask is not None:                                                 # masked walk: torch ops
-        return ops_selector.select(*args, selector_params(pair), st.sampling, noise.walk,
-                                   backend.has_fp64, mask=mask)
-    return backend.select(*args, selector_params(pair), st.sampling, noise.walk)
+    draws = noise.walk if st.wm is None else wm_generate.KeyedDraws(st.wm, noise)
+    if st.constraint is not None:                                        # masked walk: torch ops
+        return ops_selector.select(*args, selector_params(pair), st.sampling, draws,
+                                   backend.has_fp64, mask=st.constraint.walk())
+    return backend.select(*args, selector_params(pair), st.sampling, draws)
 
 
 def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: SelectorOut,
@@ -171,11 +166,9 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
     out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=ctx_len,
                       attn=backend.attention)                           # writes all B rows' K/V
     logits = processed(st, out.logits, sel.draft)
-    if st.wm is not None:                                  # keyed coins and draws
-        ver = backend.verify_marked(st.wm, logits, sel, st.sampling, noise)
-    else:
-        ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
-                             check=False)
+    draws = noise if st.wm is None else wm_generate.KeyedDraws(st.wm, noise)
+    ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, draws,
+                         check=False)
     return out, ver, logprobs_of(st, logits, ver.tokens, out.logits)
 
 
