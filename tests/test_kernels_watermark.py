@@ -202,7 +202,7 @@ def test_engine_on_triton_interpret_equals_cpu_with_watermarks():
     the same tokens on the kernels as on the torch ops, and no torch-ops report."""
     from dflash2rt import get_backend
     from dflash2rt.engine.engine import Engine
-    from dflash2rt.engine.runner import WATERMARK_OPS
+    from dflash2rt.engine.extensions import WATERMARK_OPS
     from dflash2rt.engine.request import Request, SamplingParams
     from dflash2rt.registry import Registry
 
@@ -231,7 +231,7 @@ def test_watermarked_constrained_batch_on_triton_interpret_equals_cpu():
     from dflash2rt import get_backend
     from dflash2rt.constraints import TokenAutomaton
     from dflash2rt.engine.engine import Engine
-    from dflash2rt.engine.runner import CONSTRAINT_WALK_OPS, WATERMARK_OPS
+    from dflash2rt.engine.extensions import CONSTRAINT_WALK_OPS, WATERMARK_OPS
     from dflash2rt.engine.request import Request, SamplingParams
     from dflash2rt.registry import Registry
 

@@ -16,7 +16,7 @@ from dflash2rt import get_backend
 from dflash2rt.api import run
 from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.engine.engine import Engine
-from dflash2rt.engine.runner import WATERMARK_OPS
+from dflash2rt.engine.extensions import WATERMARK_OPS
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.registry import Registry
