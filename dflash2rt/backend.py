@@ -12,15 +12,14 @@ import torch
 from .ops import attention as attention_op
 from .ops import conv, exact32, selector, verify
 from .ops.batch import BlockNoise, SamplingBatch
-from .watermark import generate as wm_generate
-from .watermark.generate import WatermarkBatch
+from .ops.draws import Draws, WalkDraws
 
 # What executes an op (Backend.implementation): the words every report uses.
 TRITON_KERNEL, TORCH_OPS, TRITON_INTERPRETER = "triton kernel", "torch ops", "triton interpreter"
 UNSUPPORTED = "unsupported"    # the op raises a typed error (e.g. no watermark without float64)
 OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise", "attention", "watermark")
-# "watermark": the keyed draws of a watermarked batch's select / verify (select_marked /
-# verify_marked: the walk under subkey A, the residual / bonus under B)
+# "watermark": what makes the keyed draws when select / verify are given the watermark's draw
+# source (``watermark.generate.KeyedDraws``: the walk under subkey A, the residual / bonus under B)
 
 
 @dataclass(frozen=True)
@@ -118,8 +117,8 @@ class Backend(abc.ABC):
     @property
     def implementation(self) -> dict[str, str]:
         """What executes each op (``OPS``): "triton kernel", "torch ops", "triton interpreter",
-        or a plugin's own words. A Backend that runs its own code overrides this (the default
-        ``select_marked`` / ``verify_marked`` are the torch ops: "watermark")."""
+        or a plugin's own words. A Backend that runs its own code overrides this ("watermark":
+        what makes the keyed draws of the watermark's draw source in its select / verify)."""
         return {**{op: "undeclared" for op in OPS}, "watermark": TORCH_OPS}
 
     def implementation_summary(self) -> str:
@@ -190,32 +189,19 @@ class Backend(abc.ABC):
     def select(self, logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
                pred_codebook: torch.Tensor, succ_codebook: torch.Tensor,
                params: selector.SelectorParams, sampling: SamplingBatch,
-               u_walk: torch.Tensor) -> selector.SelectorOut:
-        """Candidate selector: top-K, lattice, walk (see ``dflash2rt.ops.selector``)."""
+               draws: WalkDraws) -> selector.SelectorOut:
+        """Candidate selector: top-K, lattice, walk (see ``dflash2rt.ops.selector``). ``draws``:
+        the walk's draw source (``dflash2rt.ops.draws``): the walk uniforms [R, γ], or a
+        ``DrawSource`` such as the watermark's keyed draws, which a device that cannot make
+        them refuses (``WatermarkUnsupportedError`` without float64), never replacing them."""
 
     @abc.abstractmethod
     def verify(self, logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
-               q: torch.Tensor, sampling: SamplingBatch, noise: BlockNoise,
+               q: torch.Tensor, sampling: SamplingBatch, draws: Draws,
                check: bool = True) -> verify.VerifyOut:
-        """Lossless verification (see ``dflash2rt.ops.verify``)."""
-
-    def select_marked(self, wm: WatermarkBatch, logits: torch.Tensor, proj: torch.Tensor,
-                      anchor: torch.Tensor, pred_codebook: torch.Tensor,
-                      succ_codebook: torch.Tensor, params: selector.SelectorParams,
-                      sampling: SamplingBatch, u_walk: torch.Tensor) -> selector.SelectorOut:
-        """``select`` of a watermarked batch: the sampled rows' walk draws with the keyed
-        Gumbel-max (``watermark.generate.Walk``). Default: the torch ops
-        (``watermark.generate.select_marked``), which raise without float64."""
-        return wm_generate.select_marked(wm, logits, proj, anchor, pred_codebook,
-                                         succ_codebook, params, sampling, u_walk, self.has_fp64)
-
-    def verify_marked(self, wm: WatermarkBatch, logits: torch.Tensor,
-                      sel: selector.SelectorOut, sampling: SamplingBatch, noise: BlockNoise
-                      ) -> verify.VerifyOut:
-        """``verify`` (unchecked: flags in the result) of a watermarked batch: keyed acceptance
-        coins and residual / bonus draws at the block's contexts. Default: the torch ops
-        (``watermark.generate.verify_marked``), which raise without float64."""
-        return wm_generate.verify_marked(wm, logits, sel, sampling, noise, self.has_fp64)
+        """Lossless verification (see ``dflash2rt.ops.verify``). ``draws``: the block's
+        ``BlockNoise``, or a ``DrawSource`` (its acceptance coins and residual / bonus draws;
+        refused as in ``select`` where the device cannot make them)."""
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor,
                   hi: torch.Tensor, scale: float) -> torch.Tensor:
@@ -270,12 +256,12 @@ class TorchOpsBackend(Backend):
     def conv_finish(self, h, a, base, delta, block_size):
         return conv.conv_finish(h, a, base, delta, block_size)
 
-    def select(self, logits, proj, anchor, pred_codebook, succ_codebook, params, sampling, u_walk):
+    def select(self, logits, proj, anchor, pred_codebook, succ_codebook, params, sampling, draws):
         return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params,
-                               sampling, u_walk, self.has_fp64)
+                               sampling, draws, self.has_fp64)
 
-    def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
-        return verify.verify(logits, draft, candidates, q, sampling, noise, check, self.has_fp64)
+    def verify(self, logits, draft, candidates, q, sampling, draws, check=True):
+        return verify.verify(logits, draft, candidates, q, sampling, draws, check, self.has_fp64)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} on {self.device}>"

@@ -27,17 +27,18 @@ MUTANTS = {
         "last = processed(st, out.logits[:, :1])", "last = out.logits[:, :1]", [WIRING]),
     "prefill-token-not-counted": (
         "dflash2rt/engine/stages.py",
-        "st.procs.commit_(token.view(-1, 1), torch.ones_like(n))",
-        "st.procs.commit_(token.view(-1, 1), torch.zeros_like(n))", [WIRING]),
+        "    commit(st, token.view(-1, 1), torch.ones_like(n))",
+        "    [e.commit_(token.view(-1, 1), torch.ones_like(n) * (e.batch is not st.procs))\n"
+        "     for e in st.extensions]", [WIRING]),
     "target-only-unprocessed": (
         "dflash2rt/engine/stages.py",
         "    logits = processed(st, out.logits)\n    token, bad = sample_next(",
         "    logits = out.logits\n    token, bad = sample_next(", [WIRING]),
     "step-counts-the-accepted-only": (
         "dflash2rt/engine/runner.py",
-        "            state.commit_(res.tokens, res.accept_len + 1)",
-        "            state.commit_(res.tokens, res.accept_len + (state is not st.procs))",
-        [WIRING]),
+        "    stages.commit(st, res.tokens, res.accept_len + 1)",
+        "    [e.commit_(res.tokens, res.accept_len + (e.batch is not st.procs))\n"
+        "     for e in st.extensions]", [WIRING]),
     "verify-rows-with-committed-counts": (
         "dflash2rt/ops/procs.py",
         "return counts.unsqueeze(1) + torch.cumsum(hot, dim=1, dtype=counts.dtype)",
@@ -64,14 +65,14 @@ MUTANTS = {
         "self.on_tokens(i, list(tokens))", ["tests/test_on_tokens.py"]),
     "wm-step-records-accepted-only": (
         "dflash2rt/engine/runner.py",
-        "            state.commit_(res.tokens, res.accept_len + 1)",
-        "            state.commit_(res.tokens, res.accept_len + (state is not st.wm))",
-        ["tests/test_watermark_record.py"]),
+        "    stages.commit(st, res.tokens, res.accept_len + 1)",
+        "    [e.commit_(res.tokens, res.accept_len + (e.batch is not st.wm))\n"
+        "     for e in st.extensions]", ["tests/test_watermark_record.py"]),
     "wm-prefill-not-recorded": (
         "dflash2rt/engine/stages.py",
-        "st.wm.commit_(token.view(-1, 1), torch.ones_like(n))",
-        "st.wm.commit_(token.view(-1, 1), torch.zeros_like(n))",
-        ["tests/test_watermark_record.py"]),
+        "    commit(st, token.view(-1, 1), torch.ones_like(n))",
+        "    [e.commit_(token.view(-1, 1), torch.ones_like(n) * (e.batch is not st.wm))\n"
+        "     for e in st.extensions]", ["tests/test_watermark_record.py"]),
     "wm-record-ignored": (
         "dflash2rt/watermark/generate.py",
         "return Marks(self.key, ctx, ~(self.in_record(ctx) | repeat), has_fp64)",

@@ -19,7 +19,7 @@ from dflash2rt.constraints.regex import CharDFA
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.policy.adaptive import AdaptivePolicy
 from dflash2rt.api import measured_table
-from dflash2rt.engine.runner import EAGER_PROCS
+from dflash2rt.engine.extensions import EAGER_PROCS
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.errors import ConstraintError, InvalidInputError
 from dflash2rt.models.pair import load_pair

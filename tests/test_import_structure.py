@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "dflash2rt"
 LAYERS = (
     {"errors"},
     {"ops", "bundled", "constraints"},
-    {"watermark"},                   # below backend: Backend.select_marked takes its batch
+    {"watermark"},                   # below backend: its keyed draws are a draw source (ops.draws)
     {"backend"},
     {"kernels", "graphs", "models"},
     {"vendor"},                      # GpuVendor: the record hookspecs and plugin_kit both name

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from dflash2rt.ops import selector as ops_selector
+from dflash2rt.ops import verify as ops_verify
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
 from dflash2rt.ops.rng import philox_np
 from dflash2rt.ops.sampling import target_probs
@@ -96,12 +98,24 @@ def _walk_inputs(seed, v=40, gamma=5, rank=6, k=5):
             torch.rand(r, gamma, generator=g))
 
 
+def _torch_select(wm, *args):
+    """The torch ops' select given the watermark's draw source (the walk uniforms args[-1])."""
+    *rest, u = args
+    return ops_selector.select(*rest, wmgen.KeyedDraws(wm, BlockNoise(u, u, u, u[:, 0])))
+
+
+def _torch_verify(wm, logits, sel, sampling, noise):
+    """The torch ops' verify given the watermark's draw source, unchecked (flags returned)."""
+    return ops_verify.verify(logits, sel.draft, sel.candidates, sel.q, sampling,
+                             wmgen.KeyedDraws(wm, noise), False)
+
+
 def _marked_batch(args, seed) -> wmgen.WatermarkBatch:
     """A batch whose row 3 has its whole block's walk contexts recorded (and row 0 the context
     of its slot 2), so those slots draw with the ordinary uniforms."""
     key = WatermarkKey(np.random.default_rng(seed).bytes(32))
     wm = wmgen.WatermarkBatch.build(key, PROMPTS, 16, 4, "cpu")
-    ctx = wm.contexts(wmgen.select_marked(wm, *args).draft)           # [R, γ + 1]
+    ctx = wm.contexts(_torch_select(wm, *args).draft)           # [R, γ + 1]
     wm.record[3, :5], wm.record[0, 0] = ctx[3, :5], ctx[0, 2]
     wm.used[3], wm.used[0] = 5, 1
     return wm
@@ -112,7 +126,7 @@ def test_keyed_walk_equals_torch_ops(seed):
     args = _walk_inputs(seed)
     wm = _marked_batch(args, seed)
     got = ksel.select(*args, wm=wm)
-    want = wmgen.select_marked(wm, *args)
+    want = _torch_select(wm, *args)
     assert torch.equal(got.draft, want.draft), (got.draft, want.draft)
     assert torch.equal(got.candidates, want.candidates)
     assert torch.equal(got.bad, want.bad) and torch.equal(got.bad_lattice, want.bad_lattice)
@@ -130,7 +144,7 @@ def _verify_case(seed, v=40, gamma=5):
     and the batch of ``_marked_batch``."""
     args = _walk_inputs(seed, v, gamma)
     wm = _marked_batch(args, seed)
-    sel = wmgen.select_marked(wm, *args)
+    sel = _torch_select(wm, *args)
     g = torch.Generator().manual_seed(100 + seed)
     logits = torch.randn(len(PROMPTS), gamma + 1, v, generator=g)
     logits[:, :gamma].scatter_add_(2, sel.draft.unsqueeze(-1), torch.full((6, gamma, 1), 1.5))
@@ -153,7 +167,7 @@ def test_keyed_residual_and_bonus_equal_torch_ops(seed):
     marks = wm.marks(sel.draft)
     got = kver.verify(logits, sel.draft, sel.candidates, sel.q, sampling, marks.noise(noise),
                       False, marks=marks)
-    want = wmgen.verify_marked(wm, logits, sel, sampling, noise)
+    want = _torch_verify(wm, logits, sel, sampling, noise)
     _same_verdict(got, want)
     assert want.bad.tolist() == [False] * 5 + [True]
     assert want.accept_len[3] == 0 and want.accept_len[4] == 5
@@ -177,7 +191,7 @@ def test_keyed_draw_from_p_where_the_residual_is_empty():
     marks = wm.marks(sel.draft)
     got = kver.verify(logits, draft, cand, sel.q, sampling, marks.noise(noise), False,
                       marks=marks)
-    want = wmgen.verify_marked(wm, logits, sel, sampling, noise)
+    want = _torch_verify(wm, logits, sel, sampling, noise)
     _same_verdict(got, want)
     assert (want.accept_len < gamma).sum() >= 2                 # some rows drew from p
 
@@ -188,7 +202,7 @@ def test_engine_on_triton_interpret_equals_cpu_with_watermarks():
     the same tokens on the kernels as on the torch ops, and no torch-ops report."""
     from dflash2rt import get_backend
     from dflash2rt.engine.engine import Engine
-    from dflash2rt.engine.runner import WATERMARK_OPS
+    from dflash2rt.engine.extensions import WATERMARK_OPS
     from dflash2rt.engine.request import Request, SamplingParams
     from dflash2rt.registry import Registry
 
@@ -217,7 +231,7 @@ def test_watermarked_constrained_batch_on_triton_interpret_equals_cpu():
     from dflash2rt import get_backend
     from dflash2rt.constraints import TokenAutomaton
     from dflash2rt.engine.engine import Engine
-    from dflash2rt.engine.runner import CONSTRAINT_WALK_OPS, WATERMARK_OPS
+    from dflash2rt.engine.extensions import CONSTRAINT_WALK_OPS, WATERMARK_OPS
     from dflash2rt.engine.request import Request, SamplingParams
     from dflash2rt.registry import Registry
 

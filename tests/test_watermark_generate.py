@@ -16,7 +16,7 @@ from dflash2rt import get_backend
 from dflash2rt.api import run
 from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.engine.engine import Engine
-from dflash2rt.engine.runner import WATERMARK_OPS
+from dflash2rt.engine.extensions import WATERMARK_OPS
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.registry import Registry
@@ -89,8 +89,8 @@ def test_same_key_and_prompt_same_tokens_on_cpu_and_triton_interpret():
 
 
 def test_kernel_backend_whose_watermark_is_torch_ops_reports_it():
-    """A backend whose select / verify are kernels but whose keyed draws are the default torch
-    ops (``Backend.select_marked``) reports WATERMARK_OPS; the torch backend does not."""
+    """A backend whose select / verify are kernels but whose keyed draws (given the watermark's
+    draw source) are the torch ops reports WATERMARK_OPS; the torch backend does not."""
     class KernelClaims(TorchOpsBackend):
         @property
         def implementation(self):

@@ -136,16 +136,16 @@ def test_every_draw_path_refuses_before_any_float64_outside_run_context():
     (the float64 guard of cpu-nofp64 would raise on the first one)."""
     from dflash2rt.cpu.nofp64 import Float64Forbidden
     from dflash2rt.kernels.smoke import cases
-    from dflash2rt.watermark import generate as wmgen
+    from dflash2rt.ops import selector, verify
 
     args = dict(cases(torch.float32))
     wm_select = args["select-watermarked"][1]()
     wm_verify = args["verify-watermarked"][1]()
-    wm = wm_select[0]
+    wm = wm_select[-1].wm                                     # the KeyedDraws' batch
     law, cand = torch.full((2, 3), 1 / 3), torch.zeros(2, 3, dtype=torch.int64)
     calls = {
-        "select_marked": lambda: wmgen.select_marked(*wm_select, has_fp64=False),
-        "verify_marked": lambda: wmgen.verify_marked(*wm_verify, has_fp64=False),
+        "select": lambda: selector.select(*wm_select, has_fp64=False),
+        "verify": lambda: verify.verify(*wm_verify, has_fp64=False),
         "walk": lambda: wm.walk(False).pick(0, law, cand, torch.zeros(2, dtype=torch.int64),
                                            torch.zeros(2, dtype=torch.bool)),
         "emit": lambda: wm.marks(cand[:, :2], False).emit(law, torch.zeros(2, dtype=torch.int64),

@@ -61,8 +61,7 @@ def _forbidding(method):
     return wrapped
 
 
-OPS = ("conv_prepare", "conv_finish", "select", "verify", "select_marked", "verify_marked",
-       "noise", "attention")
+OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise", "attention")
 
 
 def forbid_fp64(cls: type[Backend]) -> type[Backend]:

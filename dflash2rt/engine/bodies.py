@@ -5,10 +5,10 @@ commit KV). Target-only: ``target_only`` (forward → sample → commit KV). A b
 inputs (the live rows' device state, plus the draft's outputs for ``verify``) and returns
 tensors; the last body of a step returns the ``StepOut`` fields, flags packed (``pack_flags``)
 and the new lengths and anchor, which the Runner copies into the batch state in one place.
-Rows whose ``live`` input is False (graph padding) commit nothing. A batch with logit
-processors, min-p, logprobs or constraints (``BatchState.eager_only``) runs its bodies eagerly
-with the batch's own sampling, ``procs`` and ``constraint`` (``host``): graphs do not take them
-as inputs.
+Rows whose ``live`` input is False (graph padding) commit nothing. An eager body runs with the
+batch's own sampling and row extensions (``host``); a captured body reads its graphed
+extensions (the watermark) from its inputs. A batch with min-p or an extension graphs do not
+take (``BatchState.eager_only``: logit processors, logprobs, constraints) runs eagerly.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from ..models.kv_cache import KVCache
 from ..models.pair import ModelPair
 from ..ops.batch import BlockNoise, SamplingBatch
 from ..ops.selector import SelectorOut
-from ..watermark.generate import WatermarkBatch
 from . import stages
+from .extensions import RowExtension
 from .state import BatchState
 
 Tensors = dict[str, torch.Tensor]
@@ -91,7 +91,7 @@ def live_inputs(st: BatchState) -> Tensors:
             "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
             "greedy": s.greedy,
             "live": torch.ones(st.size, dtype=torch.bool, device=st.lens.device),
-            **({} if st.wm is None else st.wm.inputs())}       # watermark: key words, state
+            **{n: t for e in st.extensions for n, t in e.graph_inputs().items()}}  # graphed
 
 
 class StepBodies:
@@ -105,26 +105,25 @@ class StepBodies:
         self.block = block                                   # None: target-only decoding
 
     def _state(self, inp: Mapping[str, torch.Tensor], sampled: bool,
-               host: BatchState | None = None) -> BatchState:
+               host: BatchState | None = None,
+               graphed: tuple[type[RowExtension], ...] = ()) -> BatchState:
         """The body's batch state from its inputs; ``host`` (every eager run): that batch's
         sampling parameters with their host facts (which rows need top-k / top-p / min-p, so
-        the ops skip the work no row needs) and its logit processors. Graph bodies (``host``
-        None) know no host fact and do every row's work; a watermarked batch's state and key
-        words come from the inputs too (``WatermarkBatch.of_inputs``)."""
+        the ops skip the work no row needs) and its row extensions. Graph bodies (``host``
+        None) know no host fact and do every row's work; their ``graphed`` extensions (the
+        watermark's state and key words) come from the inputs (``of_inputs``)."""
         r = inp["anchor"].shape[0]
         sampling = SamplingBatch(inp["temperature"], inp["top_k"], inp["top_p"], inp["greedy"],
                                  any_sampled=sampled) if host is None else host.sampling
+        exts = host.extensions if host is not None else \
+            tuple(cls.of_inputs(inp) for cls in graphed)
         return BatchState(*self.storage, inp["lens"], inp["anchor"], inp["seed"], inp["key"],
-                          sampling, [0] * r, list(range(r)),
-                          None if host is None else host.procs,
-                          host.wm if host is not None else
-                          WatermarkBatch.of_inputs(inp) if "wm_used" in inp else None,
-                          None if host is None else host.constraint)
+                          sampling, [0] * r, list(range(r)), exts)
 
     def draft(self, inp: Tensors, sampled: bool, ctx_len: int | None,
-              host: BatchState | None = None) -> Tensors:
+              host: BatchState | None = None, graphed: tuple = ()) -> Tensors:
         """draft → select: the block's draft tokens, their laws, the step's noise."""
-        st, gamma = self._state(inp, sampled, host), self.block - 1
+        st, gamma = self._state(inp, sampled, host, graphed), self.block - 1
         pos = stages.block_positions(st, self.block)                      # [R, B]
         h_e = stages.draft_block(self.pair, st, self.backend, pos, ctx_len)  # [R, γ, H]
         noise = self.backend.noise(st.seed, st.key, st.lens, gamma) if sampled \
@@ -135,9 +134,9 @@ class StepBodies:
                 **{n: getattr(noise, n) for n in NOISE}}
 
     def verify(self, inp: Tensors, sampled: bool, ctx_len: int | None,
-               host: BatchState | None = None) -> Tensors:
+               host: BatchState | None = None, graphed: tuple = ()) -> Tensors:
         """verify → accept → commit KV of the accepted rows; the StepOut fields."""
-        st = self._state(inp, sampled, host)
+        st = self._state(inp, sampled, host, graphed)
         pos = stages.block_positions(st, self.block)                      # [R, B]
         sel = SelectorOut(inp["draft"], inp["cand"], inp["q"], inp["draft_bad"],
                           inp["lattice_bad"])
@@ -152,9 +151,9 @@ class StepBodies:
                 **({} if lp is None else {"logprobs": lp})}
 
     def target_only(self, inp: Tensors, sampled: bool, ctx_len: int | None,
-                    host: BatchState | None = None) -> Tensors:
+                    host: BatchState | None = None, graphed: tuple = ()) -> Tensors:
         """One target token per row: forward → sample → commit KV; the StepOut fields."""
-        st = self._state(inp, sampled, host)
+        st = self._state(inp, sampled, host, graphed)
         token, bad, out, pos, lp = stages.target_only_forward(self.pair, st, self.backend,
                                                              ctx_len)           # [R], [R]
         count = torch.where(inp["live"], 1, 0)                           # padded rows: inert

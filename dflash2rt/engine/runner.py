@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..backend import TORCH_OPS, Backend
+from ..backend import Backend
 from ..errors import InvalidInputError
 from ..graphs.adapter import GraphAdapter
 from ..graphs.runner import GraphRunner, SharedPool, bucket_for
@@ -30,9 +30,9 @@ from ..models.kv_cache import KVCache
 from ..models.pair import ModelPair
 from ..ops.procs import unpack_logprobs
 from ..watermark import DEFAULT_CONTEXT_WIDTH, WatermarkKey
-from ..watermark import generate as wm_generate
 from ..watermark.generate import WatermarkBatch, capacity_for
 from . import stages
+from .extensions import EAGER_PROCS, RowExtension
 from .bodies import NOISE, StepBodies, StepOut, Tensors, live_inputs, pack_flags, raise_flags
 from .memory import make_caches
 from .request import Request
@@ -50,12 +50,8 @@ Check = Callable[[list], None]
 # A hook every body run goes through: (kind, block, clock, run) → run()'s result; kind is
 # "draft", "verify" or "target-only", clock the time dict the step's eager bodies add to.
 BodyTimer = Callable[[str, int, dict, Callable[[], Tensors]], Tensors]
-EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs or constraints run "
-               "eagerly (graphs do not take their state as inputs)")
-CONSTRAINT_WALK_OPS = ("constrained steps walk the selector with torch ops (the walk's "
-                       "constraint mask has no kernel)")
-WATERMARK_OPS = ("watermarked steps select and verify with torch ops (this backend's kernels do "
-                 "not run the keyed draws)")
+# A captured graph's row extensions: per graphed extension its class and ``graph_key()``.
+GraphExts = tuple[tuple[type[RowExtension], Any], ...]
 
 
 @dataclass
@@ -93,9 +89,10 @@ class Mode:
     """One decode step of one mode (``bodies.block`` None: target-only) for a BatchState:
     eagerly, each body on the live rows (timed per body into ``clock``), or with a graph
     adapter through GraphRunners kept across generate() calls, what runs eagerly reported to
-    the current run's ``report``. A batch that is ``eager_only`` (logit processors, min-p,
-    logprobs, constraints) runs its bodies eagerly over the same caches, reported. A
-    watermarked batch replays graphs of its own (its key words and state are static inputs)."""
+    the current run's ``report``. A batch that is ``eager_only`` (min-p, or an extension whose
+    state graphs do not take: logit processors, logprobs, constraints) runs its bodies eagerly
+    over the same caches, reported. A batch with graphed extensions (the watermark) replays
+    graphs of its own (their state is static inputs, sized by their ``graph_key``)."""
 
     def __init__(self, bodies: StepBodies, adapter: GraphAdapter | None,
                  pool: SharedPool | None = None) -> None:
@@ -128,48 +125,41 @@ class Mode:
     def _run(self, kind: str, st: BatchState, inp: Tensors, report: Report,
              clock: dict[str, float]) -> Tensors:
         sampled, impl = st.sampling.any_sampled, self.bodies.backend.implementation
-        if st.wm is not None and kind != "target-only":      # select_marked / verify_marked
-            if impl.get("watermark", TORCH_OPS) == TORCH_OPS \
-                    and any(impl.get(op) != TORCH_OPS for op in ("select", "verify")):
-                report(WATERMARK_OPS)
+        for ext in st.extensions:               # what the extensions run outside the backend's ops
+            for what in ext.reports(kind, impl):
+                report(what)
         if self.adapter is not None and not st.eager_only:
-            marked = None if st.wm is None else st.wm.shape
-            return self._runner(kind, sampled, marked).run(inp, report)
-        if st.constraint is not None and kind == "draft" and impl.get("select") != TORCH_OPS:
-            report(CONSTRAINT_WALK_OPS)
+            exts = tuple((type(e), e.graph_key()) for e in st.extensions)
+            return self._runner(kind, sampled, exts).run(inp, report)
         if self.adapter is not None:
-            if st.procs is not None or st.sampling.min_p is not None \
-                    or st.constraint is not None:
-                report(EAGER_PROCS)
+            report(EAGER_PROCS)
         start = time.perf_counter()
         out = self._body(kind)(inp, sampled, max(st.host_lens), host=st)   # host facts too
         name = "draft" if kind == "draft" else "verify"
         clock[name] = clock.get(name, 0.0) + time.perf_counter() - start
         return out
 
-    def _runner(self, kind: str, sampled: bool, marked: tuple[int, int] | None) -> GraphRunner:
-        """The runner of one body and sampling mode; ``marked``: a watermarked batch's
-        (window width, record capacity), which size its state's static inputs."""
-        key = (kind, sampled, marked)
+    def _runner(self, kind: str, sampled: bool, exts: GraphExts) -> GraphRunner:
+        """The runner of one body and sampling mode; ``exts``: the batch's graphed extensions
+        (class, graph key), whose static inputs the key sizes."""
+        key = (kind, sampled, exts)
         if key not in self.runners:
             self.runners[key] = GraphRunner(
-                self.adapter, BUCKETS, functools.partial(self._static_inputs, kind, marked),
-                functools.partial(self._body(kind), sampled=sampled, ctx_len=None),
-                self._pads(kind, marked),
+                self.adapter, BUCKETS, functools.partial(self._static_inputs, kind, exts),
+                functools.partial(self._body(kind), sampled=sampled, ctx_len=None,
+                                  graphed=tuple(cls for cls, _ in exts)),
+                self._pads(kind, exts),
                 name=f"{kind} {'sampled' if sampled else 'greedy'}"
-                     + (" watermarked" if marked else ""), pool=self.pool)
+                     + "".join(f" {cls.graph_label}" for cls, _ in exts), pool=self.pool)
         return self.runners[key]
 
-    def _static_inputs(self, kind: str, marked: tuple[int, int] | None, size: int) -> Tensors:
+    def _static_inputs(self, kind: str, exts: GraphExts, size: int) -> Tensors:
         """A bucket's static inputs: every row's parameters, for verify the draft's outputs,
-        and for a watermarked batch its key words, window, record and count."""
+        and each graphed extension's (the watermark's key words, window, record and count)."""
         dev = self.bodies.storage[0].device
         out = {n: torch.full((size,), v, dtype=d, device=dev) for n, (d, v) in _PARAMS.items()}
-        if marked is not None:
-            width, capacity = marked
-            out.update({n: torch.full(shape, wm_generate.PADS[n], dtype=torch.int64, device=dev)
-                        for n, shape in zip(wm_generate.INPUTS, ((size, 9), (size, width),
-                                                                 (size, capacity), (size,)))})
+        for cls, ext_key in exts:
+            out.update(cls.static_inputs(ext_key, size, dev))
         if kind == "verify":
             g, k = self.bodies.block - 1, stages.selector_params(self.bodies.pair).top_k
             out.update(draft=torch.zeros(size, g, dtype=torch.int64, device=dev),
@@ -182,11 +172,11 @@ class Mode:
         return out
 
     @staticmethod
-    def _pads(kind: str, marked: tuple[int, int] | None = None) -> dict[str, Any]:
+    def _pads(kind: str, exts: GraphExts = ()) -> dict[str, Any]:
         """Each static input's inert value for padded rows."""
         pads = {n: v for n, (_, v) in _PARAMS.items()}
-        if marked is not None:
-            pads.update(wm_generate.PADS)
+        for cls, _ in exts:
+            pads.update(cls.pads())
         if kind == "verify":
             pads.update(draft=0, cand=0, q=0.0, draft_bad=False, lattice_bad=False,
                         **{n: 0.5 for n in NOISE})
@@ -370,7 +360,7 @@ class Runner:
 
     def captured(self) -> dict[tuple, dict[tuple, GraphRunner]]:
         """The kept graphed modes, ("spec", b) or ("target-only",), and each one's graph
-        runners by (body, sampled, watermark shape)."""
+        runners by (body, sampled, graphed extensions: (class, graph key) each)."""
         return {key: dict(m.runners) for key, m in self._graphed.items()}
 
     def close(self) -> None:
@@ -383,13 +373,11 @@ class Runner:
 
 
 def _commit(st: BatchState, res: StepOut) -> None:
-    """A step's new lengths and anchors, and the committed tokens into the device states of
-    the logit processors' counts, the watermark's contexts and the constraints."""
+    """A step's new lengths and anchors, and the committed tokens into every row extension's
+    device state (the logit processors' counts, the watermark's contexts, the constraints')."""
     st.lens.copy_(res.lens)
     st.anchor.copy_(res.anchor)
-    for state in (st.procs, st.wm, st.constraint):
-        if state is not None:
-            state.commit_(res.tokens, res.accept_len + 1)
+    stages.commit(st, res.tokens, res.accept_len + 1)
 
 
 def graph_delta(before: GraphStats, after: GraphStats) -> GraphStats:

@@ -4,19 +4,17 @@ prefill, then per step draft_block → select_block → verify_block → commit_
 them into step bodies). Nothing here reads a device value on the host: the Runner does exactly
 one device→host transfer per step. ``ctx_len``: cache rows attention reads (None: all).
 
-Logit processors (``st.procs``: bias, penalties) process every target row the same way in each
-mode: prefill's first token and a target-only step with the committed counts, verify row j with
-the committed counts plus d_1..d_j (``ProcBatch.process``), before the backend's verify (so a
-kernel backend verifies processed logits too). Constraint masks (``st.constraint``) follow the
-processors the same way: forbidden tokens at −inf, row j with the automaton state after
-d_1..d_j, gathered on the device along the drafts. With logprobs requested, each step also returns
-the emitted tokens' log-probabilities under the final law (``ops.procs.token_logprobs``).
-
-A watermarked batch (``st.wm``, ``watermark.generate``) draws its sampled rows with keyed
-Gumbel-max: the walk (subkey A), the acceptance coins (C), the residual / bonus, target-only and
-first tokens (B). Its select / verify go through ``Backend.select_marked`` / ``verify_marked``
-(torch ops by default, the kernels' keyed draws on a kernel backend; the Runner reports a kernel
-backend whose watermark runs torch ops); target-only and first tokens are ``sample_next`` (torch).
+Optional features are the batch's row extensions (``st.extensions``, ``extensions.py``), whose
+hooks each stage calls in list order (none: plain decoding): ``processed`` gives every target row
+their processing the same way in each mode (prefill's first token and a target-only step with the
+committed state, verify row j with the state after d_1..d_j: logit bias and penalties, then
+constraint masks), before the backend's verify (so a kernel backend verifies processed logits
+too); ``draft_logits`` shapes the proposals; a walk mask sends the selector's walk through the
+torch ops; a draw source (the watermark's keyed draws, ``watermark.generate.KeyedDraws``) replaces
+the block's noise in the backend's select / verify, and a next-token draw replaces the uniform of
+``sample_next`` (target-only and first tokens, torch); every extension advances by the committed
+tokens (``commit``). With logprobs requested, each step also returns the emitted tokens'
+log-probabilities under the final law (``ops.procs.token_logprobs``).
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ from ..ops.rng import Stream, uniforms
 from ..ops import selector as ops_selector
 from ..ops.selector import SelectorOut, SelectorParams
 from ..ops.verify import VerifyOut, sample_next
-from ..watermark import generate as wm_generate
 from .state import BatchState
 
 
@@ -47,10 +44,25 @@ class Prefilled:
 
 def processed(st: BatchState, logits: torch.Tensor, draft: torch.Tensor | None = None
               ) -> torch.Tensor:
-    """Target logits [R, T, V] after the batch's logit processors, then its constraint masks
-    (row j with the state after d_1..d_j; unchanged without any)."""
-    x = logits if st.procs is None else st.procs.process(logits, draft)
-    return x if st.constraint is None else st.constraint.mask(x, draft)
+    """Target logits [R, T, V] through every extension's ``process`` in order: the logit
+    processors, then the constraint masks (row j with the state after d_1..d_j; unchanged
+    without any)."""
+    for ext in st.extensions:
+        logits = ext.process(logits, draft)
+    return logits
+
+
+def commit(st: BatchState, tokens: torch.Tensor, count: torch.Tensor) -> None:
+    """Every extension's state advanced by the first ``count`` [R] of tokens [R, T]."""
+    for ext in st.extensions:
+        ext.commit_(tokens, count)
+
+
+def _only(hooks, what: str):
+    """The one extension's result of a hook at most one extension answers (None: none)."""
+    got = [h for h in hooks if h is not None]
+    assert len(got) <= 1, f"two row extensions give the {what}"
+    return got[0] if got else None
 
 
 def logprobs_of(st: BatchState, logits: torch.Tensor, tokens: torch.Tensor,
@@ -82,21 +94,16 @@ def prefill(pair: ModelPair, st: BatchState, backend: Backend, prompts: list[tup
         st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, n)
     last = processed(st, out.logits[:, :1])                               # row n - 1 only
     u = uniforms(st.seed, st.key, n, Stream.BONUS)                        # decides position n
-    token, bad = sample_next(last[:, 0], st.sampling, u, marks=_next_marks(st))
+    token, bad = sample_next(last[:, 0], st.sampling, u, marks=_next_draw(st))
     st.lens.copy_(n)
     st.anchor.copy_(token)
-    if st.procs is not None:
-        st.procs.commit_(token.view(-1, 1), torch.ones_like(n))
-    if st.wm is not None:
-        st.wm.commit_(token.view(-1, 1), torch.ones_like(n))
-    if st.constraint is not None:
-        st.constraint.commit_(token.view(-1, 1), torch.ones_like(n))
+    commit(st, token.view(-1, 1), torch.ones_like(n))
     return Prefilled(token, bad, logprobs_of(st, last, token.view(-1, 1), out.logits[:, :1]))
 
 
-def _next_marks(st: BatchState):
-    """The keyed draw of each row's next token (watermarked batches), else None."""
-    return None if st.wm is None else st.wm.marks(st.lens.new_zeros(st.size, 0))
+def _next_draw(st: BatchState):
+    """An extension's draw of each row's next token (the watermark's keyed draw), else None."""
+    return _only((e.next_draw(st.lens) for e in st.extensions), "next token's draw")
 
 
 def block_positions(st: BatchState, block: int) -> torch.Tensor:
@@ -125,21 +132,22 @@ def selector_params(pair: ModelPair) -> SelectorParams:
 
 def draft_logits(pair: ModelPair, st: BatchState, h_e: torch.Tensor) -> torch.Tensor:
     """Draft hidden [R, γ, H] → draft logits [R, γ, V] through the target's LM head (or the
-    draft's own; a reduced draft vocabulary placed at its target ids, −inf elsewhere), processed
-    as the target's rows are where the batch asks for it: logit bias and penalties with the
-    committed counts (the block's own drafts are not known before the walk), then the
-    constraint's candidate masks (``ConstraintBatch.draft_logits``). Proposals only: the
+    draft's own; a reduced draft vocabulary placed at its target ids, −inf elsewhere), through
+    every extension's ``draft_logits`` in order: logit bias and penalties with the committed
+    counts where the batch has any (the block's own drafts are not known before the walk), then
+    the constraint's candidate masks (``ConstraintBatch.draft_logits``). Proposals only: the
     selector's q is the law of what it draws from these, so any processing stays lossless."""
     logits = pair.draft.logits(h_e, pair.target)                          # [R, γ, V]
-    if st.procs is not None and (st.procs.bias is not None or st.procs.penalized):
-        logits = st.procs.process(logits)
-    return logits if st.constraint is None else st.constraint.draft_logits(logits)
+    for ext in st.extensions:
+        logits = ext.draft_logits(logits)
+    return logits
 
 
 def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.Tensor,
                  noise: BlockNoise) -> SelectorOut:
-    """Draft logits (``draft_logits``), then the candidate selector's walk; a constrained
-    batch walks with its constraint's mask (``ops.selector``, torch ops)."""
+    """Draft logits (``draft_logits``), then the candidate selector's walk with the block's
+    draws (an extension's draw source, else the walk uniforms); an extension's walk mask (a
+    constraint) walks with the torch ops (``ops.selector``)."""
     logits = draft_logits(pair, st, h_e)                                 # [R, γ, V]
     sel = pair.draft.candidate_selector
     if sel is None:                                                      # DFlash v1: no lattice
@@ -148,17 +156,12 @@ def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.T
     else:
         args = (logits, sel.hidden_projection(h_e), st.anchor, sel.predecessor_codebook,
                 sel.successor_codebook)
-    mask = None if st.constraint is None else st.constraint.walk()
-    if st.wm is not None and mask is None:                               # the keyed walk
-        return backend.select_marked(st.wm, *args, selector_params(pair), st.sampling,
-                                     noise.walk)
-    if st.wm is not None:                                # keyed and masked walk: torch ops
-        return wm_generate.select_marked(st.wm, *args, selector_params(pair), st.sampling,
-                                         noise.walk, backend.has_fp64, mask)
+    draws = _only((e.draws(noise) for e in st.extensions), "block's draws") or noise.walk
+    mask = _only((e.walk_mask() for e in st.extensions), "walk's mask")
     if mask is not None:                                                 # masked walk: torch ops
-        return ops_selector.select(*args, selector_params(pair), st.sampling, noise.walk,
+        return ops_selector.select(*args, selector_params(pair), st.sampling, draws,
                                    backend.has_fp64, mask=mask)
-    return backend.select(*args, selector_params(pair), st.sampling, noise.walk)
+    return backend.select(*args, selector_params(pair), st.sampling, draws)
 
 
 def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: SelectorOut,
@@ -171,11 +174,9 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
     out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=ctx_len,
                       attn=backend.attention)                           # writes all B rows' K/V
     logits = processed(st, out.logits, sel.draft)
-    if st.wm is not None:                                  # keyed coins and draws
-        ver = backend.verify_marked(st.wm, logits, sel, st.sampling, noise)
-    else:
-        ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, noise,
-                             check=False)
+    draws = _only((e.draws(noise) for e in st.extensions), "block's draws") or noise
+    ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, draws,
+                         check=False)
     return out, ver, logprobs_of(st, logits, ver.tokens, out.logits)
 
 
@@ -219,6 +220,6 @@ def target_only_forward(pair: ModelPair, st: BatchState, backend: Backend,
                       attn=backend.attention)
     u = uniforms(st.seed, st.key, st.lens + 1, Stream.BONUS)              # decides position n+1
     logits = processed(st, out.logits)
-    token, bad = sample_next(logits[:, 0], st.sampling, u, marks=_next_marks(st))
+    token, bad = sample_next(logits[:, 0], st.sampling, u, marks=_next_draw(st))
     return token, bad, out, pos, logprobs_of(st, logits, token.view(-1, 1), out.logits)
 

@@ -1,9 +1,10 @@
-"""Batch state: device tensors the steps read and write, and the host mirror of lengths."""
+"""Batch state: device tensors the steps read and write, the batch's row extensions, and the host
+mirror of lengths."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -12,6 +13,8 @@ from ..models.kv_cache import KVCache
 from ..ops.batch import SamplingBatch
 from ..ops.procs import ProcBatch
 from ..watermark.generate import WatermarkBatch
+from . import extensions
+from .extensions import RowExtension
 
 
 @dataclass
@@ -20,11 +23,10 @@ class BatchState:
     storage, so graphs can capture it). Device: committed lengths ``lens`` (= anchor position),
     anchor tokens, RNG keys, sampling parameters. Host: ``host_lens`` (mirror of ``lens``,
     updated from the one sync per step) and ``rows`` (each slot's index in the request list).
-    ``procs``: the logit processors' device state (token counts, bias, penalties) and logprobs
-    requests, None when no request of the batch uses any (``ops.procs``). ``wm``: the
-    watermark's device state (``watermark.generate``), None for an unwatermarked run.
-    ``constraint``: the requests' constraint tables and states (``constraints.device``), None
-    when none has one."""
+    ``extensions``: the batch's active row extensions in hook order (``extensions.py``: logit
+    processors, the watermark, constraints; empty: plain decoding). ``procs``, ``wm`` and
+    ``constraint`` read a feature's own state for what is not a step hook (logprobs, generic
+    constraint hooks' host masks), None when the batch does not use it."""
 
     target_storage: KVCache        # every slot's cache; ``target_cache`` is slots [0, R)
     draft_storage: KVCache | None
@@ -35,9 +37,25 @@ class BatchState:
     sampling: SamplingBatch
     host_lens: list[int]
     rows: list[int]
-    procs: ProcBatch | None = None
-    wm: WatermarkBatch | None = None
-    constraint: ConstraintBatch | None = None
+    extensions: tuple[RowExtension, ...] = ()
+
+    def _state_of(self, kind: type) -> Any:
+        return next((e.batch for e in self.extensions if isinstance(e, kind)), None)
+
+    @property
+    def procs(self) -> ProcBatch | None:
+        """The logit processors' state and logprobs requests (``ops.procs``), or None."""
+        return self._state_of(extensions.Procs)
+
+    @property
+    def wm(self) -> WatermarkBatch | None:
+        """The watermark's state (``watermark.generate``), or None."""
+        return self._state_of(extensions.Watermark)
+
+    @property
+    def constraint(self) -> ConstraintBatch | None:
+        """The constraints' tables and states (``constraints.device``), or None."""
+        return self._state_of(extensions.Constraint)
 
     @property
     def size(self) -> int:
@@ -62,26 +80,24 @@ class BatchState:
         return BatchState(self.target_storage, self.draft_storage, self.lens[t], self.anchor[t],
                           self.seed[t], self.key[t], self.sampling.take(idx),
                           [self.host_lens[i] for i in idx], [self.rows[i] for i in idx],
-                          None if self.procs is None else self.procs.take(idx),
-                          None if self.wm is None else self.wm.take(idx),
-                          None if self.constraint is None else self.constraint.take(idx))
+                          tuple(e.take(idx) for e in self.extensions))
 
     @property
     def eager_only(self) -> bool:
-        """Whether the batch needs what captured graphs do not take as inputs (logit
-        processors, min-p, logprobs, constraints): its steps then run eagerly, and that is
-        reported. A watermark's state is a graph input (``WatermarkBatch.inputs``)."""
-        return self.procs is not None or self.sampling.min_p is not None \
-            or self.constraint is not None
+        """Whether the batch needs what captured graphs do not take as inputs (min-p, or an
+        extension that is not ``graphed``: logit processors, logprobs, constraints): its steps
+        then run eagerly, and that is reported. A watermark's state is a graph input."""
+        return self.sampling.min_p is not None or any(not e.graphed for e in self.extensions)
 
 
 def new_state(requests: Sequence, target: KVCache, draft: KVCache | None,
               dev: torch.device, vocab: int | None = None,
               wm: WatermarkBatch | None = None) -> BatchState:
     """A batch of ``requests`` (engine Requests) in slots [0, R) of the given caches, before
-    prefill: lengths and anchors 0. ``vocab``: the target's vocabulary size, which the logit
-    processors' state needs (None: requests that use them are refused); ``wm``: the batch's
-    watermark state (``WatermarkBatch.build``), None: unwatermarked."""
+    prefill: lengths and anchors 0, the row extensions its requests use (``extensions.build``).
+    ``vocab``: the target's vocabulary size, which the logit processors' and constraints' state
+    needs (None: requests that use them are refused); ``wm``: the batch's watermark state
+    (``WatermarkBatch.build``), None: unwatermarked."""
     r, ps = len(requests), [q.params for q in requests]
     i64 = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
     return BatchState(
@@ -89,15 +105,4 @@ def new_state(requests: Sequence, target: KVCache, draft: KVCache | None,
         i64([p.seed for p in ps]), i64([q.key for q in requests]),
         SamplingBatch.build([p.temperature for p in ps], [p.top_k for p in ps],
                             [p.top_p for p in ps], dev, [p.min_p for p in ps]),
-        [0] * r, list(range(r)), _procs(requests, vocab, dev), wm,
-        None if vocab is None else
-        ConstraintBatch.build([q.params.constraint for q in requests], vocab, dev))
-
-
-def _procs(requests: Sequence, vocab: int | None, dev: torch.device) -> ProcBatch | None:
-    if vocab is None:
-        if any(q.params.processed for q in requests):
-            raise ValueError("new_state needs the vocabulary size for logit processors")
-        return None
-    return ProcBatch.build([q.params for q in requests], [q.prompt_ids for q in requests],
-                           vocab, dev)
+        [0] * r, list(range(r)), extensions.build(requests, vocab, dev, wm))

@@ -1,10 +1,10 @@
 """A backend whose conv, selector walk, verification and attention run as the shared Triton
-kernels, the watermark's keyed walk and residual / bonus draws included.
-
-On a device without float64 (``has_fp64=False``: Intel Arc A-series) every op still runs its
-kernel: the select and verify kernels are compiled with ``FP64=False``, the float32 formulation
-of their sampled paths (``kernels.exact32``). Only the watermark's keyed draws need float64: a
-watermarked batch there raises ``WatermarkUnsupportedError`` (nothing else does).
+kernels, the watermark's keyed walk and residual / bonus draws included: given the watermark's
+draw source (``watermark.generate.KeyedDraws``), select and verify launch the same kernels
+with its keyed inputs. On a device without float64 (``has_fp64=False``: Intel Arc A-series)
+every op still runs its kernel, compiled with ``FP64=False`` (the float32 formulation of the
+sampled paths, ``kernels.exact32``); only the keyed draws need float64, and a keyed draw source
+there raises ``WatermarkUnsupportedError`` (nothing else does).
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 
 from ..backend import TORCH_OPS, TRITON_INTERPRETER, TRITON_KERNEL, UNSUPPORTED, TorchOpsBackend
+from ..errors import InvalidInputError
+from ..ops.draws import DrawSource
+from ..watermark.generate import KeyedDraws
 from ..watermark.sampler import require_fp64
 from . import attention, conv, selector, verify, watermark
 from .tuning import DEFAULT, Tuning
@@ -56,30 +59,34 @@ class KernelBackend(TorchOpsBackend):
         with self.device_guard():
             return conv.conv_finish(h, a, base, delta, block_size, self.tuning)
 
-    def select(self, logits, proj, anchor, pred_codebook, succ_codebook, params, sampling, u_walk):
+    def select(self, logits, proj, anchor, pred_codebook, succ_codebook, params, sampling, draws):
+        wm = _keyed(draws, self.has_fp64)
         with self.device_guard():
             return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params,
-                                   sampling, u_walk, self.tuning, has_fp64=self.has_fp64)
+                                   sampling, draws if wm is None else draws.noise.walk,
+                                   self.tuning, wm=None if wm is None else draws.wm,
+                                   has_fp64=self.has_fp64)
 
-    def verify(self, logits, draft, candidates, q, sampling, noise, check=True):
+    def verify(self, logits, draft, candidates, q, sampling, draws, check=True):
+        marks = None
+        if _keyed(draws, self.has_fp64) is not None:    # contexts, freshness, coins: torch
+            draws, marks = draws.verify_draws(draft, self.has_fp64)
         with self.device_guard():
-            return verify.verify(logits, draft, candidates, q, sampling, noise, check,
-                                 self.tuning, has_fp64=self.has_fp64)
-
-    def select_marked(self, wm, logits, proj, anchor, pred_codebook, succ_codebook, params,
-                      sampling, u_walk):
-        require_fp64(self.has_fp64)
-        with self.device_guard():
-            return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params,
-                                   sampling, u_walk, self.tuning, wm=wm)
-
-    def verify_marked(self, wm, logits, sel, sampling, noise):
-        require_fp64(self.has_fp64)
-        marks = wm.marks(sel.draft, True)              # contexts, freshness, keyed coins: torch
-        with self.device_guard():
-            return verify.verify(logits, sel.draft, sel.candidates, sel.q, sampling,
-                                 marks.noise(noise), False, self.tuning, marks=marks)
+            return verify.verify(logits, draft, candidates, q, sampling, draws, check,
+                                 self.tuning, marks=marks, has_fp64=self.has_fp64)
 
     def attention(self, q, k, v, lo, hi, scale):
         with self.device_guard():
             return attention.attention(q, k, v, lo, hi, scale, self.tuning)
+
+
+def _keyed(draws, has_fp64: bool) -> KeyedDraws | None:
+    """The watermark's draw source (after the float64 check), None for the ordinary noise;
+    another ``DrawSource`` has no kernel here and is refused."""
+    if not isinstance(draws, DrawSource):
+        return None
+    if not isinstance(draws, KeyedDraws):
+        raise InvalidInputError(f"the kernels draw with the ordinary noise or the watermark's "
+                                f"keyed draws, not {type(draws).__name__}")
+    require_fp64(has_fp64)
+    return draws

@@ -209,8 +209,6 @@ def _cases(tuning: Tuning, fp64: bool = True
 
     kernel = {"conv_prepare": (conv, "_conv_kernel"), "conv_finish": (conv, "_conv_kernel"),
               "select": (selector, "_walk_kernel"), "verify": (verify, "_verify_kernel"),
-              "select_marked": (selector, "_walk_kernel"),
-              "verify_marked": (verify, "_verify_kernel"),
               "attention": (attention, "_attention_kernel")}
     out = {}
     for d, dt in DTYPES.items():
@@ -218,8 +216,8 @@ def _cases(tuning: Tuning, fp64: bool = True
             be = KernelBackend("compile-check", "cpu", (dt,), tuning, has_fp64=variant)
             extra = variant != fp64                  # the "-nofp64" cases of a float64 target
             for case, (method, make) in cases(dt).items():
-                if extra and (method.endswith("_marked") or case.split("-")[1] != "sampled"):
-                    continue         # the same kernels as with float64 (the marked refuse)
+                if extra and case.split("-")[1] != "sampled":
+                    continue         # the same kernels as with float64 (watermarked: refused)
                 module, name = kernel[method]
                 call = lambda b=be, m=method, a=make(): getattr(b, m)(*a)   # noqa: E731
                 out[f"{case}-{d}" + ("-nofp64" if extra else "")] = (module, name, call)

@@ -3,14 +3,15 @@ of a backend's ops on them. ``compile_check`` compiles the same cases without a 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from ..ops.batch import BlockNoise, SamplingBatch
-from ..ops.selector import SelectorOut, SelectorParams
+from ..ops.selector import SelectorParams
 from ..watermark import WatermarkKey
-from ..watermark.generate import WatermarkBatch
+from ..watermark.generate import KeyedDraws, WatermarkBatch
 from ..watermark.sampler import WatermarkUnsupportedError
 
 if TYPE_CHECKING:
@@ -66,10 +67,11 @@ def cases(dtype: torch.dtype, device: torch.device | str = "cpu", seed: int = 0
         wm = WatermarkBatch.build(WatermarkKey(bytes(32)), [(1, 2), (3,)], 12, 4, device)
         wm.commit_(ids([5], [6]), ids(1, 1))                          # a recorded context
         if kind == "select":
-            return (wm, *select(0.8))
-        logits, draft, cand, q, sampling, noise, _ = verify(0.8)
-        return wm, logits, SelectorOut(draft, cand, q, ids(False, False),
-                                       ids(False, False)), sampling, noise
+            *args, u_walk = select(0.8)
+            noise = BlockNoise.draw(ids(1, 2), ids(0, 0), ids(0, 3), u_walk.shape[1])
+            return (*args, KeyedDraws(wm, dataclasses.replace(noise, walk=u_walk)))
+        logits, draft, cand, q, sampling, noise, check = verify(0.8)
+        return logits, draft, cand, q, sampling, KeyedDraws(wm, noise), check
 
     out: dict[str, tuple[str, Callable[[], tuple[Any, ...]]]] = {}
     for f in ("prepare", "finish"):
@@ -78,7 +80,7 @@ def cases(dtype: torch.dtype, device: torch.device | str = "cpu", seed: int = 0
         out[f"select-{mode}"] = ("select", lambda t=temp: select(t))
         out[f"verify-{mode}"] = ("verify", lambda t=temp: verify(t))
     for op in ("select", "verify"):                                   # the keyed draws
-        out[f"{op}-watermarked"] = (f"{op}_marked", lambda op=op: marked(op))
+        out[f"{op}-watermarked"] = (op, lambda op=op: marked(op))
     out["attention-decode"] = ("attention", lambda: attention(1, 2, 4, 128, None))   # target
     out["attention-block"] = ("attention", lambda: attention(17, 1, 2, 256, 8))     # draft
     return out
@@ -92,7 +94,7 @@ def smoke_launch(backend: "Backend") -> list[str]:
     fails."""
     ran = []
     for case, (method, make) in cases(torch.float32, backend.device).items():
-        keyed = method.endswith("_marked")
+        keyed = case.endswith("-watermarked")
         try:
             out = getattr(backend, method)(*make())
             for t in _tensors(out):

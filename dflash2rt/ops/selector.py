@@ -12,8 +12,9 @@ False over double-float float32 sums (``exact32.inverse_cdf32``: the same index 
 (2^-40 + K·2^-53)·total of a CDF breakpoint; no float64 tensor). A lattice row the walk reads that holds NaN /
 +inf or no finite entry flags the request (``bad_lattice``): its draft is not drawn from a law.
 
-``walk`` (optional, a ``WalkDraw``): a drawer that replaces the sampled rows' draw at each slot
-once the walk knows the lattice row it reads — the watermark (``dflash2rt.watermark.generate``)
+The walk's draws are an argument (``ops.draws``): the walk uniforms [R, γ], or a
+``DrawSource`` whose ``WalkDraw`` replaces the sampled rows' draw at each slot once the walk
+knows the lattice row it reads — the watermark (``dflash2rt.watermark.generate.KeyedDraws``)
 draws there by Gumbel-max keyed by the path so far. q stays the law the draw is from.
 
 ``mask`` (optional, a ``WalkMask``): a constraint on the path (``dflash2rt.constraints``): at
@@ -34,6 +35,7 @@ import torch
 from ..errors import InvalidInputError
 from . import exact32
 from .batch import SamplingBatch
+from .draws import WalkDraw, WalkDraws, walk_draws
 from .sampling import bad_rows, inverse_cdf, scale
 
 
@@ -44,15 +46,6 @@ class SelectorParams:
     top_k: int
     output_multiplier: float = 1.0
     softcap: float | None = None
-
-
-class WalkDraw(Protocol):
-    """Draws the walk's candidate at slot e from the law row it reads (sampled rows)."""
-
-    def pick(self, slot: int, law: torch.Tensor, cand: torch.Tensor, plain: torch.Tensor,
-             greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """law [R, K] float32, cand [R, K], plain [R] (the unkeyed walk's position), greedy [R]
-        → (position in K [R], bool [R]: a sampled row whose law row is not a law)."""
 
 
 class WalkMask(Protocol):
@@ -123,12 +116,13 @@ def check_select_args(logits: torch.Tensor, proj: torch.Tensor, pred_codebook: t
 
 def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
            pred_codebook: torch.Tensor, succ_codebook: torch.Tensor, params: SelectorParams,
-           sampling: SamplingBatch, u_walk: torch.Tensor, has_fp64: bool | None = None,
-           walk: WalkDraw | None = None, mask: WalkMask | None = None) -> SelectorOut:
-    """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], u_walk [R, γ] → SelectorOut.
-    ``has_fp64`` False: the walk draw in float32 (None: ``exact32.fp64_enabled()``); ``walk``:
-    a keyed drawer for the sampled rows; ``mask``: a constraint on the path (module
-    docstring)."""
+           sampling: SamplingBatch, u_walk: WalkDraws, has_fp64: bool | None = None,
+           mask: WalkMask | None = None) -> SelectorOut:
+    """logits [R, γ, V], proj [R, γ, r], anchor [R], codebooks [V, r], u_walk: the walk's
+    draws (uniforms [R, γ], or a ``DrawSource``) → SelectorOut. ``has_fp64`` False: the walk
+    draw in float32 (None: ``exact32.fp64_enabled()``); ``mask``: a constraint on the path
+    (module docstring)."""
+    u_walk, walk = walk_draws(u_walk, has_fp64)          # a source's drawer: raises if it can't
     r, gamma, v = logits.shape
     k = params.top_k
     check_select_args(logits, proj, pred_codebook, succ_codebook, params, u_walk)

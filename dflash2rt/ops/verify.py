@@ -15,31 +15,24 @@ with p = 0 are never emitted. Acceptance, residual and bonus uniforms are separa
 A sampled row whose q is not finite and non-negative, or gives its own draft token no mass (NaN
 included), is flagged ``bad_q``; any other row with nothing to draw from is flagged ``bad``.
 
-``marks`` (optional, an ``EmitDraw``): replaces the sampled rows' residual / bonus draw by its
-own draw from the same law (the watermark's Gumbel-max keyed by the emitted position's context,
-``dflash2rt.watermark.generate``); ``sample_next`` takes one too. Float64 formulation only.
+The draws are an argument (``ops.draws``): the block's ``BlockNoise``, or a ``DrawSource``
+that gives the acceptance uniforms and an ``EmitDraw`` replacing the sampled rows' residual /
+bonus draw by its own draw from the same law (the watermark's coins and Gumbel-max keyed by the
+emitted position's context, ``dflash2rt.watermark.generate.KeyedDraws``); ``sample_next`` takes
+an ``EmitDraw`` (``marks``). Float64 formulation only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from ..errors import BackendError, InvalidInputError, NonFiniteLogitsError
 from . import exact32
 from .batch import BlockNoise, SamplingBatch
+from .draws import Draws, EmitDraw, verify_draws
 from .sampling import bad_rows, inverse_cdf, target_probs
-
-
-class EmitDraw(Protocol):
-    """Draws the emitted token of sampled rows from the law it is emitted from."""
-
-    def emit(self, law: torch.Tensor, slot: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
-        """law [R, V] float64 weights, slot [R] (the emitting row: the first rejected slot, or
-        γ for the bonus), plain [R] (the uniform's inverse-CDF draw) → token [R], -1 where the
-        row is not a law."""
 
 
 def _require_fp64(marks: EmitDraw | None, fp64: bool) -> None:
@@ -121,12 +114,14 @@ def check_verify_args(logits: torch.Tensor, draft: torch.Tensor, candidates: tor
 
 
 def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor,
-           sampling: SamplingBatch, noise: BlockNoise, check: bool = True,
-           has_fp64: bool | None = None, marks: EmitDraw | None = None) -> VerifyOut:
+           sampling: SamplingBatch, noise: Draws, check: bool = True,
+           has_fp64: bool | None = None) -> VerifyOut:
     """logits [R, γ+1, V] of the verify pass over [anchor, d_1..d_γ]; draft [R, γ];
-    candidates, q [R, γ, K]. With ``check`` a NaN row raises at once; the engine passes False
-    and checks ``bad`` at its one device→host synchronisation per step. ``has_fp64`` False
-    takes the float32 formulation (None: ``exact32.fp64_enabled()``)."""
+    candidates, q [R, γ, K]; ``noise``: the draws (a ``BlockNoise``, or a ``DrawSource``).
+    With ``check`` a NaN row raises at once; the engine passes False and checks ``bad`` at its
+    one device→host synchronisation per step. ``has_fp64`` False takes the float32 formulation
+    (None: ``exact32.fp64_enabled()``)."""
+    noise, marks = verify_draws(noise, draft, has_fp64)   # a source's draws: raises if it can't
     fp64 = exact32.fp64_enabled(has_fp64)
     _require_fp64(marks, fp64)
     r, rows, v = check_verify_args(logits, draft, candidates, q)

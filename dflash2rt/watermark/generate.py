@@ -1,5 +1,6 @@
-"""Watermarked generation: a batch's watermark state on the device and the keyed draws the decode
-ops take as hooks (``ops.selector.WalkDraw``, ``ops.verify.EmitDraw``).
+"""Watermarked generation: a batch's watermark state on the device, and the keyed draws the decode
+ops take as their draw source (``KeyedDraws``, an ``ops.draws.DrawSource``: its
+``ops.draws.WalkDraw`` and ``EmitDraw``).
 
 The token at a position with context c (the hash of the ``width`` tokens before it, prompt
 included) is drawn from its law p by Gumbel-max over keyed values (``sampler``):
@@ -27,8 +28,8 @@ from typing import Sequence
 
 import torch
 
-from ..ops import selector, verify
-from ..ops.batch import BlockNoise, SamplingBatch
+from ..ops.batch import BlockNoise
+from ..ops.draws import DrawSource
 from .keys import KeyWords, WatermarkKey, words_of
 from .sampler import coin, draw_dense, draw_sparse, require_fp64
 from .values import context_hash
@@ -45,7 +46,7 @@ class Marks:
     has_fp64: bool | None = None           # the device's (None: ``exact32.fp64_enabled()``)
 
     def emit(self, law: torch.Tensor, slot: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
-        """``ops.verify.EmitDraw``: Gumbel-max under subkey B at the emitting slot's context
+        """``ops.draws.EmitDraw``: Gumbel-max under subkey B at the emitting slot's context
         where it is fresh, else ``plain`` (the ordinary uniform's draw)."""
         s = slot.view(-1, 1)
         drawn = draw_dense(self.key.target, self.ctx.gather(1, s)[:, 0], law, self.has_fp64)
@@ -59,7 +60,7 @@ class Marks:
 
 
 class Walk:
-    """``ops.selector.WalkDraw`` for one block: the walk's contexts follow the path it takes."""
+    """``ops.draws.WalkDraw`` for one block: the walk's contexts follow the path it takes."""
 
     def __init__(self, wm: "WatermarkBatch", has_fp64: bool | None = None) -> None:
         self.wm, self.window, self.ctxs, self.has_fp64 = wm, wm.window, [], has_fp64
@@ -188,24 +189,23 @@ class WatermarkBatch:
         self.used = self.used + count
 
 
-def select_marked(wm: WatermarkBatch, logits: torch.Tensor, proj: torch.Tensor,
-                  anchor: torch.Tensor, pred_codebook: torch.Tensor, succ_codebook: torch.Tensor,
-                  params: selector.SelectorParams, sampling: SamplingBatch, u_walk: torch.Tensor,
-                  has_fp64: bool | None = None, mask: selector.WalkMask | None = None
-                  ) -> selector.SelectorOut:
-    """The selector (``ops.selector.select``, torch ops) with the keyed walk (subkey A) and
-    the constraint's walk mask, if any; raises WatermarkUnsupportedError without float64."""
-    require_fp64(has_fp64)
-    return selector.select(logits, proj, anchor, pred_codebook, succ_codebook, params, sampling,
-                           u_walk, has_fp64, walk=wm.walk(has_fp64), mask=mask)
+@dataclass(frozen=True)
+class KeyedDraws(DrawSource):
+    """The watermark as a draw source (``ops.draws``) for one block: ``select`` walks with the
+    keyed walk (``Walk``, subkey A), ``verify`` decides with the keyed coins (subkey C) and
+    draws the residual / bonus keyed by B at the block's contexts; ``noise`` (the block's
+    ordinary uniforms) wherever a context was used before, and for greedy rows' unread draws.
+    Without float64 both raise ``WatermarkUnsupportedError`` before any float64 tensor exists."""
 
+    wm: WatermarkBatch
+    noise: BlockNoise
 
-def verify_marked(wm: WatermarkBatch, logits: torch.Tensor, sel: selector.SelectorOut,
-                  sampling: SamplingBatch, noise: BlockNoise, has_fp64: bool | None = None
-                  ) -> verify.VerifyOut:
-    """Verification (``ops.verify.verify``, torch ops, unchecked: flags in the result) with the
-    keyed coins (subkey C) and residual / bonus draws (subkey B) at the block's contexts."""
-    require_fp64(has_fp64)
-    marks = wm.marks(sel.draft, has_fp64)
-    return verify.verify(logits, sel.draft, sel.candidates, sel.q, sampling, marks.noise(noise),
-                         False, has_fp64, marks=marks)
+    def walker(self, has_fp64: bool | None = None) -> Walk:
+        require_fp64(has_fp64)
+        return self.wm.walk(has_fp64)
+
+    def verify_draws(self, draft: torch.Tensor, has_fp64: bool | None = None
+                     ) -> tuple[BlockNoise, Marks]:
+        require_fp64(has_fp64)
+        marks = self.wm.marks(draft, has_fp64)
+        return marks.noise(self.noise), marks

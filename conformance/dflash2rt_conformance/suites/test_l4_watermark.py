@@ -2,14 +2,14 @@
 float64 reference's keyed step.
 
 * Law over keys (χ², detectable TV printed as L4 does): for many keys and contexts, one
-  watermarked spec step (the backend's ``select_marked`` → ``verify_marked``, what the engine
-  runs: the torch ops, or a kernel backend's keyed kernels) on fixed draft / target tables; the
-  token a step emits at slot j, over the steps that reach slot j, has the target's law p_j
-  (chain speculative sampling with independent keyed noise). T = 1, and T = 0.7 with top-p
-  0.95. Sharing one key between draft and target, or an acceptance coin that reuses the draft
-  draw's value, biases it (fixture mutants). The Triton interpreter, one kernel program at a
-  time, runs this law over the torch ops (``watermark.generate``; reported as a metric) and its
-  kernels only in the exactness check below.
+  watermarked spec step (the backend's ``select`` → ``verify`` given the watermark's draw source
+  ``KeyedDraws``, what the engine runs: the torch ops, or a kernel backend's keyed kernels) on
+  fixed draft / target tables; the token a step emits at slot j, over the steps that reach slot
+  j, has the target's law p_j (chain speculative sampling with independent keyed noise). T = 1,
+  and T = 0.7 with top-p 0.95. Sharing one key between draft and target, or an acceptance coin
+  that reuses the draft draw's value, biases it (fixture mutants). The Triton interpreter, one
+  kernel program at a time, runs this law over the torch ops (``dflash2rt.ops`` given
+  ``KeyedDraws``; reported as a metric) and its kernels only in the exactness check below.
 * Exactness: each sample's accept length and tokens (the backend's step) equal the NumPy
   reference's keyed step (``reference.watermark``: keyed values, Gumbel-max argmin E / p, the
   coin rule coin · q(d) < p(d), in float64 over the float64 laws of the float32 tables: the
@@ -29,6 +29,8 @@ import pytest
 import torch
 
 from dflash2rt.backend import TRITON_INTERPRETER
+from dflash2rt.ops import selector as ops_selector
+from dflash2rt.ops import verify as ops_verify
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
 from dflash2rt.ops.selector import SelectorParams
 from dflash2rt.watermark import WatermarkKey
@@ -59,9 +61,10 @@ def watermarked_step(backend, key: WatermarkKey, windows: np.ndarray, draft_logi
                      plain: bool = False):
     """One watermarked spec step per row (window [R, H] of tokens before the anchor's
     successor; the record of used contexts [R, M] with ``used`` [R] entries, default empty)
-    → (accept_len [R], tokens [R, γ+1]) as NumPy; the backend's ``select_marked`` /
-    ``verify_marked``, or with ``torch_ops`` ``watermark.generate``'s; ``plain``: the
-    backend's unwatermarked ``select`` / ``verify`` on the same noise."""
+    → (accept_len [R], tokens [R, γ+1]) as NumPy; the backend's ``select`` / ``verify`` given
+    the watermark's draw source (``KeyedDraws``), or with ``torch_ops`` the torch ops'
+    (``dflash2rt.ops``) given it; ``plain``: the backend's ``select`` / ``verify`` given the
+    ordinary noise (the same uniforms)."""
     dev = backend.device
     r = windows.shape[0]
     win = torch.tensor(windows, dtype=torch.int64, device=dev)
@@ -76,16 +79,18 @@ def watermarked_step(backend, key: WatermarkKey, windows: np.ndarray, draft_logi
                             torch.arange(r, device=dev), torch.zeros(r, dtype=torch.int64,
                                                                       device=dev), GAMMA)
     args = (dl, torch.zeros(r, GAMMA, 0, device=dev), win[:, -1], zero, zero, SelectorParams(K),
-            sampling, noise.walk)
+            sampling)
+    keyed = wmgen.KeyedDraws(wm, noise)
     if plain:
-        sel = backend.select(*args)
+        sel = backend.select(*args, noise.walk)
         ver = backend.verify(tl, sel.draft, sel.candidates, sel.q, sampling, noise, False)
     elif torch_ops:
-        sel = wmgen.select_marked(wm, *args, backend.has_fp64)
-        ver = wmgen.verify_marked(wm, tl, sel, sampling, noise, backend.has_fp64)
+        sel = ops_selector.select(*args, keyed, backend.has_fp64)
+        ver = ops_verify.verify(tl, sel.draft, sel.candidates, sel.q, sampling, keyed, False,
+                                backend.has_fp64)
     else:
-        sel = backend.select_marked(wm, *args)
-        ver = backend.verify_marked(wm, tl, sel, sampling, noise)
+        sel = backend.select(*args, keyed)
+        ver = backend.verify(tl, sel.draft, sel.candidates, sel.q, sampling, keyed, False)
     return ver.accept_len.cpu().numpy(), ver.tokens.cpu().numpy()
 
 
@@ -142,9 +147,9 @@ def test_watermarked_step_is_distortion_free(case, backend, results, sizes):
     keys, rows = (12, 500) if quick else (64, 1000)
     alpha, power = 1e-3, 0.9
     torch_ops = backend.implementation.get("watermark") == TRITON_INTERPRETER
-    results.metric("L4", f"watermark law {case} ran", "the torch ops (watermark.generate): the "
-                   "interpreter runs the kernels in watermark-exact" if torch_ops else
-                   f"the backend's select_marked / verify_marked "
+    results.metric("L4", f"watermark law {case} ran", "the torch ops (dflash2rt.ops given "
+                   "KeyedDraws): the interpreter runs the kernels in watermark-exact" if torch_ops
+                   else f"the backend's select / verify given KeyedDraws "
                    f"({backend.implementation.get('watermark')})")
     counts = [dict() for _ in range(GAMMA + 1)]
     for k in range(keys):
@@ -197,8 +202,8 @@ def test_watermarked_step_equals_reference(case, backend, results, sizes):
 
 @contextlib.contextmanager
 def injected_coins(coins: torch.Tensor):
-    """Every ``Marks.noise`` (what select / verify_marked of every backend call for the keyed
-    acceptance coins) takes ``coins`` [R, γ] at its fresh slots instead of subkey C's values:
+    """Every ``Marks.noise`` (what ``KeyedDraws.verify_draws``, and so every backend's verify
+    given the watermark's draw source, calls for the keyed acceptance coins) takes ``coins`` [R, γ] at its fresh slots instead of subkey C's values:
     the rest of the keyed step (walk, residual and bonus draws) is the backend's own."""
     keyed = wmgen.Marks.noise
 
