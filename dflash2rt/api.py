@@ -424,10 +424,10 @@ def tp_rank_setup(a: dict[str, Any], be: Backend):
         be = Registry.discover().select(f"{be.name.split(':')[0]}:{local}").backend
     group = tp_group.join(be.device, tp, check=bool(a["tp_check"]))
     if be.graph_adapter is not None and os.environ.get(TP_GRAPHS_ENV) != "1":
-        be = copy.copy(be)                       # this run's copy: eager, reported
+        be = be.with_standing_fallback(         # this run's copy: eager, reported
+            "graphs: off under tensor parallelism (collectives inside captured graphs are "
+            f"untested; {TP_GRAPHS_ENV}=1 keeps them)")
         be.graph_adapter = None
-        be._standing = [*be._standing, "graphs: off under tensor parallelism (collectives "
-                        f"inside captured graphs are untested; {TP_GRAPHS_ENV}=1 keeps them)"]
     model = a["model"]
     if isinstance(model, ModelPair):
         pair = copy.deepcopy(model)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -137,6 +138,14 @@ class Backend(abc.ABC):
         if why not in self.kernel_fallbacks:
             self.kernel_fallbacks.append(why)
         self.report_fallback(why)
+
+    def with_standing_fallback(self, what: str) -> "Backend":
+        """A shallow copy of this backend whose standing fallbacks add ``what`` (for a run that
+        changes the copy, e.g. graphs turned off under tensor parallelism); this one is left
+        as it was."""
+        twin = copy.copy(self)
+        twin._standing = [*self._standing, what]
+        return twin
 
     def report_fallback(self, what: str) -> None:
         """Record a standing alternative path while the backend is being made (plugins call

@@ -104,6 +104,23 @@ def test_every_run_reports_its_own_and_the_standing_fallbacks():
     assert stats.fallbacks == ["standing: example"]
 
 
+def test_a_copy_with_a_standing_fallback_reports_it_and_leaves_the_original_alone():
+    """What tensor-parallel runs do to turn graphs off: the copy's runs report the added
+    fallback after the backend's own; the original's runs do not."""
+    pair = tiny_pair("dflash2", block=4)
+    backend = _backend(ReplayAdapter())
+    backend.report_fallback("standing: example")
+    eager = backend.with_standing_fallback("graphs: off for this run")
+    eager.graph_adapter = None
+    assert backend.graph_adapter is not None
+    assert eager.standing_fallbacks == ("standing: example", "graphs: off for this run")
+    assert backend.standing_fallbacks == ("standing: example",)
+    _, stats = Engine(pair, eager).generate(_reqs((0.0,) * 2), block_size=4)
+    assert stats.fallbacks == ["standing: example", "graphs: off for this run"]
+    _, stats = Engine(pair, backend).generate(_reqs((0.0,) * 2), block_size=4)
+    assert "graphs: off for this run" not in stats.fallbacks
+
+
 def test_graphs_are_kept_across_calls_and_released_by_close():
     """A later generate() that fits the caches replays the graphs captured before (no capture,
     capture_s 0, same tokens as eager); a batch that outgrows them releases the old graphs at

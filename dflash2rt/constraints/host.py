@@ -35,11 +35,12 @@ class ConstraintTracker:
         self.c, self.vocab = constraint, vocab
         self.table = isinstance(constraint, TokenAutomaton)
         self.state = constraint.initial()
-        self.mask = self._allowed(self.state)
+        self.mask = self.allowed(self.state)
         if not self.mask.any():
             raise ConstraintError("the constraint's initial state allows no token")
 
-    def _allowed(self, state) -> np.ndarray:
+    def allowed(self, state) -> np.ndarray:
+        """The mask of tokens the constraint allows in ``state``, bool [V] (checked)."""
         return self.c.allowed(state) if self.table else checked_mask(self.c.allowed(state),
                                                                      self.vocab)
 
@@ -58,7 +59,7 @@ class ConstraintTracker:
                 raise ConstraintError(f"token {t} was emitted but the constraint forbids it "
                                       f"(state {self.state!r}): an engine bug, please report")
             self.state = self.c.advance(self.state, int(t))
-            self.mask = self._allowed(self.state)
+            self.mask = self.allowed(self.state)
             if not self.mask.any():
                 return k + 1
         return None
@@ -80,5 +81,5 @@ def block_masks(tracker: ConstraintTracker, drafts: Sequence[int]) -> np.ndarray
         if j == len(drafts) or not mask[drafts[j]]:
             break
         state = tracker.c.advance(state, int(drafts[j]))
-        mask = tracker._allowed(state)
+        mask = tracker.allowed(state)
     return out
