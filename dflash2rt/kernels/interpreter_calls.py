@@ -42,6 +42,11 @@ class _LaunchScope:
         self.scope.restore()
 
 
+def launch_open() -> bool:
+    """Whether an interpreted launch is running (its language patching in force)."""
+    return _state["patched"] is not None
+
+
 def _lang_ids(fn, tl) -> frozenset:
     return frozenset(id(v) for v in fn.__globals__.values()
                      if inspect.ismodule(v) and v in (tl, tl.core))
