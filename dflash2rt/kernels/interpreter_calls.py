@@ -47,9 +47,15 @@ def launch_open() -> bool:
     return _state["patched"] is not None
 
 
+_langs_of: dict = {}                 # function → ids of the language modules its globals hold
+
+
 def _lang_ids(fn, tl) -> frozenset:
-    return frozenset(id(v) for v in fn.__globals__.values()
-                     if inspect.ismodule(v) and v in (tl, tl.core))
+    ids = _langs_of.get(fn)
+    if ids is None:
+        ids = _langs_of[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                        if inspect.ismodule(v) and v in (tl, tl.core))
+    return ids
 
 
 def install() -> bool:
