@@ -108,3 +108,18 @@ def test_quick_ablation_command_on_a_tiny_pair(model_dir, tmp_path, monkeypatch,
 def test_step_profile_refuses_a_backend_without_graphs(capsys):
     assert main(["bench", "step-profile", "--backend", "cpu"]) == 1
     assert "captures no graphs" in capsys.readouterr().err
+
+
+def test_mixed_lengths_end_a_batch_s_rows_at_different_steps(model_dir, tmp_path):
+    assert [ablation.mixed_length(8, i) for i in range(6)] == [2, 4, 6, 8, 2, 4]
+    assert [ablation.mixed_length(2, i) for i in range(4)] == [1, 1, 1, 2]
+    out = tmp_path / "mixed.json"
+    assert main(["bench", "ablation", "--quick", "--mixed-lengths", "--model", str(model_dir),
+                 "--backend", "cpu", "--temperatures", "0", "--batches", "3",
+                 "--json-out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["mixed_lengths"] is True and "mod 4" in res["requests"]
+    (row,) = res["rows"]
+    assert row["tokens"] == sum(ablation.mixed_length(ablation.QUICK["max_new_tokens"], i)
+                                for i in range(3))
+    assert row["greedy_equal"] is True

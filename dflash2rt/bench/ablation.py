@@ -13,7 +13,7 @@ temperature and batch size (:func:`~dflash2rt.bench.rows.paired_ratio`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from ..backend import Backend
@@ -88,6 +88,12 @@ def batch_prompts(prompts: Sequence[Sequence[int]], batch: int,
     return [tuple(prompts[i % len(prompts)]) for i in range(count)]
 
 
+def mixed_length(max_new: int, i: int) -> int:
+    """Request i's new tokens under ``--mixed-lengths``: a quarter, a half, three quarters or
+    all of ``max_new`` (at least 1), in turn."""
+    return max(1, max_new * (i % 4 + 1) // 4)
+
+
 def _key(t: Temperature, name: str) -> str:
     return f"{t.label}|{name}"
 
@@ -98,14 +104,17 @@ def measure_ablation(pair: ModelPair, prompts: Sequence[Sequence[int]],
                      temperatures: Sequence[Temperature] = TEMPERATURES,
                      batches: Sequence[int] = BATCHES,
                      fixed_blocks: Sequence[int] = FIXED_BLOCKS,
-                     log: Callable[[str], None] = print) -> dict[str, Any]:
+                     log: Callable[[str], None] = print,
+                     mixed_lengths: bool = False) -> dict[str, Any]:
     """Every contender (:func:`contender_specs`) at every temperature × batch size, in one run
     (module docstring). → ``{"rows": [...], "contenders": [...], ...}``; a row: ``temperature``,
     ``temperature_value``, ``top_p``, ``batch``, ``prompts``, ``tokens``, ``greedy_equal`` (T = 0:
     every speculative contender's output equals target-only's, every prompt; else None) and
     ``contenders``: name → ``tokens_per_s`` (the median round), ``rounds_tokens_per_s``,
     ``speedup_vs_target_only`` (the paired ratio), ``tau``, ``block_sizes``, and for adaptive
-    ones ``without`` (read back from the engine's policy) and the calls planned target-only."""
+    ones ``without`` (read back from the engine's policy) and the calls planned target-only.
+    ``mixed_lengths``: request i generates ``lengths(max_new, i)`` tokens instead of
+    ``max_new``, so a batch's rows end at different steps."""
     if not prompts:
         raise ValueError("the ablation needs at least one prompt")
     backend = resolve_backend(backend)
@@ -120,6 +129,10 @@ def measure_ablation(pair: ModelPair, prompts: Sequence[Sequence[int]],
         try:
             for t in temperatures:
                 reqs = seeded_requests(chosen, max_new, t)
+                if mixed_lengths:
+                    reqs = [replace(r, params=replace(r.params,
+                                                      max_new_tokens=mixed_length(max_new, i)))
+                            for i, r in enumerate(reqs)]
                 reqs_batches = [[reqs[i] for i in g] for g in groups]
                 for s in specs:
                     eng = engines[_key(t, s.name)] = make_engine(pair, backend, s)
@@ -137,7 +150,7 @@ def measure_ablation(pair: ModelPair, prompts: Sequence[Sequence[int]],
                 eng.close()
     return {"model": pair.name, "backend": backend.name, "device": str(backend.device),
             "draft_block_size": pair.draft.cfg.block_size, "max_new_tokens": max_new,
-            "repeats": repeats, "batches": list(batches),
+            "repeats": repeats, "batches": list(batches), "mixed_lengths": mixed_lengths,
             "temperatures": [t.label for t in temperatures],
             "contenders": [{"name": s.name, "title": s.title, "speculative": s.spec,
                             "block_size": s.block,
@@ -153,7 +166,8 @@ def measure_ablation(pair: ModelPair, prompts: Sequence[Sequence[int]],
                       "over target-only's rate in the same round, temperature and batch",
             "requests": f"seeded SamplingParams(temperature, top_p, seed={SEED} + prompt "
                         f"index, ignore_eos=True): the same seeds for every contender; "
-                        f"exactly {max_new} new tokens per prompt"}
+                        + (f"request i: {max_new} x (i mod 4 + 1) / 4 new tokens"
+                           if mixed_lengths else f"exactly {max_new} new tokens per prompt")}
 
 
 def _row(t: Temperature, batch: int, prompts: Sequence[Sequence[int]], specs: Sequence[Spec],

@@ -185,6 +185,9 @@ def _add_ablation(tools: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "top-p 0.95; V:P for top-p P); T = 0 always comes first")
     p.add_argument("--batches", default="1,8", help="batch sizes of the rows")
     p.add_argument("--blocks", default="4,8", help="the fixed-block contenders")
+    p.add_argument("--mixed-lengths", action="store_true", help="request i generates "
+                   "max-new-tokens x (i mod 4 + 1) / 4 tokens, so the rows of a batch end at "
+                   "different steps (what the finish rule prices)")
     p.add_argument("--quick", action="store_true", help="a smoke run: every contender and row, "
                    "few tokens, one round (its figures mean nothing)")
     p.set_defaults(func=_ablation)
@@ -205,7 +208,8 @@ def _ablation(args: argparse.Namespace) -> int:
     res = measure_ablation(pair, prompts, backend, args.max_new_tokens, args.repeats,
                            args.prompts, parse_temperatures(args.temperatures),
                            [int(b) for b in args.batches.split(",")],
-                           [int(b) for b in args.blocks.split(",")], _log)
+                           [int(b) for b in args.blocks.split(",")], _log,
+                           mixed_lengths=args.mixed_lengths)
     res["quick"] = args.quick
     _emit(args, res)
     if not args.json:
