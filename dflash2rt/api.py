@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,6 @@ from .registry import Registry
 from .watermark import WatermarkKey
 
 DEFAULT_MODEL = "stdlib-code"
-TP_GRAPHS_ENV = "DFLASH2RT_TP_GRAPHS"    # "1": keep graph capture in tensor-parallel runs
 ModelSpec = Union[str, Path, tuple, ModelPair]
 
 
@@ -245,7 +243,9 @@ def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:
         pair = resolve_model(a["model"], be.device, a["dtype"], draft=a["draft"],
                              revision=a["revision"], draft_revision=a["draft_revision"])
     else:
-        be, group, pair = tp_rank_setup(a, be)
+        from .distributed.rank_setup import rank_setup
+
+        be, group, pair = rank_setup(a, be)
     regex = a["regex"]
     if regex is not None and values["constraint"] is not None:
         raise InvalidInputError("give regex or constraint, not both")
@@ -274,8 +274,10 @@ def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:
     if not main:
         return None
     if group is not None:
+        from .distributed.rank_setup import heads_line
+
         stats.tensor_parallel = (f"tp={group.world} over {group.backend} (target sharded by "
-                                 f"query head: {_heads_line(pair, group)}; "
+                                 f"query head: {heads_line(pair, group)}; "
                                  f"vocabulary-parallel LM head; draft replicated"
                                  f"{'; step hash check on' if group.check else ''})")
     if metrics_path is not None:
@@ -357,28 +359,17 @@ def generate_requests(engine: Engine, prompt_ids: list[tuple[int, ...]],
     return engine.generate([Request(p, q) for p, q in zip(prompt_ids, params)], **kw)
 
 
-def _heads_line(pair: ModelPair, group: Any) -> str:
-    """How the ranks split the target's heads: "query heads 2+1, KV heads 1 replicated"."""
-    from .distributed.shard import ShardPlan
-
-    cfg = pair.target.full_cfg
-    plans = [ShardPlan.of(cfg, r, group.world) for r in range(group.world)]
-    kv = [len(p.kv_heads) for p in plans]
-    shared = sum(kv) > cfg.num_key_value_heads
-    return (f"query heads {'+'.join(str(p.n_heads) for p in plans)}, KV heads "
-            f"{'+'.join(map(str, kv))}{' (replicated)' if shared else ''}")
-
-
 def _run_tp(a: dict[str, Any]) -> RunResult | None:
     """``run`` with tp > 1: this process is a rank (torchrun, or a group already up), or
     ``tp`` ranks are spawned here and rank 0's result comes back."""
     import pickle
 
     from .distributed import group as tp_group, launch
+    from .distributed.rank_setup import check_model_shardable
 
     if torch.distributed.is_initialized() or tp_group.env_world() is not None:
         return _run(a, a["tp"])
-    _check_shardable(a)                          # before spawning: a clear error, at once
+    check_model_shardable(a)                     # before spawning: a clear error, at once
     if isinstance(a["backend"], Backend):       # spawned ranks select it again by name
         a = {**a, "backend": a["backend"].name}
     try:
@@ -389,58 +380,9 @@ def _run_tp(a: dict[str, Any]) -> RunResult | None:
     return launch.spawn(_run_spawned, a["tp"], (a,))
 
 
-def _check_shardable(a: dict[str, Any]) -> None:
-    """DistributedError unless the target's config shards over tp ranks."""
-    from .distributed.shard import check_shardable
-    from .models.config import TargetConfig
-    from .models.hf_loader import read_config
-
-    model = a["model"]
-    if isinstance(model, ModelPair):
-        cfg = model.target.cfg
-    else:
-        target, _, _ = hub.locate_pair(model, a["draft"], a["revision"], a["draft_revision"],
-                                       weights=False)
-        cfg = TargetConfig.from_dict(read_config(target.path))
-    check_shardable(cfg, a["tp"])
-
-
 def _run_spawned(a: dict[str, Any]) -> RunResult | None:
     """A spawned rank's ``run`` (launch.spawn set its RANK, WORLD_SIZE, MASTER_*)."""
     return _run(a, a["tp"])
-
-
-def tp_rank_setup(a: dict[str, Any], be: Backend):
-    """A rank's (backend on its device, TPGroup, sharded pair): an accelerator backend is
-    taken again on device LOCAL_RANK; the pair is this rank's own (loaded without the
-    process's cache, or a copy of a given ModelPair), its target sharded."""
-    import copy
-
-    from .distributed import group as tp_group, shard
-
-    tp = a["tp"]
-    _, _, local = tp_group.env_world() or (0, tp, 0)
-    if be.device.type != "cpu" and not isinstance(a["backend"], Backend):
-        be = Registry.discover().select(f"{be.name.split(':')[0]}:{local}").backend
-    group = tp_group.join(be.device, tp, check=bool(a["tp_check"]))
-    if be.graph_adapter is not None and os.environ.get(TP_GRAPHS_ENV) != "1":
-        be = be.with_standing_fallback(         # this run's copy: eager, reported
-            "graphs: off under tensor parallelism (collectives inside captured graphs are "
-            f"untested; {TP_GRAPHS_ENV}=1 keeps them)")
-        be.graph_adapter = None
-    model = a["model"]
-    if isinstance(model, ModelPair):
-        pair = copy.deepcopy(model)
-    else:
-        target, draft_loc, name = hub.locate_pair(model, a["draft"], a["revision"],
-                                                  a["draft_revision"])
-        t = str(target.path.resolve())
-        pair = shard.load_pair_shard(t, None if draft_loc is None
-                                     else str(draft_loc.path.resolve()), group,
-                                     resolve_dtype(a["dtype"], t, be.device), be.device, name)
-    if getattr(pair.target, "shard_plan", None) is None:
-        shard.shard_target(pair.target, group)
-    return be, group, pair
 
 
 def watermark_key(watermark: object) -> WatermarkKey | None:

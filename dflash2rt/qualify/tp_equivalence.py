@@ -85,7 +85,7 @@ def _ranks(model, ids, ref, max_new_tokens, block_size, dtype, out_dir):
     """On each rank: greedy spec and target-only tokens (hash check on), then the sharded
     target's teacher-forced logits on TP=1's sequences; rank 0 saves them."""
     import dflash2rt
-    from dflash2rt.api import tp_rank_setup
+    from dflash2rt.distributed.rank_setup import rank_setup
     from dflash2rt.registry import Registry
 
     tp = int(os.environ["WORLD_SIZE"])
@@ -95,7 +95,7 @@ def _ranks(model, ids, ref, max_new_tokens, block_size, dtype, out_dir):
     tonly = dflash2rt.run(model, "cpu", spec=False, **kw)
     a = dict(model=model, draft=None, revision=None, draft_revision=None, dtype=dtype,
              tp=tp, tp_check=False, backend="cpu")
-    _, group, pair = tp_rank_setup(a, Registry.discover().select("cpu").backend)
+    _, group, pair = rank_setup(a, Registry.discover().select("cpu").backend)
     logits = [_rows(pair.target, p, g) for p, g in zip(ids, ref)]
     if group.is_main:
         path = os.path.join(out_dir, "logits.pt")

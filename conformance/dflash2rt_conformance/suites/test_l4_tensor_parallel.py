@@ -63,7 +63,7 @@ def _ranks(pair, backend_name, runs, out_dir):
     ``run(tp=2)`` sets them up): every run of ``runs`` (name → prompts, SamplingParams
     keywords, seeds, spec); each rank writes its tokens to out_dir/rank{r}.json, rank 0
     returns them."""
-    from dflash2rt.api import tp_rank_setup
+    from dflash2rt.distributed.rank_setup import rank_setup
     from dflash2rt.distributed.consensus import RankZero, StepCheck
     from dflash2rt.engine.engine import Engine
     from dflash2rt.engine.request import Request, SamplingParams
@@ -71,7 +71,7 @@ def _ranks(pair, backend_name, runs, out_dir):
     from dflash2rt.registry import Registry
 
     a = dict(model=pair, tp=TP, tp_check=True, backend=backend_name)
-    be, group, p = tp_rank_setup(a, Registry.discover().select(backend_name).backend)
+    be, group, p = rank_setup(a, Registry.discover().select(backend_name).backend)
     got = {}
     with Engine(p, be) as eng:
         eng.policy = AdaptivePolicy.measured(p.draft.cfg.block_size, eng.table,
