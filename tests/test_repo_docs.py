@@ -242,6 +242,16 @@ def test_readme_and_docs_are_checked():
     assert sum(len(cited_paths(f)) for f in ["README.md", *docs]) > 50
 
 
+def test_readme_indexes_every_page_of_docs():
+    """The README's index of docs/ links every page at its top level (and benchmarks/ by its
+    README): a new page is findable from the front door."""
+    readme = (ROOT / "README.md").read_text()
+    linked = {m.split("#")[0] for m in LINK.findall(readme)}
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} | {"docs/benchmarks/README.md"}
+    assert len(pages) > 5
+    assert not pages - linked, f"README does not link {sorted(pages - linked)}"
+
+
 def test_nothing_cites_design_notes_outside_the_repository():
     problems = []
     for rel in FILES:
