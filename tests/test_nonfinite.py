@@ -50,17 +50,19 @@ def test_nan_selector_raises_naming_the_selector(tmp_path, edit, temperature):
     model = _copy_with(tmp_path, edit)
     with pytest.raises(NonFiniteLogitsError, match=r"candidate selector scores of request\(s\) \[0\]"):
         dflash2rt.run(model, "cpu", prompts=["def f(x):"], temperature=temperature,
-                      max_new_tokens=32)
+                      max_new_tokens=32, block_size=4)
 
 
 def test_a_few_nan_codebook_rows_raise_or_decode_correctly(tmp_path):
-    """NaN in the codebook rows of the tokens the clean run emits: the walk reads them."""
+    """NaN in the codebook rows of the tokens the clean run emits: the walk reads them. Both
+    runs speculate with a fixed block (adaptive calls may plan a call target-only, and at T > 0
+    the tokens follow the blocks chosen)."""
     clean = dflash2rt.run("stdlib-code", "cpu", prompts=["def f(x):"], temperature=1.0,
-                          max_new_tokens=32, seed=1)
+                          max_new_tokens=32, seed=1, block_size=4)
     model = _copy_with(tmp_path, _nan_rows(clean.tokens[0][:4]))
     with pytest.raises(NonFiniteLogitsError, match="candidate selector"):
         dflash2rt.run(model, "cpu", prompts=["def f(x):"], temperature=1.0, max_new_tokens=32,
-                      seed=1)
+                      seed=1, block_size=4)
 
 
 def test_engine_stays_usable_after_a_bad_request():
