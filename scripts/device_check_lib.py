@@ -1,21 +1,24 @@
 """The plumbing of ``scripts/device_check.py``: sections under one deadline, bounded steps (each
-in its own process group, killed with its children on timeout or on a signal), the reports'
-figures, the smoke probe, and the three files written to the output folder. Standard library
-only: the driver must run before dflash2rt is installed."""
+in its own process group, killed with its children on timeout or on a signal), run one after
+another or side by side (a phase of sections in threads, their steps sharing a fixed number of
+process slots, longest expected step first). Standard library only: the driver must run before
+dflash2rt is installed. The reports' figures and the three output files: device_check_report."""
 
 from __future__ import annotations
 
-import json
+import heapq
+import itertools
 import os
 import signal
 import subprocess
-import tarfile
+import threading
 import time
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-TGZ_LIMIT = 50 * 2**20            # results.tgz stays under this (largest files dropped first)
-OUT_FILES = ("summary.txt", "summary.json", "results.tgz")
+from device_check_report import OUT_FILES, TGZ_LIMIT, tar_results, write_outputs  # noqa: F401
 
 
 class Interrupted(Exception):
@@ -30,32 +33,71 @@ class Step:
     timeout_s: float
     log: str
     timed_out: bool = False
+    waited_s: float = 0.0         # time spent waiting for a process slot
 
 
 @dataclass
 class Section:
     name: str
     title: str
-    budget_s: float
+    budget_s: float               # the section's time limit
+    need_s: float = 0.0           # time it needs left before the deadline to start (0: budget)
     status: str = "SKIPPED"       # PASS, FAIL or SKIPPED
     seconds: float = 0.0
     reason: str = ""
     figures: dict = field(default_factory=dict)
     steps: list = field(default_factory=list)
+    phase: str = "serial"         # "serial" or "parallel" (started with the others of its phase)
+    end: float = field(default=float("inf"), repr=False)    # monotonic time limit
 
     def fail(self, why: str) -> None:
         self.status = "FAIL"
         self.reason = "; ".join(filter(None, (self.reason, why)))
 
 
-class Runner:
-    """The clock, the running child and the work folder (logs and reports, tarred at the end)."""
+class Slots:
+    """At most ``n`` child processes at once; a waiting step with a higher priority (its expected
+    seconds: the longest first) gets the next free slot."""
 
-    def __init__(self, work: Path, deadline_s: float, reserve_s: float) -> None:
+    def __init__(self, n: int) -> None:
+        self.n, self.free = max(1, n), max(1, n)
+        self.cv = threading.Condition()
+        self.waiting: list[tuple[float, int]] = []
+        self.seq = itertools.count()
+
+    def acquire(self, priority: float, give_up: Callable[[], bool]) -> bool:
+        with self.cv:
+            ticket = (-priority, next(self.seq))
+            heapq.heappush(self.waiting, ticket)
+            while not (self.free and self.waiting[0] == ticket):
+                if give_up():
+                    self.waiting.remove(ticket)
+                    heapq.heapify(self.waiting)
+                    self.cv.notify_all()
+                    return False
+                self.cv.wait(0.2)
+            heapq.heappop(self.waiting)
+            self.free -= 1
+            self.cv.notify_all()
+            return True
+
+    def release(self) -> None:
+        with self.cv:
+            self.free += 1
+            self.cv.notify_all()
+
+
+class Runner:
+    """The clock, the running children and the work folder (logs and reports, tarred at the
+    end). ``slots``: child processes that may run at once in a parallel phase."""
+
+    def __init__(self, work: Path, deadline_s: float, reserve_s: float, slots: int = 1) -> None:
         self.t0 = time.monotonic()
         self.work, self.deadline_s, self.reserve_s = work, deadline_s, reserve_s
-        self.child: subprocess.Popen | None = None
-        self.section_end = float("inf")
+        self.slots = Slots(slots)
+        self.children: set[subprocess.Popen] = set()
+        self.lock = threading.RLock()     # re-entered by the signal handler
+        self.interrupted = ""         # the signal's name once one arrived
         (work / "logs").mkdir(parents=True, exist_ok=True)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
@@ -69,85 +111,170 @@ class Runner:
 
     def say(self, msg: str) -> None:
         line = f"== [{self.elapsed():5.1f}s] {msg}"
-        print(line, flush=True)
-        with open(self.work / "driver.log", "a") as fh:
-            fh.write(line + "\n")
+        with self.lock:
+            print(line, flush=True)
+            with open(self.work / "driver.log", "a") as fh:
+                fh.write(line + "\n")
 
     def _on_signal(self, signum, _frame) -> None:
-        self.kill_child()
-        raise Interrupted(signal.Signals(signum).name)
+        self.interrupted = signal.Signals(signum).name
+        self.kill_children()
+        raise Interrupted(self.interrupted)
 
-    def kill_child(self) -> None:
-        p, self.child = self.child, None
-        if p is None or p.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(p.pid, sig)
-                p.wait(wait)
-                return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
+    def kill_children(self) -> None:
+        with self.lock:
+            children = list(self.children)
+        for p in children:
+            _kill_group(p)
 
-    def run_section(self, sec: Section, body, *args) -> None:
-        """Run ``body(sec, *args)`` if the deadline leaves the section's whole budget."""
+    def _start(self, sec: Section) -> bool:
         left = self.left()
-        if left < sec.budget_s:
-            sec.reason = f"deadline: {max(left, 0):.0f} s left, section budget {sec.budget_s:.0f} s"
+        need = sec.need_s or sec.budget_s
+        if left < need:
+            sec.reason = (f"deadline: {max(left, 0):.0f} s left, section needs {need:.0f} s "
+                          f"(budget {sec.budget_s:.0f} s)")
             self.say(f"{sec.name}: SKIPPED ({sec.reason})")
-            return
-        start = time.monotonic()
-        self.section_end = start + sec.budget_s
+            return False
+        sec.end = time.monotonic() + min(sec.budget_s, left)
         sec.status = "PASS"            # running: a signal from here on fails the section
+        self.say(f"{sec.name}: {sec.title} (budget {sec.budget_s:.0f} s)")
+        return True
+
+    def _body(self, sec: Section, body, start: float) -> None:
+        """``body(sec)`` of a started section; its outcome and seconds said when it ends."""
         try:
-            self.say(f"{sec.name}: {sec.title} (budget {sec.budget_s:.0f} s)")
-            body(sec, *args)
+            body(sec)
         except Interrupted as exc:
             sec.fail(f"interrupted by {exc}")
             raise
         except Exception as exc:  # noqa: BLE001 - a driver error fails this section only
             sec.fail(f"driver error: {type(exc).__name__}: {exc}")
         finally:
-            sec.seconds = round(time.monotonic() - start, 1)
+            self._ended(sec, start)
+
+    def _ended(self, sec: Section, start: float) -> None:
+        sec.seconds = round(time.monotonic() - start, 1)
         self.say(f"{sec.name}: {sec.status} in {sec.seconds:.0f} s"
                  + (f" ({sec.reason})" if sec.reason else ""))
 
+    def run_section(self, sec: Section, body) -> None:
+        """Run ``body(sec)`` if the deadline leaves the time the section needs."""
+        start, started = time.monotonic(), False
+        try:
+            started = self._start(sec)
+        except Interrupted as exc:       # between its start and its body
+            if sec.status == "PASS":
+                sec.fail(f"interrupted by {exc}")
+                self._ended(sec, start)
+            raise
+        if started:
+            self._body(sec, body, start)
+
+    def run_parallel(self, items: list[tuple[Section, Callable]]) -> None:
+        """Start every section that fits the deadline at once, each in a thread; their steps
+        share the process slots. Returns when all have ended; a signal kills every child and
+        fails every section still running."""
+        threads: dict[str, threading.Thread] = {}
+        start = time.monotonic()
+        try:
+            for sec, body in items:
+                if self._start(sec):
+                    threads[sec.name] = t = threading.Thread(
+                        target=self._thread_body, args=(sec, body, time.monotonic()),
+                        name=sec.name, daemon=True)
+                    t.start()
+            for t in threads.values():
+                while t.is_alive():
+                    t.join(0.2)
+        except Interrupted as exc:
+            self.kill_children()
+            for t in threads.values():
+                t.join(15)
+            for sec, _ in items:         # started, but its thread never ran or never ended
+                t = threads.get(sec.name)
+                if sec.status == "PASS" and (t is None or t.is_alive()):
+                    sec.fail(f"interrupted by {exc}")
+                    self._ended(sec, start)
+            raise
+
+    def _thread_body(self, sec: Section, body, start: float) -> None:
+        try:
+            self._body(sec, body, start)
+        except Interrupted:
+            pass                        # the main thread raises it too
+
+    def steps(self, sec: Section, specs: list[dict]) -> list[Step]:
+        """Several ``step`` calls (keyword dicts) of one section side by side, each taking a
+        process slot; their Steps in the order given."""
+        if not specs:
+            return []
+        with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+            futures = [pool.submit(self.step, sec, **s) for s in specs]
+            return [f.result() for f in futures]
+
     def step(self, sec: Section, label: str, cmd: list[str], cap_s: float,
-             env: dict | None = None, log: str | None = None,
-             stdout: Path | None = None) -> Step:
-        """One bounded command: output to logs/<log>.log (stdout to ``stdout`` if given);
-        timeout = min(cap, the section's budget left, the deadline left); rc 124 on timeout
-        (the whole process group killed)."""
+             env: dict | None = None, log: str | None = None, stdout: Path | None = None,
+             expect_s: float = 0.0) -> Step:
+        """One bounded command, in a process slot: output to logs/<log>.log (stdout to
+        ``stdout`` if given); timeout = min(cap, the section's time left, the deadline's);
+        rc 124 on timeout (the whole process group killed). ``expect_s``: its expected seconds
+        (the longest waiting step gets the next slot)."""
         name = log or f"{sec.name}-{label}"
         path = self.work / "logs" / f"{name}.log"
-        timeout = min(cap_s, self.section_end - time.monotonic(), self.left() + self.reserve_s)
-        if timeout < 1:
-            sec.fail(f"{label}: not started, no time left in the section's budget")
-            sec.steps.append(Step(label, None, 0.0, 0.0, str(path.relative_to(self.work))))
-            return sec.steps[-1]
-        start = time.monotonic()
-        st = Step(label, None, 0.0, round(timeout, 1), str(path.relative_to(self.work)))
+        st = Step(label, None, 0.0, 0.0, str(path.relative_to(self.work)))
         sec.steps.append(st)
+        asked = time.monotonic()
+
+        def give_up() -> bool:
+            return bool(self.interrupted) or time.monotonic() >= sec.end - 1
+        if not self.slots.acquire(expect_s, give_up):
+            if self.interrupted:
+                raise Interrupted(self.interrupted)
+            sec.fail(f"{label}: not started, no time left in the section's budget")
+            return st
+        try:
+            return self._run(sec, st, cmd, cap_s, env, path, stdout, asked)
+        finally:
+            self.slots.release()
+
+    def _run(self, sec, st, cmd, cap_s, env, path, stdout, asked) -> Step:
+        start = time.monotonic()
+        st.waited_s = round(start - asked, 1)
+        timeout = min(cap_s, sec.end - start, self.left() + self.reserve_s)
+        st.timeout_s = round(max(timeout, 0), 1)
+        if timeout < 1:
+            sec.fail(f"{st.label}: not started, no time left in the section's budget")
+            return st
         with open(path, "w") as fh, open(stdout or os.devnull, "w") as out:
             fh.write(f"$ {' '.join(cmd)}\n")
             fh.flush()
+            child = None
             try:
-                self.child = subprocess.Popen(
-                    cmd, stdout=out if stdout else fh, stderr=fh if stdout else subprocess.STDOUT,
-                    env={**os.environ, **(env or {})}, process_group=0)
-                st.rc = self.child.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill_child()
-                st.rc, st.timed_out = 124, True
-                fh.write(f"\n!! timed out after {timeout:.0f} s: process group killed\n")
-            except Interrupted as exc:
+                with self.lock:
+                    if self.interrupted:
+                        raise Interrupted(self.interrupted)
+                    child = subprocess.Popen(
+                        cmd, stdout=out if stdout else fh,
+                        stderr=fh if stdout else subprocess.STDOUT,
+                        env={**os.environ, **(env or {})}, process_group=0)
+                    self.children.add(child)
+                st.rc = child.wait(timeout)
+            except Interrupted as exc:            # the signal arrived in this (main) thread
                 fh.write(f"\n!! interrupted by {exc}: process group killed\n")
                 raise
+            except subprocess.TimeoutExpired:
+                _kill_group(child)
+                st.rc, st.timed_out = 124, True
+                fh.write(f"\n!! timed out after {timeout:.0f} s: process group killed\n")
             finally:
-                self.child = None
+                if child is not None:
+                    with self.lock:
+                        self.children.discard(child)
                 st.seconds = round(time.monotonic() - start, 1)
+            if self.interrupted:
+                st.rc = None
+                fh.write(f"\n!! interrupted by {self.interrupted}: process group killed\n")
+                raise Interrupted(self.interrupted)
         return st
 
     def tail(self, st: Step, lines: int = 1) -> str:
@@ -162,87 +289,16 @@ class Runner:
         return f"{st.label}: exit {st.rc}: {self.tail(st)[-300:]}"
 
 
-def load_json(path: Path) -> dict | list | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def conformance_figures(report: dict) -> dict:
-    """Per level run: passed/executed and the result; the ops' checks; what ran."""
-    fig = {"result": report.get("result"), "duration_s": report.get("duration_s")}
-    for lv, d in report.get("levels", {}).items():
-        if d.get("selected"):
-            fig[lv] = f"{d['result']} {d['passed']}/{d['executed']} (skipped {d['skipped']})"
-    ops = report.get("ops", [])
-    if ops:
-        fig["ops"] = (f"{sum(o['passed'] for o in ops)}/{len(ops)} op x dtype passed, "
-                      f"{sum(o.get('checks', 0) for o in ops)} checks")
-    impl = report.get("implementation", {})
-    fig["implementation"] = impl.get("kernels")
-    fig["kernel_fallbacks"] = impl.get("kernel_fallbacks", [])
-    fig["sizes"] = report.get("environment", {}).get("dflash2rt.sizes")
-    return fig
-
-
-def conformance_verdict(sec: Section, runner: Runner, st: Step, report: dict | None,
-                        prefix: str = "") -> None:
-    """PASS needs exit 0 and a passing report; the figures go under ``prefix``."""
-    if report is None:
-        sec.fail(f"{runner.why(st)} (no JSON report)")
+def _kill_group(p: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL, to the child's whole process group."""
+    if p is None or p.poll() is not None:
         return
-    for k, v in conformance_figures(report).items():
-        sec.figures[prefix + k] = v
-    if st.rc != 0 or report.get("result") != "pass":
-        sec.fail(f"{runner.why(st)}; " + "; ".join(report.get("reasons", [])[:5]))
-
-
-def tar_results(work: Path, dest: Path) -> dict:
-    """All of ``work`` into ``dest``; the largest files are dropped (and named) until it fits."""
-    files = sorted((p for p in work.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    dropped: list[str] = []
-    while True:
-        with tarfile.open(dest, "w:gz") as tar:
-            for p in files:
-                tar.add(p, arcname=str(p.relative_to(work)))
-        size = dest.stat().st_size
-        if size < TGZ_LIMIT or not files:
-            return {"bytes": size, "members": len(files), "dropped_over_50MB": dropped}
-        big = files.pop()
-        dropped.append(f"{big.relative_to(work)} ({big.stat().st_size} bytes)")
-
-
-def write_outputs(out: Path, work: Path, meta: dict, sections: list[Section]) -> dict:
-    """results.tgz (the work folder), then summary.json and summary.txt: nothing else."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name in OUT_FILES:
-        (out / name).unlink(missing_ok=True)
-    meta["results_tgz"] = tar_results(work, out / "results.tgz")
-    summary = {**meta, "sections": [asdict(s) for s in sections]}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "summary.txt").write_text(summary_text(summary))
-    return summary
-
-
-def summary_text(s: dict) -> str:
-    n = {k: sum(x["status"] == k for x in s["sections"]) for k in ("PASS", "FAIL", "SKIPPED")}
-    lines = [f"dflash2rt device check: {s['result'].upper()} (exit {s['exit_status']}): "
-             f"{n['PASS']} sections passed, {n['FAIL']} failed, {n['SKIPPED']} skipped; backend "
-             f"{s['backend']}, float64-less lane {s['nofp64_backend']}"
-             + ("; DRY RUN on the CPU" if s["dry_run"] else ""),
-             f"deadline {s['deadline_s']:.0f} s; wall {s['wall_s']:.0f} s"
-             + (f"; interrupted by {s['interrupted']}" if s["interrupted"] else ""),
-             f"system: {s['system_line']}", ""]
-    for sec in s["sections"]:
-        lines.append(f"{sec['name']:<13} {sec['status']:<8} {sec['seconds']:6.1f} s  "
-                     f"{sec['title']}")
-        if sec["reason"]:
-            lines.append(f"{'':<15}reason: {sec['reason']}")
-        for k, v in sec["figures"].items():
-            lines.append(f"{'':<15}{k}: {v}")
-    t = s["results_tgz"]
-    lines += ["", f"results.tgz: {t['members']} files, {t['bytes']} bytes"
-              + (f"; dropped (over 50 MB): {', '.join(t['dropped_over_50MB'])}"
-                 if t["dropped_over_50MB"] else "")]
-    return "\n".join(lines) + "\n"
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(p.pid, sig)
+            p.wait(wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,6 +1,7 @@
 """The sections of ``scripts/device_check.py``, each a method of ``Check`` that runs bounded steps
-(``device_check_lib.Runner.step``) and turns their reports into a status, figures and a reason;
-and the smoke probe the float64-less lane and memcheck run (``--smoke``)."""
+(``device_check_lib.Runner.step`` / ``steps``: several side by side) and turns their reports into
+a status, figures and a reason; and the smoke probe the float64-less lane and memcheck run
+(``--smoke``). memcheck lives in device_check_memcheck."""
 
 from __future__ import annotations
 
@@ -8,38 +9,83 @@ import json
 import os
 import platform
 import shutil
-import tempfile
 from pathlib import Path
 
-from device_check_lib import Runner, Section, conformance_verdict, load_json
+from device_check_lib import Runner, Section, Step
+from device_check_memcheck import memcheck_section
+from device_check_report import (bench_figures, conformance_figures, costs_figures,
+                                 graph_replay_figures, load_json, merge_reports)
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = str(Path(__file__).with_name("device_check.py"))
+SUITES = ROOT / "conformance" / "dflash2rt_conformance" / "suites"
+GRAPH_SHARDS = 3                  # graph_check.py processes side by side
+
+
+# Modules whose one long test gets a process of its own (the rest of the module another).
+SPLIT = {"test_l4_end_to_end": "test_sampled_law_of_first_tokens",
+         "test_l4_tensor_parallel": "test_tp2_sampled_law_of_first_tokens_and_ranks_agree",
+         "test_l3_procs": "test_joint_law_with_processors"}
+
+
+def suite_shards() -> list[tuple[str, str]]:
+    """(tag, -k expression) per piece of the conformance suite: its modules but the graphs
+    level's (a section of its own), the modules of SPLIT in two."""
+    out = []
+    for m in sorted(p.stem for p in SUITES.glob("test_*.py") if p.stem != "test_graphs"):
+        tag = m.removeprefix("test_")
+        if m in SPLIT:
+            out += [(f"{tag}-long", f"{m} and {SPLIT[m]}"),
+                    (f"{tag}-rest", f"{m} and not {SPLIT[m]}")]
+        else:
+            out.append((tag, m))
+    return out
+
+
+def pack(pieces: list[tuple[str, str]], expect: dict, bins: int) -> list[tuple[float, list]]:
+    """The pieces in ``bins`` groups of about equal expected seconds (longest first, each into
+    the least loaded group) → (expected seconds, pieces) per group, the longest first."""
+    groups: list[tuple[float, list]] = [(0.0, []) for _ in range(max(1, min(bins, len(pieces))))]
+    for p in sorted(pieces, key=lambda p: -expect.get(p[0], 5.0)):
+        i = min(range(len(groups)), key=lambda i: groups[i][0])
+        groups[i] = (groups[i][0] + expect.get(p[0], 5.0), groups[i][1] + [p])
+    return sorted(groups, key=lambda g: -g[0])
 
 
 class Check:
-    def __init__(self, args, runner: Runner, sizes: dict) -> None:
-        self.a, self.r, self.w, self.sizes = args, runner, runner.work, sizes
-        self.py = args.python
+    def __init__(self, args, runner: Runner, sizes: dict, expect: dict) -> None:
+        self.a, self.r, self.w, self.sizes, self.expect = args, runner, runner.work, sizes, expect
+        self.py, self.driver = args.python, DRIVER
         self.system: dict = {}
 
     def dfl(self, *argv: str) -> list[str]:
         return [self.py, "-m", "dflash2rt", *argv]
 
-    def run_conformance(self, sec: Section, backend: str, tag: str, keyword: str,
-                        env: dict | None = None, prefix: str = "") -> None:
-        report = self.w / f"conformance-{tag}.json"
-        st = self.r.step(sec, tag, self.dfl(
+    def conformance_step(self, backend: str, tag: str, keyword: str, env: dict | None = None,
+                         expect_s: float = 0.0) -> dict:
+        """The keyword arguments of one ``dflash2rt conformance`` step writing its reports as
+        conformance-<tag>.{json,xml,md}."""
+        return {"label": tag, "cmd": self.dfl(
             "conformance", "--backend", backend, "-k", keyword, *self.sizes["conformance"],
-            "--json", str(report), "--junit", str(self.w / f"conformance-{tag}.xml"),
-            "--markdown", str(self.w / f"conformance-{tag}.md")), 600, env, f"conformance-{tag}")
-        data = load_json(report)
-        if tag == "graphs" and data and st.rc != 0:      # no graphs here: every test skipped
-            g = data.get("levels", {}).get("graphs", {})
-            if g.get("result") == "skipped" and not (g.get("executed") or g.get("errors")):
-                sec.status, sec.reason = "SKIPPED", f"{g['skipped']} tests skipped: {g['note']}"
-                return
-        conformance_verdict(sec, self.r, st, data, prefix)
+            "--json", str(self.w / f"conformance-{tag}.json"),
+            "--junit", str(self.w / f"conformance-{tag}.xml"),
+            "--markdown", str(self.w / f"conformance-{tag}.md")),
+            "cap_s": 600, "env": env, "log": f"conformance-{tag}", "expect_s": expect_s}
+
+    def verdict(self, sec: Section, steps: list[Step], tags: list[str], prefix: str = "") -> None:
+        """PASS needs every step's exit 0 and every report passing; the merged figures go
+        under ``prefix``."""
+        reports = [load_json(self.w / f"conformance-{t}.json") for t in tags]
+        for st, rep in zip(steps, reports):
+            if rep is None:
+                sec.fail(f"{self.r.why(st)} (no JSON report)")
+            elif st.rc != 0 or rep.get("result") != "pass":
+                sec.fail(f"{self.r.why(st)}; " + "; ".join(rep.get("reasons", [])[:5]))
+        got = [r for r in reports if r is not None]
+        if got:
+            for k, v in conformance_figures(merge_reports(got)).items():
+                sec.figures[prefix + k] = v
+        sec.figures[prefix + "process seconds"] = {t: st.seconds for t, st in zip(tags, steps)}
 
     def setup(self, sec: Section) -> None:
         plugin = f"backends/{self.a.backend}"
@@ -79,71 +125,68 @@ class Check:
                 sec.figures[r["name"]] = r.get("reason") or "opt-in: created by each section"
 
     def conformance(self, sec: Section) -> None:
-        # Ops and L0-L4 in one process, graphs in another: a failed capture must not be able to
-        # leave device state behind that fails unrelated tests.
-        self.run_conformance(sec, self.a.backend, "ops", "not graphs")
+        # Ops and L0-L4, one process per suite module side by side (the graphs level runs in
+        # its own section: a failed capture must not leave device state that fails others).
+        # Two processes per slot: a slot left idle by a short one takes the next.
+        groups = pack(suite_shards(), self.expect, 2 * self.r.slots.n)
+        specs = [self.conformance_step(self.a.backend, f"part{i}",
+                                       " or ".join(f"({kw})" for _, kw in pieces), expect_s=t)
+                 for i, (t, pieces) in enumerate(groups)]
+        steps = self.r.steps(sec, specs)
+        self.verdict(sec, steps, [s["label"] for s in specs])
+        sec.figures["parts"] = {f"part{i}": [tag for tag, _ in pieces]
+                                for i, (_, pieces) in enumerate(groups)}
 
     def graphs(self, sec: Section) -> None:
-        self.run_conformance(sec, self.a.backend, "graphs", "graphs")
+        spec = self.conformance_step(self.a.backend, "graphs", "graphs", expect_s=30)
+        st = self.r.step(sec, **spec)
+        data = load_json(self.w / "conformance-graphs.json")
+        if data and st.rc != 0:      # no graphs here: every test skipped
+            g = data.get("levels", {}).get("graphs", {})
+            if g.get("result") == "skipped" and not (g.get("executed") or g.get("errors")):
+                sec.status, sec.reason = "SKIPPED", f"{g['skipped']} tests skipped: {g['note']}"
+                return
+        self.verdict(sec, [st], ["graphs"])
 
     def graph_replay(self, sec: Section) -> None:
-        report = self.w / "graph-check.json"
-        st = self.r.step(sec, "graph_check", [self.py, "scripts/graph_check.py", "--backend",
-                                              self.a.backend, "--out", str(report)], 600)
-        data = load_json(report)
-        if data is None:
-            sec.fail(f"{self.r.why(st)} (no JSON report)")
+        n = GRAPH_SHARDS
+        specs = [{"label": f"graph_check-{i}", "cmd": [
+            self.py, "scripts/graph_check.py", "--backend", self.a.backend, "--shard", f"{i}/{n}",
+            *self.sizes["graph_check"], "--out", str(self.w / f"graph-check-{i}.json")],
+            "cap_s": 600,
+            "expect_s": self.expect.get("graph_check", 40.0)} for i in range(n)]
+        steps = self.r.steps(sec, specs)
+        parts = [load_json(self.w / f"graph-check-{i}.json") for i in range(n)]
+        for st, data in zip(steps, parts):
+            if data is None:
+                sec.fail(f"{self.r.why(st)} (no JSON report)")
+            elif st.rc != 0:
+                sec.fail(self.r.why(st))
+        parts = [p for p in parts if p]
+        if not parts:
             return
-        rows = data.get("rows", [])
-        replays = sum(r.get("graph_replays", 0) for r in rows)
-        eager = [b for r in rows for b in r.get("graph_eager_buckets", [])]
-        sec.figures.update(adapter=data.get("adapter"), configurations=len(rows),
-                           replays=replays, all_equal=data.get("all_equal"), eager_buckets=eager)
-        if st.rc != 0:
-            sec.fail(self.r.why(st))
-        elif data.get("adapter") is None:
-            sec.status = "SKIPPED"
-            sec.reason = (f"backend {self.a.backend} has no graph adapter: graph_check.py ran "
-                          f"eager against eager ({len(rows)} configurations, equal)")
-        elif not replays:
-            sec.fail("no graph was replayed: equality proves nothing")
+        graph_replay_figures(sec, parts, self.a.backend)
 
     def nofp64(self, sec: Section) -> None:
         env = {"DFLASH2RT_FP64": "0"}
         out = self.w / "nofp64-smoke.json"
-        st = self.r.step(sec, "smoke", [self.py, DRIVER, "--smoke", self.a.nofp64_backend,
-                                        "--expect-fp64", "0"], 60, env, "nofp64-smoke", out)
+        be = self.a.nofp64_backend
+        smoke = {"label": "smoke", "cmd": [self.py, DRIVER, "--smoke", be, "--expect-fp64", "0"],
+                 "cap_s": 120, "env": env, "log": "nofp64-smoke", "stdout": out, "expect_s": 15}
+        levels = [self.conformance_step(be, f"nofp64-{lv}", lv, env,
+                                        self.expect.get(f"nofp64-{lv}", 40.0))
+                  for lv in ("L1", "L2")]
+        st, *steps = self.r.steps(sec, [smoke, *levels])
         info = load_json(out)
         if info:
             sec.figures.update({k: info[k] for k in ("backend", "has_fp64", "probe_fp64",
                                                      "implementation", "kernel_fallbacks")})
         if st.rc != 0:
             sec.fail(f"smoke: {'; '.join(info['problems']) if info else self.r.why(st)}")
-        self.run_conformance(sec, self.a.nofp64_backend, "nofp64-L1-L2", "L1 or L2", env,
-                             prefix="conformance ")
+        self.verdict(sec, steps, [s["label"] for s in levels], prefix="conformance ")
 
     def memcheck(self, sec: Section) -> None:
-        cs = shutil.which("compute-sanitizer")
-        if cs is None:
-            sec.status, sec.reason = "SKIPPED", "compute-sanitizer is not on PATH"
-            return
-        if self.a.dry_run:
-            sec.status = "SKIPPED"
-            sec.reason = f"dry run: backend {self.a.backend} launches no device kernels ({cs})"
-            return
-        st = self.r.step(sec, "memcheck", [cs, "--tool", "memcheck", "--error-exitcode", "9",
-                                           self.py, DRIVER, "--smoke", self.a.backend], 600,
-                         {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
-        log = (self.w / st.log).read_text(errors="replace").splitlines()
-        summary = [x.strip() for x in log if "ERROR SUMMARY" in x]
-        sec.figures["memcheck"] = summary[-1] if summary else "no ERROR SUMMARY line"
-        sec.figures["allocator"] = "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (one allocation per tensor)"
-        refused = [x.strip() for x in log if "Device not supported" in x]
-        if refused:
-            sec.status = "SKIPPED"
-            sec.reason = f"compute-sanitizer cannot instrument this device here: {refused[0]}"
-        elif st.rc != 0:
-            sec.fail(self.r.why(st))
+        memcheck_section(self, sec)
 
     def bench(self, sec: Section) -> None:
         for dtype in ("float32", "bfloat16"):
@@ -155,42 +198,19 @@ class Check:
             if st.rc != 0 or data is None:
                 sec.fail(self.r.why(st))
                 continue
-            b1 = data["batch1"]
-            sec.figures[f"{dtype} batch 1"] = _fmt(
-                prompts=b1["prompts"], tau=b1["tau"], spec_tok_s=b1["spec_tokens_per_s"],
-                target_only_tok_s=b1["target_only_tokens_per_s"],
-                speedup=b1["speedup_vs_target_only"], hf_tok_s=b1["hf_tokens_per_s"],
-                vs_hf=b1["speedup_vs_hf"], fallbacks=b1["fallbacks"])
-            if not data.get("greedy_equal_all"):
-                sec.fail(f"{dtype}: greedy speculative tokens differ from target-only")
+            bench_figures(sec, dtype, data)
 
     def costs(self, sec: Section) -> None:
-        ckpt = Path(tempfile.mkdtemp(prefix="dflash2rt-synth-"))     # never under $OUT
-        try:
-            synth = self.sizes["synth"]
-            st = self.r.step(sec, "synth", self.dfl("synth", *synth, "--out", str(ckpt / "pair")),
-                             sec.budget_s * 0.4)
-            sec.figures["shape"] = " ".join(synth)
-            if st.rc != 0:
-                sec.fail(self.r.why(st))
-                return
-            report = self.w / "costs.json"
-            st = self.r.step(sec, "costs", self.dfl(
-                "bench", "--costs", "--backend", self.a.backend, "--model", str(ckpt / "pair"),
-                *self.sizes["costs"], "--json-out", str(report)), sec.budget_s)
-            data = load_json(report)
-            if st.rc != 0 or data is None:
-                sec.fail(self.r.why(st))
-                return
-            for row in data.get("rows", []):
-                best = max(row["projected_speedup"].items(), key=lambda kv: kv[1])
-                sec.figures[f"batch {row['batch']} context {row['context']}"] = _fmt(
-                    target_ms=1e3 * row["t_target_s"], bandwidth=row["bandwidth_fraction"],
-                    best_block=best[0], projected_speedup=best[1])
-            if data.get("skipped_contexts"):
-                sec.figures["skipped contexts"] = data["skipped_contexts"]
-        finally:
-            shutil.rmtree(ckpt, ignore_errors=True)
+        report = self.w / "costs.json"
+        st = self.r.step(sec, "costs", self.dfl(
+            "bench", "--costs", "--backend", self.a.backend, *self.sizes["costs"],
+            "--json-out", str(report)), sec.budget_s)
+        sec.figures["sizes"] = " ".join(self.sizes["costs"])
+        data = load_json(report)
+        if st.rc != 0 or data is None:
+            sec.fail(self.r.why(st))
+            return
+        costs_figures(sec, data)
 
 
 def smoke(name: str, expect_fp64: bool | None) -> int:
@@ -214,10 +234,6 @@ def smoke(name: str, expect_fp64: bool | None) -> int:
                       "graphs": getattr(backend.graph_adapter, "name", None),
                       "problems": problems}))
     return 1 if problems else 0
-
-
-def _fmt(**kv) -> str:
-    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in kv.items())
 
 
 # Exit 0 when every named folder (relative to the current one) is installed from here (PEP 610).

@@ -53,7 +53,8 @@ def _by_name(summary: dict) -> dict:
 
 def test_shell_and_python_syntax():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
-    for name in ("device_check.py", "device_check_lib.py", "device_check_sections.py"):
+    for name in ("device_check.py", "device_check_lib.py", "device_check_sections.py",
+                 "device_check_report.py", "device_check_memcheck.py", "graph_check.py"):
         path = ROOT / "scripts" / name
         compile(path.read_text(), str(path), "exec")
 
@@ -79,7 +80,7 @@ def test_a_failing_section_fails_the_run(tmp_path):
     assert summary["result"] == "fail" and summary["failed"] == ["graph_replay"]
     sec = _by_name(summary)["graph_replay"]
     assert sec["status"] == "FAIL" and "graph_check" in sec["reason"]
-    assert sec["steps"][0]["log"] == "logs/graph_replay-graph_check.log"
+    assert sec["steps"][0]["log"] == "logs/graph_replay-graph_check-0.log"
     with tarfile.open(tmp_path / "out" / "results.tgz") as tar:
         log = tar.extractfile(sec["steps"][0]["log"]).read().decode()
     assert "no-such-backend" in log                  # the command's output is kept
@@ -88,10 +89,12 @@ def test_a_failing_section_fails_the_run(tmp_path):
                for s in others)
 
 
-def test_sigterm_packs_what_was_gathered(tmp_path):
+@pytest.mark.parametrize("slots", ["1", "2"])      # one after another, or side by side
+def test_sigterm_packs_what_was_gathered(tmp_path, slots):
     out = tmp_path / "out"
     proc = subprocess.Popen([str(SCRIPT), "--out", str(out), "--dry-run", "--sections",
-                             "graph_replay,bench"], env=_env(), stdout=subprocess.PIPE, text=True)
+                             "graph_replay,bench"], env=_env(SLOTS=slots),
+                            stdout=subprocess.PIPE, text=True)
     work = None
     for line in proc.stdout:                          # wait for the section to start
         if "work folder" in line:
@@ -103,6 +106,7 @@ def test_sigterm_packs_what_was_gathered(tmp_path):
     assert proc.returncode == 1, rest
     summary = _outputs(out)
     assert summary["interrupted"] == "SIGTERM" and summary["result"] == "fail"
+    assert summary["slots"] == int(slots)
     secs = _by_name(summary)
     assert secs["graph_replay"]["status"] == "FAIL"
     assert secs["graph_replay"]["reason"] == "interrupted by SIGTERM"
@@ -139,14 +143,14 @@ def test_step_timeout_kills_the_whole_process_group(tmp_path):
 
 
 def test_results_tgz_drops_the_largest_files_to_fit(tmp_path, monkeypatch):
-    import device_check_lib
+    import device_check_report
 
     work = tmp_path / "work"
     (work / "logs").mkdir(parents=True)
     (work / "logs" / "small.log").write_text("ok\n")
     (work / "big.bin").write_bytes(os.urandom(300_000))
-    monkeypatch.setattr(device_check_lib, "TGZ_LIMIT", 100_000)
-    info = device_check_lib.tar_results(work, tmp_path / "r.tgz")
+    monkeypatch.setattr(device_check_report, "TGZ_LIMIT", 100_000)
+    info = device_check_report.tar_results(work, tmp_path / "r.tgz")
     assert info["members"] == 1 and info["dropped_over_50MB"][0].startswith("big.bin")
     with tarfile.open(tmp_path / "r.tgz") as tar:
         assert tar.getnames() == ["logs/small.log"]

@@ -27,10 +27,11 @@ def graph_vs_eager(pair: ModelPair, backend: Backend, make_requests: Callable[[]
     the second call's tokens and step latency are compared. ``graph_replays`` counts that call's
     replays and ``graph_eager_buckets`` names the buckets it ran eagerly (a refused capture or
     a replay that differed from eager): "equal" proves replay == eager only with replays and
-    no eager buckets. Adaptive runs: the eager engine takes a replica of the policy the graph
-    engine's second call decided with (its cost table and acceptance pool), so both choose the
-    same block sizes (a table each could choose differently, policy/). ``watermark``: a
-    key both engines mark with."""
+    no eager buckets; ``graph_captures_ms``: per graph and bucket, the first call's capture
+    milliseconds (warm-up + capture + checked replay). Adaptive runs: the eager engine takes a
+    replica of the policy the graph engine's second call decided with (its cost table and
+    acceptance pool), so both choose the same block sizes (a table each could choose
+    differently, policy/). ``watermark``: a key both engines mark with."""
     row: dict[str, Any] = {"mode": "spec" if spec else "target-only"}
     tokens, used, replica = {}, {}, None
     for name, be in (("graph", backend), ("eager", eager_twin(backend))):
@@ -46,6 +47,10 @@ def graph_vs_eager(pair: ModelPair, backend: Backend, make_requests: Callable[[]
         row[f"{name}_capture_ms"] = 1e3 * first.capture_s
         row[f"{name}_recapture_ms"] = 1e3 * stats.capture_s
         row[f"{name}_fallbacks"] = stats.fallbacks
+        if name == "graph":       # per graph and bucket: the first call's warm-up + capture
+            row["graph_captures_ms"] = {
+                g: {size: b["capture_ms"] for size, b in bs.items() if b.get("capture_ms")}
+                for g, bs in first.graphs.items()}
     row["graph_replays"] = sum(b["replays"] for bs in used.values() for b in bs.values())
     row["graph_eager_buckets"] = [f"{g} @{size}: {b['refused']}" for g, bs in used.items()
                                   for size, b in bs.items() if b["eager"]]
