@@ -12,10 +12,16 @@ T_target: the bytes it must move (target weights + the live K/V) and the fractio
 memory bandwidth that is, the bandwidth measured in the same run by a device-to-device copy.
 E[L](b) comes from a per-slot acceptance α: given (``tau``: α such that E[L](16) = τ) or from
 the bundled pair's measured τ at block 8; E[L](b) = (1 - α^b) / (1 - α).
+
+Before a row allocates anything its memory is estimated (``cost_memory.row_memory``: ours and
+transformers', every phase) and compared with the memory the device has free
+(``models.memory.available_bytes``: MemAvailable on the CPU, ``mem_get_info`` elsewhere); a row
+that does not fit is skipped and listed with both figures (``skipped_rows``).
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any, Callable, Sequence
 
@@ -28,8 +34,10 @@ from ..engine.request import Request, SamplingParams
 from ..engine.runner import Runner
 from ..engine.state import BatchState
 from ..models.kv_cache import KVCache
+from ..models.memory import GB, available_bytes, memory_note
 from ..models.pair import ModelPair
-from .hf_baseline import HFDecode
+from .cost_memory import RowMemory, row_memory
+from .hf_baseline import HFDecode, keeps_last_logits
 from .measure import sync
 from .profile import synced_phases
 
@@ -129,30 +137,35 @@ def fresh_placement(st: BatchState, runner: Runner, peer_layers: Sequence[Any] =
     our prefill, so which side's cache reads faster would be decided by where each landed, not
     by code. Interleaved fresh copies give both the same luck
     (docs/benchmarks/real-scale.md). Contents and
-    layout are unchanged; our old buffers are freed. Eager steps only, before the run's first
-    step: step bodies bind the cache storage when the ``runner`` first steps a block (a graphed
-    run's storage is the engine's static caches, which captured graphs read)."""
+    layout are unchanged; our old buffers are freed as each layer is copied (where nothing else
+    holds them), so the copies need one layer of each cache at a time. Eager steps only, before
+    the run's first step: step bodies bind the cache storage when the ``runner`` first steps a
+    block (a graphed run's storage is the engine's static caches, which captured graphs read)."""
     if runner.blocks_used:
         raise RuntimeError(f"fresh_placement after steps of blocks {runner.blocks_used}: "
                            "their step bodies hold the old cache storage")
-    ours = st.target_storage
-    keys, values = list(ours.k), list(ours.v)
+    keys, values = list(st.target_storage.k), list(st.target_storage.v)
+    side = st.target_storage.side
     for i in range(max(len(keys), len(peer_layers))):
         if i < len(keys):        # clone keeps a dense tensor's strides: still head-major
             keys[i], values[i] = keys[i].clone(), values[i].clone()
+            st.target_storage = KVCache(tuple(keys), tuple(values), side)   # the old layer freed
         if i < len(peer_layers):
             layer = peer_layers[i]
             layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
-    st.target_storage = KVCache(tuple(keys), tuple(values), ours.side)
 
 
 def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = BLOCKS,
                   contexts: Sequence[int] = CONTEXTS, batches: Sequence[int] = BATCHES,
                   tau: float | None = None, tau_block: int = 16, reps: int = 3,
-                  hf: Any = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+                  hf: Any = None, log: Callable[[str], None] = print,
+                  available: Callable[[torch.device], int | None] = available_bytes
+                  ) -> dict[str, Any]:
     """Every (batch, context) row: T_target, T_draft / T_verify per block, bytes, bandwidth
     fraction, projected speedup, and with ``hf`` (a ``hf_baseline.HFGreedy`` of the same target)
-    transformers' target-only step; contexts the target cannot hold are skipped (and listed)."""
+    transformers' target-only step; contexts the target cannot hold are skipped (and listed),
+    and so are rows whose estimated memory exceeds ``available(device)`` (bytes free; None: not
+    checked), with both figures."""
     if pair.draft is None:
         raise ValueError("the cost model needs a draft (a target-only pair has no spec step)")
     blocks = sorted(set(blocks) | {1})
@@ -160,9 +173,19 @@ def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = 
     alpha = alpha_for(tau, tau_block) if tau is not None else None
     weights = _bytes(pair.target)
     limit = pair.target.cfg.max_position_embeddings - max(blocks) - 1
-    rows, skipped = [], [c for c in contexts if c > limit]
+    rows, skipped, skipped_rows = [], [c for c in contexts if c > limit], []
+    keeps_last = hf is None or keeps_last_logits(hf.model)
     for batch in batches:
         for context in (c for c in contexts if c <= limit):
+            gc.collect()                       # the previous row's caches, before reading free
+            mem = row_memory(pair, batch, context, blocks, backend.graph_adapter is not None,
+                             None if hf is None else reps + 2, keeps_last)
+            free = available(backend.device)
+            if free is not None and mem.needed > free:
+                skipped_rows.append(_skip(batch, context, mem, free, backend.device,
+                                          hf is not None, pair.dtype))
+                log(f"batch {batch}, context {context}: skipped: {skipped_rows[-1]['reason']}")
+                continue
             peer = (HFDecode(hf, batch, context, pair.target.cfg.vocab_size, reps + 2)
                     if hf is not None else None)     # transformers, same weights and shape
             c = step_costs(pair, backend, batch, context, blocks, reps,
@@ -170,7 +193,7 @@ def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = 
             t_target = c[1]["verify"]
             moved = weights + kv_bytes(pair, batch, context)
             row = {"batch": batch, "context": context, "t_target_s": t_target,
-                   "t_prefill_s": c[0]["prefill"],
+                   "t_prefill_s": c[0]["prefill"], "estimated_bytes": mem.needed,
                    "bytes_per_target_step": moved, "achieved_gbps": moved / t_target / 1e9,
                    "bandwidth_fraction": moved / t_target / 1e9 / bw,
                    "blocks": {b: {"t_draft_s": c[b]["draft"], "t_verify_s": c[b]["verify"],
@@ -179,6 +202,7 @@ def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = 
             if peer is not None:                # its steps interleaved with our T_target's
                 row["transformers"] = {k: v for k, v in peer.result().items()
                                        if k not in ("prompts", "tokens")}
+            peer = None                         # its cache goes before the next row's check
             if alpha is not None:
                 row["projected_speedup"] = {
                     b: expected_len(alpha, b) * t_target / (v["t_draft_s"] + v["t_verify_s"])
@@ -193,12 +217,44 @@ def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = 
             "acceptance": None if alpha is None else {
                 "tau": tau, "tau_block": tau_block, "alpha": alpha,
                 "expected_len": {b: expected_len(alpha, b) for b in blocks}},
-            "rows": rows, "skipped_contexts": skipped,
+            "rows": rows, "skipped_contexts": skipped, "skipped_rows": skipped_rows,
+            "memory_check": _memory_check(backend.device, available),
+            "transformers_prefill_logits": None if hf is None else
+            "last row only (logits_to_keep=1)" if keeps_last else
+            "every row: this transformers' forward takes no logits_to_keep",
             "kv_placement": None if hf is None or backend.graph_adapter is not None else
             "before each row's steps, both target K/V caches copied into fresh memory, layer "
             "by layer, alternately (costs.fresh_placement)",
             "method": "medians of per-phase seconds between device syncs after one warm-up "
                       "step, at a fixed context (step inputs are never modified)"}
+
+
+def _skip(batch: int, context: int, mem: RowMemory, free: int, device: torch.device,
+          compared: bool, dtype: torch.dtype) -> dict[str, Any]:
+    """The JSON entry of a row that does not fit, with what it needed, what was free and
+    what to change."""
+    note = memory_note(device)
+    if compared and mem.ours_alone <= free:
+        fix = (f"ours alone needs {mem.ours_alone / GB:.2f} GB: pass --no-hf to measure it "
+               "without transformers")
+    else:
+        fix = ("lower the batch or the context" + (", or the dtype (bfloat16 halves float32)"
+                                                    if dtype.itemsize > 2 else "")
+               + ", or use a device with more memory")
+    return {"batch": batch, "context": context, "needed_bytes": mem.needed,
+            "ours_alone_bytes": mem.ours_alone, "available_bytes": free,
+            "peak_at": mem.peak_at, "parts": mem.parts,
+            "reason": f"{mem.describe()}, {free / GB:.2f} GB available on {device}"
+                      + (f" ({note})" if note else "") + f"; {fix}"}
+
+
+def _memory_check(device: torch.device, available: Callable) -> str:
+    where = ("MemAvailable in /proc/meminfo" if device.type == "cpu" else
+             f"torch.{device.type}.mem_get_info, plus what torch's allocator holds unused")
+    src = "" if available is available_bytes else " (a stand-in for the device's free memory)"
+    return (f"each row's memory estimated before it allocates (bench/cost_memory.py: ours and "
+            f"transformers', every phase) against {device}'s free memory ({where}){src}; rows "
+            "that do not fit are in skipped_rows")
 
 
 def projected_table(res: dict[str, Any]) -> str:
@@ -221,6 +277,10 @@ def projected_table(res: dict[str, Any]) -> str:
                      f"{r['t_target_s'] * 1e3:8.2f} ms, prefill {r['t_prefill_s']:.2f} s{peer}, "
                      f"{r['bandwidth_fraction']:4.0%} of "
                      f"bandwidth; projected speedup (spec step / target step) {blocks}")
+    for r in res.get("skipped_rows", ()):
+        lines.append(f"batch {r['batch']:>2} context {r['context']:>5}: skipped: {r['reason']}")
     if res["skipped_contexts"]:
         lines.append(f"skipped contexts (beyond the target's positions): {res['skipped_contexts']}")
+    if res.get("transformers_prefill_logits"):
+        lines.append(f"transformers' prefill logits: {res['transformers_prefill_logits']}")
     return "\n".join(lines)

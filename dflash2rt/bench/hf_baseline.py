@@ -51,18 +51,58 @@ class HFGreedy:
         self.model = self.model.to(self.device).eval()
         self.pad = 0
 
+    @classmethod
+    def on_weights(cls, config: dict[str, Any], target: torch.nn.Module) -> tuple["HFGreedy", int]:
+        """transformers' model of ``config`` (a target's config.json dict) built on the meta
+        device (no weight memory, nothing read from disk, no initialisation) and given
+        ``target``'s tensors (``share_weights``), with sdpa attention; its rope buffers are
+        built on ``target``'s device → (it, the number of tensors shared)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        fields = {k: v for k, v in config.items() if k != "model_type"}
+        hf_cfg = AutoConfig.for_model(config["model_type"], **fields)
+        dtype = target.lm_head.weight.dtype
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype,
+                                                     attn_implementation="sdpa")
+        self = cls.__new__(cls)
+        self.device, self.model, self.pad = target.lm_head.weight.device, model.eval(), 0
+        shared = self.share_weights(target)
+        self._build_buffers()
+        return self, shared
+
+    def _build_buffers(self) -> None:
+        """Rebuild the rotary-embedding modules whose buffers are still on the meta device
+        (they are computed from the config, not stored: on the CPU, then moved to
+        ``self.device``, as a loaded model's are); any other buffer or parameter left on the
+        meta device raises ``ValueError``."""
+        for name, module in list(self.model.named_modules()):
+            if any(b.is_meta for b in module.buffers(recurse=False)) \
+                    and type(module).__name__.endswith("RotaryEmbedding"):
+                parent, _, attr = name.rpartition(".")
+                setattr(self.model.get_submodule(parent) if parent else self.model, attr,
+                        type(module)(module.config).to(self.device))   # as from_pretrained
+        left = [n for n, t in (*self.model.named_parameters(), *self.model.named_buffers())
+                if t.is_meta]
+        if left:
+            raise ValueError(f"transformers' {type(self.model).__name__} keeps {left[:3]} on the "
+                             "meta device after sharing our weights: build it with "
+                             "HFGreedy(target_dir) from a checkpoint instead")
+
     def share_weights(self, target: torch.nn.Module) -> int:
         """Point transformers' parameters at ``target``'s tensors of the same names (a
         ``models.target.TargetModel`` of the same checkpoint): both models then read the same
         memory, and transformers' own copy is freed. On some VMs (free-page reporting, no
         transparent huge pages) two copies of the same weights stream at speeds a few percent
         apart depending on which was allocated last, which would decide a side-by-side
-        comparison by allocation order (docs/benchmarks/real-scale.md). → the
-        number of tensors shared; a missing name, shape or dtype raises ``ValueError``."""
+        comparison by allocation order (docs/benchmarks/real-scale.md). transformers' model
+        may be on the meta device (``on_weights``). → the number of tensors shared; a missing
+        name, shape or dtype raises ``ValueError``."""
         ours, theirs = target.state_dict(), self.model.state_dict()
         for name, t in theirs.items():
             o = ours.get(name)
-            if o is None or o.shape != t.shape or o.dtype != t.dtype or o.device != t.device:
+            if o is None or o.shape != t.shape or o.dtype != t.dtype \
+                    or (o.device != t.device and not t.is_meta):
                 raise ValueError(f"cannot share {name}: ours is "
                                  f"{None if o is None else (tuple(o.shape), o.dtype)}, "
                                  f"transformers' {(tuple(t.shape), t.dtype)}")
@@ -97,12 +137,20 @@ class HFGreedy:
         return rows, seconds
 
 
+def keeps_last_logits(model: Any) -> bool:
+    """Whether transformers' forward of ``model`` takes ``logits_to_keep`` (then its prefill
+    computes the last row's logits only, not [batch, context, vocab])."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 class HFDecode:
     """transformers' target-only decode at ``context``, measured as ours is: one prefill of
     ``batch`` random prompts (timed), then each ``step()`` is one greedy forward of one token
     per row, between syncs (the first a warm-up). The cache is transformers' StaticCache (what
     ``generate(cache_implementation="static")`` uses), else its DynamicCache — ``result()`` says
-    which ran, and why not static."""
+    which ran, and why not static. Every forward asks for the last row's logits only
+    (``logits_to_keep=1``, as ``generate()`` does) where the forward takes it; ``result()``
+    says which."""
 
     def __init__(self, hf: Any, batch: int, context: int, vocab: int, steps: int = 8,
                  seed: int = 0) -> None:
@@ -114,6 +162,7 @@ class HFDecode:
         # transformers >= 5.x names the cache argument ``cache`` (``past_key_values`` deprecated)
         self.arg = ("cache" if "cache" in inspect.signature(self.model.forward).parameters
                     else "past_key_values")
+        self.keep = {"logits_to_keep": 1} if keeps_last_logits(self.model) else {}
         self.steps_s: list[float] = []
         failed = ""
         for kind in ("static", "dynamic"):
@@ -135,7 +184,7 @@ class HFDecode:
             sync(self.dev)
             t0 = time.perf_counter()
             out = self.model(input_ids=ids, **{self.arg: self.cache}, use_cache=True,
-                             cache_position=positions)
+                             cache_position=positions, **self.keep)
             self.tok = out.logits[:, -1:].argmax(-1)
             sync(self.dev)
             return time.perf_counter() - t0
@@ -154,6 +203,9 @@ class HFDecode:
         runs = sorted(self.steps_s[1:])                        # the first: warm-up
         return {"t_step_s": runs[len(runs) // 2], "t_prefill_s": self.prefill_s,
                 "cache": self.kind, "steps": len(runs), "prompts": self.ids.tolist(),
+                "prefill_logits": "last row only (logits_to_keep=1)" if self.keep else
+                "every row ([batch, context, vocab]: this transformers' forward takes no "
+                "logits_to_keep)",
                 "tokens": torch.cat(self.tokens, 1).tolist()}
 
 

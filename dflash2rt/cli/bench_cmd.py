@@ -14,10 +14,12 @@ from .run_cmd import DTYPES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from ..synth.shapes import SHAPES, TOY_SHAPES
+
     p = sub.add_parser("bench", help="benchmark spec vs target-only vs transformers generate()")
     p.add_argument("--backend", default=None)
-    p.add_argument("--model", default="stdlib-code", help="bundled model name or a directory "
-                   "with target/, draft/ and heldout_prompts.json")
+    p.add_argument("--model", default=None, help="bundled model name or a directory with "
+                   "target/, draft/ and heldout_prompts.json (default: stdlib-code)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="model dtype for every engine run and the transformers baseline")
@@ -39,6 +41,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(medians; transformers' steps interleave with our target-only ones)")
     p.add_argument("--tau", type=float, default=None, help="--costs: the acceptance curve as τ at "
                    "block 16 (default: the bundled pair's measured τ at block 8)")
+    p.add_argument("--shape", default=None, choices=sorted(SHAPES) + sorted(TOY_SHAPES),
+                   help="--costs, instead of --model: a synthetic pair "
+                   "of this shape (dflash2rt synth's shapes) built in memory on the backend's "
+                   "device in --dtype, seeded, with no checkpoint")
+    p.add_argument("--layers", type=int, default=None, help="--shape: fewer target layers")
+    p.add_argument("--draft-layers", type=int, default=None,
+                   help="--shape: draft layers (default: the published 5)")
+    p.add_argument("--seed", type=int, default=None, help="--shape: the weights' seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--json-out", default=None, metavar="FILE", help="also write the JSON to FILE")
     p.set_defaults(func=run)
@@ -54,14 +64,15 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.suite import parse_temperatures, profile_table, rows_table, run_bench
     from ..registry import Registry
 
+    _check_source(args)
     backend = Registry.discover().select(args.backend).backend
     from ..bundled import model_dir
 
-    path = model_dir(args.model)
-    pair = resolve_model(path, backend.device, DTYPES[args.dtype])
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
     if args.costs:
-        return _costs(args, pair, backend, log, path)
+        return _costs(args, backend, log)
+    path = model_dir(args.model or "stdlib-code")
+    pair = resolve_model(path, backend.device, DTYPES[args.dtype])
     res = run_bench(pair, path, backend, args.max_new_tokens, args.repeats,
                     tuple(int(b) for b in args.blocks.split(",")), args.prompts, not args.no_hf,
                     log, parse_temperatures(args.temperatures))
@@ -84,12 +95,60 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _costs(args: argparse.Namespace, pair, backend, log, path) -> int:
+def _check_source(args: argparse.Namespace) -> None:
+    """--shape (and its --layers, --draft-layers, --seed) only with --costs, not with --model."""
+    shaped = [f for f in ("layers", "draft_layers", "seed") if getattr(args, f) is not None]
+    if args.shape is None and shaped:
+        raise SystemExit(f"--{shaped[0].replace('_', '-')} sizes the in-memory pair of --shape; "
+                         "pass --shape NAME with it")
+    if args.shape is not None and not args.costs:
+        raise SystemExit("--shape builds a pair for the cost model only: add --costs, or pass "
+                         "a checkpoint with --model")
+    if args.shape is not None and args.model is not None:
+        raise SystemExit("--shape and --model are exclusive: the cost model runs on the "
+                         "in-memory pair of --shape or on the checkpoint of --model")
+
+
+def _pair(args: argparse.Namespace, backend, log):
+    """(the pair, its target's config.json dict, where it came from) of --shape or --model."""
+    if args.shape is not None:
+        import time
+
+        from ..synth.in_memory import build_pair
+
+        t0, seed = time.perf_counter(), args.seed or 0
+        pair, built = build_pair(args.shape, backend.device, DTYPES[args.dtype], seed,
+                                 args.layers, args.draft_layers)
+        source = (f"in memory, seeded (no checkpoint): {args.shape}, seed {seed}, "
+                  f"{built['target_layers']} target layers, {built['draft_layers']} draft layers")
+        log(f"pair {source}: built on {backend.device} in {args.dtype} in "
+            f"{time.perf_counter() - t0:.1f} s")
+        return pair, built["target_config"], source
+    from ..api import resolve_model
+    from ..bundled import model_dir
+    from ..models.hf_loader import read_config
+
+    path = model_dir(args.model or "stdlib-code")
+    pair = resolve_model(path, backend.device, DTYPES[args.dtype])
+    return pair, read_config(path / "target"), f"checkpoint: {path}"
+
+
+def _costs(args: argparse.Namespace, backend, log) -> int:
     from pathlib import Path
 
     from ..bench.costs import measure_costs, projected_table
     from ..engine.engine import Engine
 
+    if args.no_hf:
+        hf_why = None
+    else:
+        from ..bench.hf_baseline import HFGreedy, hf_available
+
+        hf_why = hf_available()
+        if hf_why:
+            raise SystemExit(f"--costs compares with transformers, which is unavailable "
+                             f"({hf_why}); pass --no-hf to measure ours alone")
+    pair, config, source = _pair(args, backend, log)
     tau, tau_block = args.tau, 16
     if tau is None:                       # the bundled pair's measured acceptance at block 8
         from ..bundled import bundled_path
@@ -98,21 +157,16 @@ def _costs(args: argparse.Namespace, pair, backend, log, path) -> int:
         tau, tau_block = report["eval_greedy"]["tau"], report["eval_greedy"]["block_size"]
     hf = None
     if not args.no_hf:
-        from ..bench.hf_baseline import HFGreedy, hf_available
-
-        why = hf_available()
-        if why:
-            raise SystemExit(f"--costs compares with transformers, which is unavailable ({why}); "
-                             "pass --no-hf to measure ours alone")
-        hf = HFGreedy(path / "target", pair.dtype, backend.device)
         Engine(pair, backend)                       # the model pass first (it may restack)
-        shared = hf.share_weights(pair.target)      # one copy: the same memory for both
+        hf, shared = HFGreedy.on_weights(config, pair.target)   # one copy: the same memory
         log(f"transformers reads our {shared} weight tensors (shared, not copied)")
     res = measure_costs(pair, backend, blocks=[int(b) for b in args.blocks.split(",")],
                         contexts=[int(c) for c in args.contexts.split(",")],
                         batches=[int(b) for b in args.batches.split(",")], tau=tau,
                         tau_block=tau_block, reps=args.reps, hf=hf, log=log)
-    res["transformers_weights"] = None if hf is None else f"shared: {shared} tensors"
+    res["pair"] = source
+    res["transformers_weights"] = None if hf is None else \
+        f"shared: {shared} tensors (its model built from the config on the meta device)"
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2) if args.json else projected_table(res))

@@ -18,13 +18,17 @@ GB = 10**9
 STD = 0.02
 
 
-def tensor_for(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype) -> torch.Tensor:
-    """A seeded tensor that depends only on (seed, name, shape): ones for norms, N(0, 0.02²)
-    otherwise (so any shard can be written, or rewritten, alone)."""
+def tensor_for(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype,
+               device: torch.device | str = "cpu") -> torch.Tensor:
+    """A seeded tensor that depends only on (seed, name, shape, device type): ones for norms,
+    N(0, 0.02²) otherwise (so any shard can be written, or rewritten, alone). Drawn on
+    ``device`` by its own generator (an accelerator's draws differ from the CPU's, and are as
+    deterministic), so a model can be filled where it runs without a host copy."""
     if name.endswith("norm.weight") or len(shape) == 1:
-        return torch.ones(shape, dtype=dtype)
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
-    return (torch.randn(shape, generator=gen) * STD).to(dtype)
+        return torch.ones(shape, dtype=dtype, device=device)
+    gen = torch.Generator(device).manual_seed(
+        (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+    return torch.randn(shape, generator=gen, device=device).mul_(STD).to(dtype)
 
 
 def plan_shards(shapes: dict[str, tuple[int, ...]], itemsize: int, max_bytes: int
