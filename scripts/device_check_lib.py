@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from device_check_report import OUT_FILES, TGZ_LIMIT, tar_results, write_outputs  # noqa: F401
 
 
 class Interrupted(Exception):

@@ -58,7 +58,8 @@ def memcheck_section(check, sec) -> None:
                                     "DFLASH2RT_GRAPHS": "0"})}
     logs = {n: check.w / "logs" / f"memcheck-{n}.sanitizer.log" for n in runs}
     specs = [{"label": n, "cmd": [cs, "--tool", "memcheck", "--log-file", str(logs[n]), *cmd],
-              "cap_s": 600, "env": env, "log": f"memcheck-{n}", "expect_s": 60}
+              "cap_s": 600, "env": env, "log": f"memcheck-{n}",
+              "expect_s": check.expect.get("memcheck", 12.0)}
              for n, (cmd, env) in runs.items()]
     steps = dict(zip(runs, check.r.steps(sec, specs)))
     found = {n: classify(p.read_text(errors="replace") if p.exists() else "")

@@ -24,25 +24,46 @@ def load_json(path: Path) -> dict | list | None:
         return None
 
 
+def unexecuted_only(level: dict) -> bool:
+    """A level that failed only because none of its selected tests ran in this part (all
+    skipped: e.g. a module a backend skips whole): a sharding artifact when other parts run it."""
+    return (level.get("result") == "fail" and not level.get("failed") and not level.get("errors")
+            and bool(level.get("reasons"))
+            and all(r.startswith("nothing executed") for r in level["reasons"]))
+
+
 def merge_reports(reports: list[dict]) -> dict:
-    """Conformance reports of disjoint test selections (shards) as one: per level the counts
-    summed and the worst result; ops, reasons and exemptions concatenated; the first shard's
-    implementation and environment (every shard ran the same backend)."""
+    """Conformance reports of disjoint test selections (parts) as one: per level the counts
+    summed and the worst result, where a part's "nothing executed" counts only if no part
+    executed the level; ops, reasons and exemptions concatenated; the first part's
+    implementation and environment (every part ran the same backend). ``excused``: the parts'
+    reasons left out that way (their levels ran in other parts)."""
     if len(reports) == 1:
         return reports[0]
     levels: dict[str, dict] = {}
+    excused: list[str] = []
     for rep in reports:
         for lv, d in rep.get("levels", {}).items():
-            m = levels.setdefault(lv, {"result": "not selected", **dict.fromkeys(_COUNTS, 0)})
+            m = levels.setdefault(lv, {"result": "not selected", **dict.fromkeys(_COUNTS, 0),
+                                       "unexecuted": []})
             for k in _COUNTS:
                 m[k] += d.get(k, 0) or 0
-            if _RANK.get(d.get("result"), 3) > _RANK.get(m["result"], 3):
+            if unexecuted_only(d):
+                m["unexecuted"] += d["reasons"]
+            elif _RANK.get(d.get("result"), 3) > _RANK.get(m["result"], 3):
                 m["result"] = d.get("result")
             m.setdefault("note", d.get("note", ""))
+    for lv, m in levels.items():
+        gone = m.pop("unexecuted")
+        if gone and m["executed"]:
+            excused += [f"{lv}: {r}" for r in gone]
+        elif gone:
+            m["result"] = "fail"
+    failed = any(m["result"] == "fail" for m in levels.values())
+    other = [x for r in reports for x in r.get("reasons", []) if x not in excused]
     first = reports[0]
-    return {**first, "levels": levels,
-            "result": "pass" if all(r.get("result") == "pass" for r in reports) else "fail",
-            "reasons": [x for r in reports for x in r.get("reasons", [])],
+    return {**first, "levels": levels, "result": "fail" if failed or other else "pass",
+            "reasons": other, "excused": excused,
             "ops": [o for r in reports for o in r.get("ops", [])],
             "exemptions": [e for r in reports for e in r.get("exemptions", []) or []],
             "duration_s": round(sum(r.get("duration_s") or 0 for r in reports), 1),
@@ -55,6 +76,8 @@ def conformance_figures(report: dict) -> dict:
                            "duration_s": report.get("duration_s")}
     if report.get("shards"):
         fig["shards"] = f"{report['shards']} processes side by side (durations summed)"
+    if report.get("excused"):
+        fig["excused"] = report["excused"]
     for lv, d in report.get("levels", {}).items():
         if d.get("selected"):
             fig[lv] = f"{d['result']} {d['passed']}/{d['executed']} (skipped {d['skipped']})"

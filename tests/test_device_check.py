@@ -54,7 +54,8 @@ def _by_name(summary: dict) -> dict:
 def test_shell_and_python_syntax():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
     for name in ("device_check.py", "device_check_lib.py", "device_check_sections.py",
-                 "device_check_report.py", "device_check_memcheck.py", "graph_check.py"):
+                 "device_check_report.py", "device_check_memcheck.py", "device_check_probe.py",
+                 "graph_check.py"):
         path = ROOT / "scripts" / name
         compile(path.read_text(), str(path), "exec")
 

@@ -95,6 +95,28 @@ def test_merged_shards_sum_each_level_and_keep_the_worst_result():
     assert merge_reports([a, a])["result"] == "pass"
 
 
+def _level(result, executed, skipped=0, reasons=()):
+    return {"result": result, "passed": executed, "executed": executed, "skipped": skipped,
+            "selected": executed + skipped, "failed": 0, "errors": 0, "reasons": list(reasons)}
+
+
+def test_a_part_that_ran_none_of_a_level_is_excused_only_if_another_part_ran_it():
+    none = "nothing executed: 1 of 1 selected test(s) skipped (first: Skipped: not here)"
+    skipped = {"result": "fail", "levels": {"L4": _level("fail", 0, 1, [none])},
+               "reasons": [f"L4: {none}"]}
+    ran = {"result": "pass", "levels": {"L4": _level("pass", 2)}, "reasons": []}
+    m = merge_reports([ran, skipped])
+    assert m["result"] == "pass" and m["levels"]["L4"]["result"] == "pass"
+    assert m["excused"] == [f"L4: {none}"] and m["reasons"] == []
+    alone = merge_reports([skipped, {"result": "pass", "levels": {}, "reasons": []}])
+    assert alone["result"] == "fail" and alone["levels"]["L4"]["result"] == "fail"
+    failed = {"result": "fail", "levels": {"L4": {**_level("fail", 2), "failed": 1,
+                                                  "reasons": ["1 failed"]}},
+              "reasons": ["L4: 1 failed"]}
+    m = merge_reports([ran, failed])
+    assert m["result"] == "fail" and m["reasons"] == ["L4: 1 failed"] and m["excused"] == []
+
+
 PLANTED_LOG = """========= COMPUTE-SANITIZER
 ========= Invalid __global__ write of size 4 bytes
 =========     at _write_past_end+0x90
@@ -149,7 +171,8 @@ def test_memcheck_verdict(runner, tmp_path, monkeypatch, planted, smoke, fails):
     monkeypatch.setenv("PATH", f"{_fake_sanitizer(tmp_path, planted, smoke)}:/usr/bin:/bin")
     r = runner(3)
     args = SimpleNamespace(dry_run=False, backend="cuda")
-    check = SimpleNamespace(a=args, r=r, w=r.work, py=sys.executable, driver="device_check.py")
+    check = SimpleNamespace(a=args, r=r, w=r.work, py=sys.executable, driver="device_check.py",
+                            expect={})
     sec = Section("memcheck", "memcheck", 120)
     r.run_section(sec, lambda s: memcheck_section(check, s))
     assert [st.label for st in sec.steps] == ["planted", "smoke-graphs", "smoke-exact"]
