@@ -184,6 +184,19 @@ class Backend(abc.ABC):
                 done.append(did)
         return "; ".join(done) or None
 
+    @property
+    def compiles_ahead(self) -> bool:
+        """Whether this backend's kernels compile for its device when first launched, so that an
+        engine compiles them ahead (``compile_ahead``); False (the default): nothing compiles."""
+        return False
+
+    def compile_ahead(self, launches: Sequence[Any]) -> dict[Any, str]:
+        """Compile the kernel variants of ``launches`` (``kernels.launch.Launch``, collected by
+        a shape-only trace) without running them → why each variant that failed to compile
+        failed, by compile key (it then compiles when first launched). The default compiles
+        nothing."""
+        return {}
+
     @abc.abstractmethod
     def conv_prepare(self, x: torch.Tensor, base: torch.Tensor, delta: torch.Tensor,
                      block_size: int) -> torch.Tensor:

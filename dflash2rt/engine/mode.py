@@ -98,15 +98,19 @@ class Mode:
         key = (kind, sampled, exts)
         if key not in self.runners:
             self.runners[key] = GraphRunner(
-                self.adapter, BUCKETS, functools.partial(self._static_inputs, kind, exts),
-                functools.partial(self._body(kind), sampled=sampled, ctx_len=None,
-                                  graphed=tuple(cls for cls, _ in exts)),
-                self._pads(kind, exts),
+                self.adapter, BUCKETS, functools.partial(self.static_inputs, kind, exts),
+                self.graph_body(kind, sampled, exts), self._pads(kind, exts),
                 name=f"{kind} {'sampled' if sampled else 'greedy'}"
                      + "".join(f" {cls.graph_label}" for cls, _ in exts), pool=self.pool)
         return self.runners[key]
 
-    def _static_inputs(self, kind: str, exts: GraphExts, size: int) -> Tensors:
+    def graph_body(self, kind: str, sampled: bool, exts: GraphExts
+                   ) -> Callable[[Tensors], Tensors]:
+        """The body a graph of ``kind`` captures: it reads only its static inputs."""
+        return functools.partial(self._body(kind), sampled=sampled, ctx_len=None,
+                                 graphed=tuple(cls for cls, _ in exts))
+
+    def static_inputs(self, kind: str, exts: GraphExts, size: int) -> Tensors:
         """A bucket's static inputs: every row's parameters, for verify the draft's outputs,
         and each graphed extension's (the watermark's key words, window, record and count)."""
         dev = self.bodies.storage[0].device
@@ -168,8 +172,9 @@ def graph_delta(before: GraphStats, after: GraphStats) -> GraphStats:
 
 def merge_graph_stats(parts) -> GraphStats:
     """Graph stats keep their names across block sizes ("verify greedy"): per bucket, replays
-    and eager runs are summed, captured / verified hold for every part, and refused is the
-    first refusal (calibration steps' replays are counted too)."""
+    and eager runs are summed, captured / verified hold for every part, refused is the first
+    refusal, and capture_ms / warmup_ms are the largest of the parts' (the longest stall; the
+    calibration steps' replays are counted too)."""
     out: GraphStats = {}
     for part in parts:
         for name, buckets in part.items():
@@ -181,5 +186,7 @@ def merge_graph_stats(parts) -> GraphStats:
                     "fresh": d["fresh"] if was["fresh"] is None else (
                         was["fresh"] if d["fresh"] is None else was["fresh"] and d["fresh"]),
                     "replays": was["replays"] + d["replays"],
-                    "eager": was["eager"] + d["eager"], "refused": was["refused"] or d["refused"]}
+                    "eager": was["eager"] + d["eager"], "refused": was["refused"] or d["refused"],
+                    **{ms: max(was.get(ms, 0.0), d.get(ms, 0.0))
+                       for ms in ("capture_ms", "warmup_ms")}}
     return out

@@ -54,6 +54,11 @@ class RunStats:
         ("prefill", "draft", "select", "verify", "graphs", "host", "catch_up"), 0.0))
     wall_s: float = 0.0
     capture_s: float = 0.0         # graph warm-up + capture inside decode steps (part of wall_s)
+    # Kernels compiled ahead (engine/precompile.py) before this call's first step: seconds
+    # (the shape-only trace and the compiles; not part of wall_s) and, per kernel, the variants
+    # compiled (0 / empty where nothing was left to compile or the kernels do not compile here)
+    compile_s: float = 0.0
+    compile_variants: dict[str, int] = field(default_factory=dict)
     syncs: int = 0                 # device→host synchronisations in decode steps
     constraint_host_masks: int = 0  # generic constraint hooks (target-only): host→device mask
                                     # uploads, one per step (token automata need none)

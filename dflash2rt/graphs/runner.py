@@ -15,7 +15,8 @@ as the same inputs give the same values). A bucket whose capture fails, or whose
 replay differs (HIP capture has not always reported its errors), runs eagerly from then on,
 and that is reported through the ``report`` given to ``run`` (the current run's fallbacks:
 runners outlive runs) every time it is used. ``stats()`` counts, per bucket, replays and eager
-runs.
+runs, and each bucket's capture wall time (``capture_ms``: warm-up, capture and checked replay;
+``warmup_ms``: its eager warm-up, where anything not compiled ahead would compile).
 
 Memory: every runner of an engine captures into one ``SharedPool`` (their steps run one after
 another, never at once), so the graphs' intermediates share memory instead of each runner
@@ -47,6 +48,8 @@ class Bucket:
     fresh: bool | None = None    # the first replay on fresh inputs equalled eager (None: not yet)
     replays: int = 0             # replays whose outputs were used (the checked one included)
     eager_runs: int = 0          # runs of the body in place of a replay (not the warm-up)
+    capture_s: float = 0.0       # wall time of its warm-up + capture + checked replay
+    warmup_s: float = 0.0        # of which the eager warm-up (lazy init, any JIT compile)
 
 
 def bucket_for(rows: int, buckets: tuple[int, ...]) -> int | None:
@@ -139,16 +142,19 @@ class GraphRunner:
         try:
             self._warm_and_capture(b)
         finally:
-            self.capture_s += time.perf_counter() - start
+            b.capture_s = time.perf_counter() - start
+            self.capture_s += b.capture_s
 
     def _label(self, size: int) -> str:
         return f"bucket {size}" + (f" ({self.name})" if self.name else "")
 
     def _warm_and_capture(self, b: Bucket) -> None:
+        start = time.perf_counter()
         with warm_up_on(self.adapter):        # on the stream the capture will use
             for _ in range(self.warmup):      # lazy init and autotuning happen before capture
                 eager = self.body(b.inputs)
         want = discrete(eager)                # the eager result for these static inputs
+        b.warmup_s = time.perf_counter() - start
 
         def fn() -> None:
             b.outputs = self.body(b.inputs)
@@ -178,11 +184,14 @@ class GraphRunner:
 
     def stats(self) -> dict[int, dict[str, Any]]:
         """Per bucket made so far: captured (it holds a graph that passed the post-capture check),
-        verified, replays and eager runs so far, and why it runs eagerly (refused: the capture
-        refusal or the replay difference; None when it replays)."""
+        verified, replays and eager runs so far, why it runs eagerly (refused: the capture
+        refusal or the replay difference; None when it replays), and its capture's wall
+        milliseconds (``capture_ms``: warm-up + capture + checked replay, ``warmup_ms`` the
+        warm-up's part; 0 before its capture)."""
         return {size: {"captured": b.graph is not None, "verified": b.verified,
                        "fresh": b.fresh, "replays": b.replays, "eager": b.eager_runs,
-                       "refused": b.eager or None}
+                       "refused": b.eager or None, "capture_ms": 1e3 * b.capture_s,
+                       "warmup_ms": 1e3 * b.warmup_s}
                 for size, b in sorted(self.state.items())}
 
     def close(self) -> None:

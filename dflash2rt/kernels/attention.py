@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..errors import InvalidInputError
+from .launch import launch
 from .tuning import DEFAULT, Tuning
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -32,7 +33,9 @@ MAX_HEAD_DIM = 256
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# T (query rows) and L (cache rows read) are bounds and offsets that change with the block and
+# the context: not specialized, so they cost no compile each.
+@triton.jit(do_not_specialize=["T", "L"])
 def _attention_kernel(q_ptr, k_ptr, v_ptr, lo_ptr, hi_ptr, out_ptr, T, L, HD, G, qk_scale,
                       sq_r, sq_t, sq_h, sq_d, sk_r, sk_l, sk_h, sk_d,
                       sv_r, sv_l, sv_h, sv_d, so_r, so_t, so_h, so_d,
@@ -117,7 +120,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tenso
                           8192 // block_d))
     block_n = max(16, min(tuning.attn_block_n, 8192 // block_d))
     grid = (triton.cdiv(t * group, block_m), n_kv, r)
-    _attention_kernel[grid](
+    launch(
+        _attention_kernel, grid,
         q, k, v, lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous(), out,
         t, n_keys, hd, group, float(scale) * _LOG2E, *q.stride(), *k.stride(), *v.stride(),
         *out.stride(), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PRECISION="ieee",

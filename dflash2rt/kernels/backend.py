@@ -17,6 +17,7 @@ from ..ops.draws import DrawSource
 from ..watermark.generate import KeyedDraws
 from ..watermark.sampler import require_fp64
 from . import attention, conv, selector, verify, watermark
+from .launch import COMPILE_THREADS, warm_up
 from .tuning import DEFAULT, Tuning
 
 
@@ -49,6 +50,18 @@ class KernelBackend(TorchOpsBackend):
                 "select": built_as(selector), "verify": built_as(verify), "noise": TORCH_OPS,
                 "attention": built_as(attention),
                 "watermark": built_as(watermark) if self.has_fp64 else UNSUPPORTED}
+
+    @property
+    def compiles_ahead(self) -> bool:
+        """True where the kernels compile for the device (not under the interpreter)."""
+        return any(built_as(m) == TRITON_KERNEL for m in (conv, selector, verify, attention))
+
+    def compile_ahead(self, launches):
+        """Each launch's variant compiled into Triton's cache for this device, on a thread pool
+        (``kernels.launch.warm_up``); nothing under the interpreter."""
+        if not self.compiles_ahead or not launches:
+            return {}
+        return warm_up(launches, self.device_guard, COMPILE_THREADS)
 
     # Every launch runs under ``device_guard()``: Triton launches on the current device.
     def conv_prepare(self, x, base, delta, block_size):

@@ -13,11 +13,12 @@ as unavailable, with the reason::
     TRITON_INTERPRET=0 python -m dflash2rt.kernels.compile_check [--target sm90 ...]
 
 Each case is one of ``kernels.smoke.cases`` run through ``KernelBackend`` (the real wrappers) on
-CPU tensors with the kernel swapped for a recorder, so the compiled signature is exactly what
-the wrapper launches. A target whose device properties say it has no float64 (Intel's
-``has_fp64``) compiles the cases as a backend without float64 runs them: a case the wrapper
-then runs as torch ops (or refuses) launches no kernel and is reported skipped, and a SPIR-V
-module that declares the Float64 capability fails (such a device cannot build it).
+CPU tensors with its launch collected instead of run (``kernels.launch.collecting``), so the
+compiled signature is exactly what the wrapper launches. A target whose device properties say it
+has no float64 (Intel's ``has_fp64``) compiles the cases as a backend without float64 runs them:
+a case the wrapper then runs as torch ops (or refuses) launches no kernel and is reported
+skipped, and a SPIR-V module that declares the Float64 capability fails (such a device cannot
+build it).
 
 On a target with float64 the cases a device without float64 launches are compiled too, as that
 backend launches them ("-nofp64"). Two properties are read off each kernel's Triton IR: ``f64``,
@@ -40,6 +41,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from .launch import Collected, Pointer, collecting
 from .smoke import DTYPES, cases
 from .tuning import Tuning, interpreting
 
@@ -50,27 +52,12 @@ BINARY = {"cuda": "cubin", "hip": "hsaco", "xpu": "spv"}
 _SPIRV_MAGIC, _OP_CAPABILITY, _OP_MEMORY_MODEL, _CAP_FLOAT64 = 0x07230203, 17, 14, 10
 
 
-class _Launched(Exception):
-    """Raised by the recorder instead of launching (the wrapper's outputs stay unwritten)."""
-
-
-class _Recorder:
-    """Stands in for a JITFunction: ``kernel[grid](*args, **kw)`` records the launch."""
-
-    def __init__(self) -> None:
-        self.launch: tuple[tuple, dict] | None = None
-
-    def __getitem__(self, grid):
-        def launch(*args, **kw):
-            self.launch = (args, kw)
-            raise _Launched
-        return launch
-
-
 def _signature(fn, args, kw) -> tuple[dict[str, str], dict[str, Any]]:
+    """Triton's signature of a collected launch (``launch.Launch``: tensors as ``Pointer``s),
+    and its constexprs."""
     sig, consts = {}, {}
     for name, a in zip(fn.arg_names, args):
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, Pointer):
             sig[name] = _PTR[a.dtype]
         elif isinstance(a, bool):
             sig[name] = "i1"
@@ -84,20 +71,20 @@ def _signature(fn, args, kw) -> tuple[dict[str, str], dict[str, Any]]:
 
 
 def _record(module, name: str, call: Callable[[], Any]) -> tuple[Any, tuple, dict] | str:
-    """(kernel, args, kwargs) of the launch ``call`` makes, or why it launched none."""
-    fn, rec, why = getattr(module, name), _Recorder(), "the backend ran the op as torch ops"
-    setattr(module, name, rec)
-    try:
-        call()
-    except _Launched:
-        pass
-    except Exception as exc:  # noqa: BLE001 - the op refused: reported as the reason
-        why = f"the op raised {type(exc).__name__}: {exc}"
-    finally:
-        setattr(module, name, fn)
-    if rec.launch is None:
+    """(kernel, args, kwargs) of the launch ``call`` makes (collected, not run: the wrapper
+    stops there), or why ``module.name`` was not launched."""
+    why = "the backend ran the op as torch ops"
+    with collecting(stop=True) as got:
+        try:
+            call()
+        except Collected:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the op refused: reported as the reason
+            why = f"the op raised {type(exc).__name__}: {exc}"
+    if not got.by_key:
         return f"{module.__name__}.{name} was not launched: {why}"[:1500]
-    return fn, *rec.launch
+    one = next(iter(got.by_key.values()))
+    return one.kernel, one.args, one.kwargs
 
 
 def has_fp64(arch: Any) -> bool:

@@ -7,10 +7,11 @@ import triton
 import triton.language as tl
 
 from ..ops.conv import check_conv_args
+from .launch import launch
 from .tuning import DEFAULT, Tuning
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["BLOCK_SIZE"])      # one binary for every block size
 def _conv_kernel(x_ptr, base_ptr, delta_ptr, res_ptr, out_ptr, H, G, GS, BLOCK_SIZE,
                  TAPS: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)         # one program per (row, channel block)
@@ -37,9 +38,9 @@ def _launch(x: torch.Tensor, base: torch.Tensor, delta: torch.Tensor, block_size
     out = torch.empty_like(x)
     res = residual.contiguous() if residual is not None else x
     grid = (n, triton.cdiv(h, tuning.block_h))
-    _conv_kernel[grid](x, base, delta, res, out, h, delta.shape[2], group_size, block_size,
-                       TAPS=taps, RESIDUAL=residual is not None, BLOCK_H=tuning.block_h,
-                       num_warps=tuning.num_warps)
+    launch(_conv_kernel, grid, x, base, delta, res, out, h, delta.shape[2], group_size,
+           block_size, TAPS=taps, RESIDUAL=residual is not None, BLOCK_H=tuning.block_h,
+           num_warps=tuning.num_warps)
     return out
 
 

@@ -31,12 +31,23 @@ from ..ops.sampling import bad_rows
 from ..ops.selector import SelectorOut, SelectorParams, check_select_args, topk_lowest_index, \
     unary_scores
 from . import exact32
+from .launch import launch
 from .tuning import DEFAULT, Tuning
 from .watermark import FP_FUSION, context_hash, exp_min_candidates, keyed_uniform, neg_log, \
     subkey_words
 
 if TYPE_CHECKING:
     from ..watermark.generate import WatermarkBatch
+
+# The walk's per-slot vectors (the path, the slots' contexts) are BLOCK_G lanes with the slots
+# past γ masked: a tile covering every block the engine takes (adaptive: up to twice the draft's
+# trained block) gives one binary for all of them.
+GAMMA_TILE = 32
+
+
+def block_g(gamma: int) -> int:
+    """BLOCK_G for γ slots: ``GAMMA_TILE``, or the power of two covering a larger γ."""
+    return max(GAMMA_TILE, triton.next_power_of_2(gamma))
 
 
 @triton.jit
@@ -66,7 +77,11 @@ def _fresh(ctx, rec_ptr, used, M, ctxs, e, BLOCK_M: tl.constexpr, BLOCK_G: tl.co
     return hits == 0
 
 
-@triton.jit
+# GAMMA, the block's slot count, is a loop bound and an offset: one binary serves every block.
+# The walk uniforms and the subkey words are read one value at a time, so their alignment (a
+# row of a larger tensor, or not: a captured step reads the key words of a static input) would
+# only make variants.
+@triton.jit(do_not_specialize=["GAMMA"], do_not_specialize_on_alignment=["u_ptr", "sub_ptr"])
 def _walk_kernel(cand_ptr, unary_ptr, proj_ptr, a_ptr, b_ptr, anchor_ptr, temp_ptr, greedy_ptr,
                  u_ptr, win_ptr, rec_ptr, used_ptr, sub_ptr, draft_ptr, q_ptr, badl_ptr, GAMMA,
                  K, RANK, M, SAMPLED: tl.constexpr, MARKED: tl.constexpr, FP64: tl.constexpr,
@@ -161,16 +176,15 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
     keyed = (wm.window.contiguous(), wm.record.contiguous(), wm.used.contiguous(),
              subkey_words(wm.key.draft, logits.device)) if marked else (draft,) * 4
     h, m = (wm.width, wm.record.shape[1]) if marked else (1, 1)
-    _walk_kernel[(r,)](cand.contiguous(), unary, proj.contiguous(), pred_codebook.contiguous(),
-                       succ_codebook.contiguous(), anchor.to(torch.int64).contiguous(),
-                       sampling.temperature.contiguous(), sampling.greedy.to(torch.int8),
-                       u_walk.contiguous(), *keyed, draft, q, bad_lattice, gamma, k, rank, m,
-                       SAMPLED=sampling.any_sampled, MARKED=marked, FP64=has_fp64,
-                       BLOCK_K=triton.next_power_of_2(k),
-                       LOG_K=triton.next_power_of_2(k).bit_length() - 1,
-                       LEVELS_K=exact32.levels_for(triton.next_power_of_2(k).bit_length() - 1),
-                       BLOCK_R=max(triton.next_power_of_2(rank), 1), H=h,
-                       BLOCK_H=triton.next_power_of_2(h), BLOCK_G=triton.next_power_of_2(gamma),
-                       BLOCK_M=min(256, triton.next_power_of_2(m)), num_warps=tuning.num_warps,
-                       **FP_FUSION)
+    launch(_walk_kernel, (r,), cand.contiguous(), unary, proj.contiguous(),
+           pred_codebook.contiguous(), succ_codebook.contiguous(),
+           anchor.to(torch.int64).contiguous(), sampling.temperature.contiguous(),
+           sampling.greedy.to(torch.int8), u_walk.contiguous(), *keyed, draft, q, bad_lattice,
+           gamma, k, rank, m, SAMPLED=sampling.any_sampled, MARKED=marked, FP64=has_fp64,
+           BLOCK_K=triton.next_power_of_2(k), LOG_K=triton.next_power_of_2(k).bit_length() - 1,
+           LEVELS_K=exact32.levels_for(triton.next_power_of_2(k).bit_length() - 1),
+           BLOCK_R=max(triton.next_power_of_2(rank), 1), H=h,
+           BLOCK_H=triton.next_power_of_2(h), BLOCK_G=block_g(gamma),
+           BLOCK_M=min(256, triton.next_power_of_2(m)), num_warps=tuning.num_warps,
+           **FP_FUSION)
     return SelectorOut(draft, cand, q, bad_rows(logits).any(dim=-1), bad_lattice.bool())

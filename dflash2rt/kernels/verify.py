@@ -34,6 +34,7 @@ from ..ops.sampling import bad_rows, target_probs
 from ..ops.verify import VerifyOut, assemble_tokens, check_verify_args, with_empty_draws
 from ..watermark.sampler import require_fp64
 from . import exact32
+from .launch import launch
 from .tuning import DEFAULT, Tuning
 from .watermark import FP_FUSION, keyed_uniform, neg_log, race_key, subkey_words
 
@@ -155,7 +156,12 @@ def _emit64(prow, c, qk, u, V, BLOCK_V: tl.constexpr):
     return tl.where((total > 0.0) & (total < float("inf")), emit, -1)   # not a law
 
 
-@triton.jit
+# GAMMA, the block's draft count, is a loop bound and an offset: one binary serves every block.
+# The uniforms and the subkey words are read one value at a time, so their alignment (a row of
+# a larger tensor, or not: a captured step reads the key words of a static input) would only
+# make variants.
+@triton.jit(do_not_specialize=["GAMMA"],
+            do_not_specialize_on_alignment=["ua_ptr", "ur_ptr", "ub_ptr", "sub_ptr"])
 def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua_ptr, ur_ptr,
                    ub_ptr, ctx_ptr, fresh_ptr, sub_ptr, acc_ptr, emit_ptr, badq_ptr, V, GAMMA, K,
                    SAMPLED: tl.constexpr, MARKED: tl.constexpr, FP64: tl.constexpr,
@@ -250,17 +256,14 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
              subkey_words(marks.key.target, logits.device)) if marked else (acc, acc, acc)
     block_v = min(tuning.block_v, triton.next_power_of_2(v))
     block_k = triton.next_power_of_2(k)
-    _verify_kernel[(r,)](logits, p, draft, candidates, q.contiguous(),
-                         sampling.greedy.to(torch.int8), noise.accept.contiguous(),
-                         noise.residual.contiguous(), noise.bonus.contiguous(), *keyed, acc, emit,
-                         bad_q, v, rows - 1, k, SAMPLED=sampling.any_sampled, MARKED=marked,
-                         FP64=has_fp64,
-                         BLOCK_V=block_v, LOG_V=block_v.bit_length() - 1,
-                         LEVELS_V=exact32.levels_for(block_v.bit_length() - 1),
-                         LOG_K=block_k.bit_length() - 1,
-                         LEVELS_K=exact32.levels_for(block_k.bit_length() - 1),
-                         BLOCK_K=block_k, num_warps=tuning.num_warps,
-                         **FP_FUSION)
+    launch(_verify_kernel, (r,), logits, p, draft, candidates, q.contiguous(),
+           sampling.greedy.to(torch.int8), noise.accept.contiguous(),
+           noise.residual.contiguous(), noise.bonus.contiguous(), *keyed, acc, emit, bad_q, v,
+           rows - 1, k, SAMPLED=sampling.any_sampled, MARKED=marked, FP64=has_fp64,
+           BLOCK_V=block_v, LOG_V=block_v.bit_length() - 1,
+           LEVELS_V=exact32.levels_for(block_v.bit_length() - 1),
+           LOG_K=block_k.bit_length() - 1, LEVELS_K=exact32.levels_for(block_k.bit_length() - 1),
+           BLOCK_K=block_k, num_warps=tuning.num_warps, **FP_FUSION)
     bad_q = bad_q.bool()
     bad = with_empty_draws(bad_rows(logits).any(dim=1), sampling.greedy, bad_q, emit)
     out = VerifyOut(acc, assemble_tokens(draft, acc, emit), bad, bad_q)

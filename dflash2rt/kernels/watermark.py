@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..watermark.keys import SubKey, SubKeyWords
 from ..watermark.values import CONTEXT_KEY
+from .launch import launch
 
 FP_FUSION = {"enable_fp_fusion": False}      # launch option of every kernel calling neg_log
 _CK0, _CK1 = tl.constexpr(CONTEXT_KEY[0]), tl.constexpr(CONTEXT_KEY[1])
@@ -181,7 +182,7 @@ def kernel_values(*, counter: torch.Tensor | None = None, key: torch.Tensor | No
            "u": torch.empty(n, dtype=torch.float32, device=dev),
            "e": torch.empty(n, dtype=torch.float64, device=dev)}
     block = min(1024, triton.next_power_of_2(max(n, 1)))
-    _values_kernel[(triton.cdiv(n, block),)](*args, subkey, u, out["words"], out["hash"],
-                                             out["u"], out["e"], n, H=h, BLOCK=block,
-                                             BLOCK_H=triton.next_power_of_2(h), **FP_FUSION)
+    launch(_values_kernel, (triton.cdiv(n, block),), *args, subkey, u, out["words"],
+           out["hash"], out["u"], out["e"], n, H=h, BLOCK=block,
+           BLOCK_H=triton.next_power_of_2(h), **FP_FUSION)
     return out
