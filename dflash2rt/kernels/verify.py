@@ -74,7 +74,19 @@ def _lowest_argmin(best, at, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _keyed_emit(prow, c, qk, ctx, sub_ptr, V, BLOCK_V: tl.constexpr):
+def _q_on(offs, cand_row, q_row, n):
+    """q's float64 mass on each id of ``offs``: Σ_k q_k [cand_k = id] over the row's first n
+    candidates, one candidate at a time (a [BLOCK_V, BLOCK_K] tile instead makes the kernel's
+    code and its compile several times larger). Candidates are distinct (top-K ids), so an id
+    gets at most one term: the same value as any summation order."""
+    qd = tl.zeros_like(offs).to(tl.float64)
+    for k in range(0, n):
+        qd += tl.where(offs == tl.load(cand_row + k), tl.load(q_row + k).to(tl.float64), 0.0)
+    return qd
+
+
+@triton.jit
+def _keyed_emit(prow, cand_row, q_row, n, ctx, sub_ptr, V, BLOCK_V: tl.constexpr):
     """``watermark.generate.Marks.emit`` over ``ops.verify``'s emitting law: the Gumbel-max
     token (subkey words at sub_ptr, context ctx) of (p - q)+ (torch's clamp: NaN stays NaN), or
     of p where that residual is empty; -1 where the law is not one. One scan keeps both
@@ -93,8 +105,7 @@ def _keyed_emit(prow, c, qk, ctx, sub_ptr, V, BLOCK_V: tl.constexpr):
         offs = start + lanes
         live = offs < V
         p = tl.load(prow + offs, mask=live, other=0.0).to(tl.float64)
-        qd = tl.sum(tl.where(offs[:, None] == c[None, :], qk[None, :], 0.0), 1)
-        x = p - qd
+        x = p - _q_on(offs, cand_row, q_row, n)
         w = tl.where(x < 0.0, 0.0, x)
         e = neg_log(keyed_uniform(ctx, offs, sub_ptr))
         best_r, at_r = _argmin_lane(race_key(w, e), offs, best_r, at_r)
@@ -121,10 +132,10 @@ def _accepts(u, q_hi, q_lo, p_d, FP64: tl.constexpr):
 
 
 @triton.jit
-def _emit64(prow, c, qk, u, V, BLOCK_V: tl.constexpr):
-    """The emitting row's draw in float64: the inverse CDF of the residual (p − q)+, or of p
-    where it is empty, with uniform u; -1 where that is not a law. Two scans: the masses and
-    last positives, then the cdf."""
+def _emit64(prow, cand_row, q_row, n, u, V, BLOCK_V: tl.constexpr):
+    """The emitting row's draw in float64: the inverse CDF of the residual (p − q)+ (q: the
+    first n candidates of cand_row / q_row), or of p where it is empty, with uniform u; -1
+    where that is not a law. Two scans: the masses and last positives, then the cdf."""
     lanes = tl.arange(0, BLOCK_V)
     mass = tl.zeros([BLOCK_V], tl.float64)       # per lane; reduced once after the scan
     mass_p = tl.zeros([BLOCK_V], tl.float64)
@@ -133,8 +144,7 @@ def _emit64(prow, c, qk, u, V, BLOCK_V: tl.constexpr):
     for start in range(0, V, BLOCK_V):           # pass 1: residual and p mass, last positives
         offs = start + lanes
         p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float64)
-        qd = tl.sum(tl.where(offs[:, None] == c[None, :], qk[None, :], 0.0), 1)
-        w = tl.maximum(p - qd, 0.0)
+        w = tl.maximum(p - _q_on(offs, cand_row, q_row, n), 0.0)
         mass += w
         mass_p += p
         last_r = tl.maximum(last_r, tl.where(w > 0, offs, -1))
@@ -147,8 +157,7 @@ def _emit64(prow, c, qk, u, V, BLOCK_V: tl.constexpr):
     for start in range(0, V, BLOCK_V):           # pass 2: inverse CDF
         offs = start + lanes
         p = tl.load(prow + offs, mask=offs < V, other=0.0).to(tl.float64)
-        qd = tl.sum(tl.where(offs[:, None] == c[None, :], qk[None, :], 0.0), 1)
-        w = tl.where(use_p, p, tl.maximum(p - qd, 0.0))
+        w = tl.where(use_p, p, tl.maximum(p - _q_on(offs, cand_row, q_row, n), 0.0))
         cdf = tl.cumsum(w, 0) + carry
         count += tl.sum(tl.where((cdf <= target) & (offs < V), 1, 0), 0)
         carry += tl.sum(w, 0)
@@ -213,14 +222,16 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
         qk = tl.load(q_ptr + (r * GAMMA + slot) * K + ks, mask=kmask, other=0.0)
         prow = p_ptr + (r * rows + acc) * V
         u = tl.where(rejected, tl.load(ur_ptr + r * GAMMA + slot), tl.load(ub_ptr + r))
+        row = (r * GAMMA + slot) * K                # the emitting slot's candidates and q
+        n_q = tl.where(rejected, K, 0)               # the bonus row's q is empty
         if FP64:
-            emit = _emit64(prow, c, qk.to(tl.float64), u, V, BLOCK_V)
+            emit = _emit64(prow, cand_ptr + row, q_ptr + row, n_q, u, V, BLOCK_V)
         else:
             emit = exact32.emit_residual(prow, c, qk.to(tl.float32), u.to(tl.float32), V, K,
                                          BLOCK_V, BLOCK_K, LOG_V, LEVELS_V, LOG_K, LEVELS_K)
         if MARKED:                                   # the emitting slot's context is fresh:
             if tl.load(fresh_ptr + r * rows + acc) != 0:       # the keyed draw replaces it
-                emit = _keyed_emit(prow, c, qk.to(tl.float64),
+                emit = _keyed_emit(prow, cand_ptr + row, q_ptr + row, n_q,
                                    tl.load(ctx_ptr + r * rows + acc), sub_ptr, V, BLOCK_V)
     tl.store(acc_ptr + r, acc)
     tl.store(emit_ptr + r, emit)
