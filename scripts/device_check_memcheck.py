@@ -26,7 +26,8 @@ MEMORY_ERROR = re.compile(
     r"Warp (Illegal|Misaligned|Out-of-range) Address|Malloc/Free Error|Invalid __global__ free)",
     re.IGNORECASE)
 API_ERROR = re.compile(r"^=+\s+Program hit \w+ \(error \d+\)")
-SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+) error")
+# "ERROR SUMMARY: 130 errors" (a second line may say how many "were not printed")
+SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+) errors?\s*$")
 REFUSED = "Device not supported"
 
 
@@ -72,7 +73,7 @@ def memcheck_section(check, sec) -> None:
     sec.figures["settings"] = ("smoke-graphs: caching allocator, graphs on; smoke-exact: "
                                "PYTORCH_NO_CUDA_MEMORY_CACHING=1, graphs off (DFLASH2RT_GRAPHS=0)")
     for n, f in found.items():
-        sec.figures[n] = (f"{f['memory_errors']} memory-access errors"
+        sec.figures[n] = (f"{f['memory_errors']} memory-access errors printed"
                           + (f" (first: {f['first'][0]})" if f["first"] else "")
                           + f", {f['api_errors']} CUDA API errors (not counted), ERROR SUMMARY "
                           f"{f['summary_total']}, exit {steps[n].rc}")

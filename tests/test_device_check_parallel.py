@@ -123,7 +123,8 @@ PLANTED_LOG = """========= COMPUTE-SANITIZER
 =========     by thread (0,0,0) in block (0,0,0)
 =========     Address 0x7f0000004e20 is out of bounds
 ========= Invalid __global__ write of size 4 bytes
-========= ERROR SUMMARY: 2 errors
+========= ERROR SUMMARY: 3 errors
+========= ERROR SUMMARY: 1 error was not printed. Use --print-limit option to adjust the number
 """
 API_LOG = """========= COMPUTE-SANITIZER
 ========= Program hit cudaErrorStreamCaptureUnsupported (error 900) due to "operation not
@@ -135,7 +136,7 @@ API_LOG = """========= COMPUTE-SANITIZER
 
 def test_classify_counts_memory_access_errors_only():
     p = classify(PLANTED_LOG)
-    assert p["memory_errors"] == 2 and p["api_errors"] == 0 and p["summary_total"] == 2
+    assert p["memory_errors"] == 2 and p["api_errors"] == 0 and p["summary_total"] == 3
     assert p["first"][0].startswith("Invalid __global__ write")
     a = classify(API_LOG)
     assert a["memory_errors"] == 0 and a["api_errors"] == 2 and a["summary_total"] == 2
@@ -180,8 +181,9 @@ def test_memcheck_verdict(runner, tmp_path, monkeypatch, planted, smoke, fails):
         assert sec.status == "FAIL" and fails in sec.reason, sec.reason
     else:
         assert sec.status == "PASS", sec.reason
-        assert sec.figures["planted"].startswith("2 memory-access errors")
-        assert sec.figures["smoke-exact"].startswith("0 memory-access errors, 2 CUDA API")
+        assert sec.figures["planted"].startswith("2 memory-access errors printed")
+        assert "ERROR SUMMARY 3," in sec.figures["planted"]
+        assert sec.figures["smoke-exact"].startswith("0 memory-access errors printed, 2 CUDA API")
 
 
 def _row(mode="spec", marked=False, equal=True, cpu=None, caps=None):
