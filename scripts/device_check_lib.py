@@ -188,10 +188,11 @@ class Runner:
         except Interrupted as exc:
             self.kill_children()
             for t in threads.values():
-                t.join(15)
+                if t.ident is not None:  # the signal may land inside t.start()
+                    t.join(15)
             for sec, _ in items:         # started, but its thread never ran or never ended
                 t = threads.get(sec.name)
-                if sec.status == "PASS" and (t is None or t.is_alive()):
+                if sec.status == "PASS" and (t is None or t.ident is None or t.is_alive()):
                     sec.fail(f"interrupted by {exc}")
                     self._ended(sec, start)
             raise
