@@ -11,14 +11,16 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from .ops import attention as attention_op
-from .ops import conv, exact32, selector, verify
+from .ops import conv, exact32, fused, selector, verify
 from .ops.batch import BlockNoise, SamplingBatch
 from .ops.draws import Draws, WalkDraws
+from .ops.rng import Stream, uniforms
 
 # What executes an op (Backend.implementation): the words every report uses.
 TRITON_KERNEL, TORCH_OPS, TRITON_INTERPRETER = "triton kernel", "torch ops", "triton interpreter"
 UNSUPPORTED = "unsupported"    # the op raises a typed error (e.g. no watermark without float64)
-OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise", "attention", "watermark")
+OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise", "attention", "rms_norm",
+       "attention_prologue", "watermark")
 # "watermark": what makes the keyed draws when select / verify are given the watermark's draw
 # source (``watermark.generate.KeyedDraws``: the walk under subkey A, the residual / bonus under B)
 
@@ -236,6 +238,23 @@ class Backend(abc.ABC):
         """All uniforms of one step, from the counter-based generator (identical on every device)."""
         return BlockNoise.draw(seed, request, anchor_pos, gamma)
 
+    def token_uniforms(self, seed: torch.Tensor, request: torch.Tensor, position: torch.Tensor,
+                       lead: int = 0) -> torch.Tensor:
+        """seed, request, position [R] → [R] float32: the bonus stream's uniform that decides
+        the token at position[r] + lead (prefill's first token, a target-only step's), from
+        the same generator as ``noise``."""
+        return uniforms(seed, request, position + lead if lead else position, Stream.BONUS)
+
+    # The models' fusable ops (``ops.fused``, same contracts): with ``fuses_model_ops`` the
+    # models run this backend's ``rms_norm`` and ``attention_prologue`` during a decode.
+    fuses_model_ops: bool = False
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return fused.rms_norm(x, weight, eps)
+
+    def attention_prologue(self, *args: Any) -> torch.Tensor:
+        return fused.attention_prologue(*args)
+
     def device_guard(self) -> contextlib.AbstractContextManager:
         """The backend's device made current (``torch.<type>.device``): Triton launches on the
         current device, and a graph captures there, whatever device the tensors are on. A null
@@ -247,12 +266,16 @@ class Backend(abc.ABC):
 
     def run_context(self) -> contextlib.AbstractContextManager:
         """Entered by the Engine around the whole decode of a ``generate()`` call: the device
-        guard, and with ``has_fp64`` False the float32 formulation for the ops the engine calls
-        directly (``sample_next``, ``dflash2rt.ops.exact32``)."""
+        guard, with ``has_fp64`` False the float32 formulation for the ops the engine calls
+        directly (``sample_next``, ``dflash2rt.ops.exact32``), and with ``fuses_model_ops``
+        this backend's kernels for the models' norms and attention prologues
+        (``ops.fused.using``)."""
         stack = contextlib.ExitStack()
         stack.enter_context(self.device_guard())
         if not self.has_fp64:
             stack.enter_context(exact32.without_fp64())
+        if self.fuses_model_ops:                  # the models' fusable ops: its kernels
+            stack.enter_context(fused.using(self))
         return stack
 
 

@@ -98,6 +98,18 @@ class Checked(KernelBackend):
     def attention(self, *a, **k):
         return self._op("attention", *a, **k)
 
+    def noise(self, *a, **k):
+        return self._op("noise", *a, **k)
+
+    def token_uniforms(self, *a, **k):
+        return self._op("token_uniforms", *a, **k)
+
+    def rms_norm(self, *a, **k):
+        return self._op("rms_norm", *a, **k)
+
+    def attention_prologue(self, *a, **k):
+        return self._op("attention_prologue", *a, **k)
+
 
 class Rerun:
     """A graph adapter whose graph runs the captured function again."""

@@ -36,8 +36,8 @@ def test_the_triton_interpret_backend_says_triton_interpreter():
                          env=env_, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines()[1] == ("triton interpreter: conv_prepare, conv_finish, "
-                                          "select, verify, attention, watermark; torch ops: "
-                                          "noise")
+                                          "select, verify, noise, attention, rms_norm, "
+                                          "attention_prologue, watermark")
 
 
 def test_gpu_backend_whose_kernels_fail_reports_a_kernel_fallback(monkeypatch):

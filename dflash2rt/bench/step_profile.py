@@ -3,7 +3,8 @@ the per-step split (draft, verify, host) of the greedy and the sampled speculati
 draft's block size, and their ratio (:func:`~dflash2rt.bench.profile.profile_steps`: every
 graph replay between two device syncs), each captured graph's replay time alone, the whole step
 as the engine runs it (host work and the one sync included), the top kernels of each graph's
-body run eagerly under torch.profiler, and the model's GEMM shapes alone (CUDA)."""
+body run eagerly under torch.profiler, the model's GEMM shapes alone (CUDA), and the kernels a
+step and a prefill launch (``bench.launches``, counted on the CPU)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..backend import Backend
 from ..engine.engine import Engine
 from ..engine.request import Request, SamplingParams
 from ..models.pair import ModelPair
+from .launches import count_launches, launches_text
 from .measure import TEMPERATURES, mean_ms, seeded_requests
 from .profile import profile_steps
 
@@ -80,7 +82,8 @@ def step_profile(pair: ModelPair, backend: Backend) -> dict[str, Any]:
         raise ValueError(f"backend {backend.name!r} captures no graphs: nothing to profile")
     sync = torch.cuda.synchronize if backend.device.type == "cuda" else (lambda: None)
     ids = tuple(pair.tokenizer.encode(PROMPT))
-    res: dict[str, Any] = {"backend": backend.name}
+    res: dict[str, Any] = {"backend": backend.name,
+                           "launches": count_launches(pair, backend)}   # counted on the CPU
     block = pair.draft.cfg.block_size
     with torch.inference_mode(), Engine(pair, backend) as engine:
         # the synced split, greedy vs sampled, at the draft's block size (graphs captured by the
@@ -130,7 +133,10 @@ def step_profile_text(res: dict[str, Any]) -> str:
     """The profile as text, one entry (or table) per key."""
     lines: list[str] = []
     for k, v in res.items():
-        if k == "gemm_us":
+        if k == "launches":
+            lines.append("kernel launches (counted on the CPU as this device runs them):")
+            lines += ["    " + line for line in launches_text(v).splitlines()]
+        elif k == "gemm_us":
             lines.append("linear x[M, K] @ W[N, K]^T, GPU us per call (graph of 50):")
             lines += [f"    M {row['m']:3d} N {row['n']:5d} K {row['k']} {row['dtype']}: "
                       f"{row['us']:7.1f}" for row in v]

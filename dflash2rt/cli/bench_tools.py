@@ -6,7 +6,8 @@
 ``tp-equivalence``  greedy TP=N vs TP=1 on one host, differences explained by near-ties
 ``ablation``        adaptive speculation without each of its mechanisms, side by side with
                     target-only, the full policy and fixed blocks
-``step-profile``    where a graphed decode step's time goes on a GPU backend
+``step-profile``    where a graphed decode step's time goes on a GPU backend; ``--launches``:
+                    the kernels a step and a prefill launch, counted on the CPU
 
 Each writes JSON with ``--json`` (stdout) or ``--json-out FILE``; progress goes to stderr."""
 
@@ -222,6 +223,13 @@ def _add_step_profile(tools: argparse._SubParsersAction) -> argparse.ArgumentPar
                          "backend: the synced split, each graph's replay, top kernels, GEMMs")
     p.add_argument("--model", default="stdlib-code", help=MODEL_HELP)
     p.add_argument("--backend", default="cuda")
+    p.add_argument("--launches", action="store_true",
+                   help="only the kernel launches per step and prefill, counted on the CPU as "
+                   "the backend's device runs them (any backend; no device needed)")
+    p.add_argument("--rows", type=int, default=1, help="--launches: the batch")
+    p.add_argument("--blocks", default="8", help="--launches: speculative blocks, e.g. 4,8")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="--launches: the pair's dtype")
     p.set_defaults(func=_step_profile)
     return p
 
@@ -230,10 +238,20 @@ def _step_profile(args: argparse.Namespace) -> int:
     import torch
 
     from ..api import resolve_model
+    from ..bench.launches import count_launches, launches_text
     from ..bench.step_profile import step_profile, step_profile_text
     from ..registry import Registry
 
     backend = Registry.discover().select(args.backend).backend
+    if args.launches:
+        pair = resolve_model(args.model, "cpu", getattr(torch, args.dtype))
+        res = {"backend": backend.name, "dtype": args.dtype, "rows": args.rows,
+               "launches": count_launches(pair, backend, [int(b) for b in args.blocks.split(",")],
+                                          rows=args.rows)}
+        _emit(args, res)
+        if not args.json:
+            print(launches_text(res["launches"]))
+        return 0
     if backend.graph_adapter is None:
         _log(f"{args.backend} captures no graphs: nothing to profile")
         return 1

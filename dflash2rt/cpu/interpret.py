@@ -37,7 +37,7 @@ def probe() -> Probe:
 
     return Probe(True, device="cpu (Triton interpreter)",
                  kernels="triton kernels under the interpreter: conv, selector walk, verify, "
-                 "attention",
+                 "attention, noise, RMSNorm, attention prologue",
                  dtypes=("float32", "float16"),
                  graphs="none: the interpreter has no graphs (eager launches)",
                  details={"triton": version("triton"), "torch": torch.__version__})

@@ -61,7 +61,8 @@ def _forbidding(method):
     return wrapped
 
 
-OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise", "attention")
+OPS = ("conv_prepare", "conv_finish", "select", "verify", "noise", "token_uniforms",
+       "attention", "rms_norm", "attention_prologue")
 
 
 def forbid_fp64(cls: type[Backend]) -> type[Backend]:

@@ -90,7 +90,7 @@ def live_inputs(st: BatchState) -> Tensors:
     return {"anchor": st.anchor, "lens": st.lens, "seed": st.seed, "key": st.key,
             "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
             "greedy": s.greedy,
-            "live": torch.ones(st.size, dtype=torch.bool, device=st.lens.device),
+            "live": st.live,
             **{n: t for e in st.extensions for n, t in e.graph_inputs().items()}}  # graphed
 
 

@@ -29,6 +29,10 @@ _PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.
            "key": (torch.int64, 0), "temperature": (torch.float32, 0.0),
            "top_k": (torch.int64, 0), "top_p": (torch.float32, 1.0), "greedy": (torch.bool, True),
            "live": (torch.bool, False)}
+# Inputs fixed for a whole run and never written in place: staged only when they change.
+CONSTANTS = frozenset(("seed", "key", "temperature", "top_k", "top_p", "greedy", "live"))
+# The draft body's outputs, which the verify graph reads in place (``static_inputs``).
+DRAFTED = ("draft", "cand", "q", "draft_bad", "lattice_bad", *NOISE)
 GraphStats = dict[str, dict[int, dict[str, Any]]]     # graph name → bucket → counters
 Report = Callable[[str], None]
 # A hook every body run goes through: (kind, block, clock, run) → run()'s result; kind is
@@ -98,10 +102,12 @@ class Mode:
         key = (kind, sampled, exts)
         if key not in self.runners:
             self.runners[key] = GraphRunner(
-                self.adapter, BUCKETS, functools.partial(self.static_inputs, kind, exts),
+                self.adapter, BUCKETS,
+                functools.partial(self.static_inputs, kind, exts, drafted=sampled),
                 self.graph_body(kind, sampled, exts), self._pads(kind, exts),
                 name=f"{kind} {'sampled' if sampled else 'greedy'}"
-                     + "".join(f" {cls.graph_label}" for cls, _ in exts), pool=self.pool)
+                     + "".join(f" {cls.graph_label}" for cls, _ in exts), pool=self.pool,
+                constants=CONSTANTS)
         return self.runners[key]
 
     def graph_body(self, kind: str, sampled: bool, exts: GraphExts
@@ -110,9 +116,12 @@ class Mode:
         return functools.partial(self._body(kind), sampled=sampled, ctx_len=None,
                                  graphed=tuple(cls for cls, _ in exts))
 
-    def static_inputs(self, kind: str, exts: GraphExts, size: int) -> Tensors:
+    def static_inputs(self, kind: str, exts: GraphExts, size: int,
+                      drafted: bool | None = None) -> Tensors:
         """A bucket's static inputs: every row's parameters, for verify the draft's outputs,
-        and each graphed extension's (the watermark's key words, window, record and count)."""
+        and each graphed extension's (the watermark's key words, window, record and count).
+        ``drafted`` (verify; the sampling mode): where that mode's draft graph has captured
+        this bucket, verify's draft inputs *are* its outputs, read in place (no copies)."""
         dev = self.bodies.storage[0].device
         out = {n: torch.full((size,), v, dtype=d, device=dev) for n, (d, v) in _PARAMS.items()}
         for cls, ext_key in exts:
@@ -126,6 +135,10 @@ class Mode:
                        lattice_bad=torch.zeros(size, dtype=torch.bool, device=dev),
                        bonus=torch.full((size,), 0.5, device=dev),
                        **{n: torch.full((size, g), 0.5, device=dev) for n in NOISE[:3]})
+            draft = self.runners.get(("draft", drafted, exts))
+            bucket = None if draft is None else draft.state.get(size)
+            if bucket is not None and bucket.graph is not None:
+                out.update({n: bucket.outputs[n] for n in DRAFTED})
         return out
 
     @staticmethod

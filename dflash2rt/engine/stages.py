@@ -28,9 +28,9 @@ from ..models.pair import ModelPair
 from ..models.target import TargetOutput
 from ..ops.batch import BlockNoise
 from ..ops.procs import token_logprobs
-from ..ops.rng import Stream, uniforms
 from ..ops import selector as ops_selector
 from ..ops.selector import SelectorOut, SelectorParams
+from ..ops.staging import to_device
 from ..ops.verify import VerifyOut, sample_next
 from .state import BatchState
 
@@ -85,16 +85,15 @@ def prefill(pair: ModelPair, st: BatchState, backend: Backend, prompts: list[tup
     ids = torch.zeros(r, t, dtype=torch.int64)
     for i, p in enumerate(prompts):
         ids[i, :len(p)] = torch.tensor(p)
-    ids = ids.to(dev)                                                    # [R, T] right-padded
-    n = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)
+    ids, n = to_device(dev, ids, torch.tensor([len(p) for p in prompts]))  # [R, T] padded, [R]
     pos = torch.arange(t, device=dev).expand(r, t)                       # [R, T]
     out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=0, logits_at=n - 1,
                       attn=backend.attention)                           # writes the target K/V
     if st.draft_cache is not None:
         st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, n)
     last = processed(st, out.logits[:, :1])                               # row n - 1 only
-    u = uniforms(st.seed, st.key, n, Stream.BONUS)                        # decides position n
-    token, bad = sample_next(last[:, 0], st.sampling, u, marks=_next_draw(st))
+    u = backend.token_uniforms(st.seed, st.key, n) if st.sampling.any_sampled else None
+    token, bad = sample_next(last[:, 0], st.sampling, u, marks=_next_draw(st))  # position n
     st.lens.copy_(n)
     st.anchor.copy_(token)
     commit(st, token.view(-1, 1), torch.ones_like(n))
@@ -218,7 +217,8 @@ def target_only_forward(pair: ModelPair, st: BatchState, backend: Backend,
     ids = st.anchor.view(-1, 1)
     out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=ctx_len,
                       attn=backend.attention)
-    u = uniforms(st.seed, st.key, st.lens + 1, Stream.BONUS)              # decides position n+1
+    u = backend.token_uniforms(st.seed, st.key, st.lens, lead=1) \
+        if st.sampling.any_sampled else None                              # decides position n+1
     logits = processed(st, out.logits)
     token, bad = sample_next(logits[:, 0], st.sampling, u, marks=_next_draw(st))
     return token, bad, out, pos, logprobs_of(st, logits, token.view(-1, 1), out.logits)

@@ -3,7 +3,7 @@ mirror of lengths."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -38,6 +38,14 @@ class BatchState:
     host_lens: list[int]
     rows: list[int]
     extensions: tuple[RowExtension, ...] = ()
+    _live: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def live(self) -> torch.Tensor:
+        """[R] bool, all True: every row is live (a step body's ``live`` input), made once."""
+        if self._live is None:
+            self._live = torch.ones(self.size, dtype=torch.bool, device=self.lens.device)
+        return self._live
 
     def _state_of(self, kind: type) -> Any:
         return next((e.batch for e in self.extensions if isinstance(e, kind)), None)
@@ -99,10 +107,10 @@ def new_state(requests: Sequence, target: KVCache, draft: KVCache | None,
     needs (None: requests that use them are refused); ``wm``: the batch's watermark state
     (``WatermarkBatch.build``), None: unwatermarked."""
     r, ps = len(requests), [q.params for q in requests]
-    i64 = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
-    return BatchState(
-        target, draft, i64([0] * r), i64([0] * r),
-        i64([p.seed for p in ps]), i64([q.key for q in requests]),
-        SamplingBatch.build([p.temperature for p in ps], [p.top_k for p in ps],
-                            [p.top_p for p in ps], dev, [p.min_p for p in ps]),
-        [0] * r, list(range(r)), extensions.build(requests, vocab, dev, wm))
+    sampling, (seed, key) = SamplingBatch.build_with(        # one host→device copy
+        [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps], dev,
+        [p.min_p for p in ps], also=[torch.tensor([p.seed for p in ps], dtype=torch.int64),
+                                     torch.tensor([q.key for q in requests], dtype=torch.int64)])
+    zeros = lambda: torch.zeros(r, dtype=torch.int64, device=dev)  # noqa: E731
+    return BatchState(target, draft, zeros(), zeros(), seed, key, sampling, [0] * r,
+                      list(range(r)), extensions.build(requests, vocab, dev, wm))

@@ -1,5 +1,6 @@
 """The bucketed graph runner: static buffers per batch-size bucket, eager warm-up before
-capture, replay by copying live rows into ``[:R]`` and inert padding into ``[R:]``.
+capture, replay by copying live rows into ``[:R]`` and inert padding into ``[R:]`` (per-run
+constants only when they change, and nothing where the buffer already is the source).
 
 A step body reads only its static inputs and writes only its static outputs (and, through
 them, nothing that belongs to a live request: padded rows get inert values, and outputs are
@@ -46,10 +47,23 @@ class Bucket:
     eager: str = ""              # why capture failed or replay differed: the body runs eagerly
     verified: bool = False       # the post-capture replay equalled the eager warm-up
     fresh: bool | None = None    # the first replay on fresh inputs equalled eager (None: not yet)
+    staged: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # constants'
+    rows: int = 0                # the live rows of the last staging
     replays: int = 0             # replays whose outputs were used (the checked one included)
     eager_runs: int = 0          # runs of the body in place of a replay (not the warm-up)
     capture_s: float = 0.0       # wall time of its warm-up + capture + checked replay
     warmup_s: float = 0.0        # of which the eager warm-up (lazy init, any JIT compile)
+
+
+class _Capture:
+    """What a bucket's graph captures: the body over its static inputs, whose outputs become
+    ``bucket.outputs`` (a device graph's replays write into those same tensors)."""
+
+    def __init__(self, body: Callable[[Tensors], Tensors], bucket: Bucket) -> None:
+        self.body, self.bucket = body, bucket
+
+    def __call__(self) -> None:
+        self.bucket.outputs = self.body(self.bucket.inputs)
 
 
 def bucket_for(rows: int, buckets: tuple[int, ...]) -> int | None:
@@ -77,12 +91,14 @@ class GraphRunner:
     def __init__(self, adapter: GraphAdapter, buckets: tuple[int, ...],
                  make_inputs: Callable[[int], Tensors], body: Callable[[Tensors], Tensors],
                  pad: Mapping[str, Any], warmup: int = 2, name: str = "",
-                 pool: SharedPool | None = None) -> None:
+                 pool: SharedPool | None = None, constants: frozenset[str] = frozenset()
+                 ) -> None:
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             raise InvalidInputError(f"buckets must be increasing positive sizes, got {buckets}")
         self.adapter, self.buckets = adapter, tuple(buckets)
         self.make_inputs, self.body, self.pad = make_inputs, body, dict(pad)
         self.warmup, self.name = max(1, warmup), name
+        self.constants = constants      # inputs never written in place (per-run constants)
         self.pool = pool if pool is not None else SharedPool(adapter)
         self.state: dict[int, Bucket] = {}
         self.capture_s = 0.0          # warm-up + capture wall time, over all buckets
@@ -97,10 +113,7 @@ class GraphRunner:
                    "ran eagerly")
             return self.body(live)
         b = self.state.get(size) or self._new_bucket(size)
-        for name, buf in b.inputs.items():
-            buf[:rows].copy_(live[name])
-            if rows < size:
-                buf[rows:].fill_(self.pad[name])
+        self._stage(b, live, rows)
         checked = b.graph is None and not b.eager
         if checked:
             self._capture(b)        # warm-up, capture, one checked replay of these inputs
@@ -117,6 +130,26 @@ class GraphRunner:
         else:
             b.replays += 1
         return {name: out[:rows] for name, out in b.outputs.items()}
+
+    def _stage(self, b: Bucket, live: Tensors, rows: int) -> None:
+        """Each live input into its static buffer's rows [:rows], inert padding into the rest;
+        nothing for an input whose source already is those rows (a buffer the step before
+        wrote: the draft graph's outputs that the verify graph reads; its padded rows then
+        hold what that body computed for its own inert padded rows), nor for a per-run
+        constant (``constants``) staged from this very tensor at this row count."""
+        same_rows = rows == b.rows
+        b.rows = rows
+        for name, buf in b.inputs.items():
+            src, dst = live[name], buf[:rows]
+            if same_memory(src, dst):
+                continue
+            if name in self.constants:
+                if same_rows and b.staged.get(name) is src:
+                    continue
+                b.staged[name] = src
+            dst.copy_(src)
+            if rows < b.size:
+                buf[rows:].fill_(self.pad[name])
 
     def _check_fresh(self, b: Bucket) -> bool:
         """The first replay on inputs other than the capture's against an eager run of the
@@ -156,11 +189,8 @@ class GraphRunner:
         want = discrete(eager)                # the eager result for these static inputs
         b.warmup_s = time.perf_counter() - start
 
-        def fn() -> None:
-            b.outputs = self.body(b.inputs)
-
         try:
-            b.graph = self.adapter.capture(fn, self.pool.handle)
+            b.graph = self.adapter.capture(_Capture(self.body, b), self.pool.handle)
         except Exception as exc:  # noqa: BLE001 - any refusal is reported; the bucket runs eagerly
             why = str(exc) if isinstance(exc, GraphCaptureError) else (
                 f"{getattr(self.adapter, 'name', 'graph')} capture raised "
@@ -201,6 +231,14 @@ class GraphRunner:
             b.graph = None
             b.outputs = {}
         self.state.clear()
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b are the same elements of one storage (the storage itself compared, not
+    its address: shape-only tensors all have address 0)."""
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata \
+        and a.storage_offset() == b.storage_offset() and a.shape == b.shape \
+        and a.stride() == b.stride() and a.dtype == b.dtype
 
 
 def discrete(outputs: Mapping[str, torch.Tensor]) -> Tensors:

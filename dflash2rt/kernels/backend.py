@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import TORCH_OPS, TRITON_INTERPRETER, TRITON_KERNEL, UNSUPPORTED, TorchOpsBackend
+from ..backend import TRITON_INTERPRETER, TRITON_KERNEL, UNSUPPORTED, TorchOpsBackend
 from ..errors import InvalidInputError
 from ..ops.draws import DrawSource
+from ..ops.rng import Stream
 from ..watermark.generate import KeyedDraws
 from ..watermark.sampler import require_fp64
-from . import attention, conv, selector, verify, watermark
+from . import attention, conv, noise, norm, rope, selector, verify, watermark
 from .launch import COMPILE_THREADS, warm_up
 from .tuning import DEFAULT, Tuning
 
@@ -41,14 +42,17 @@ class KernelBackend(TorchOpsBackend):
 
     @property
     def implementation(self) -> dict[str, str]:
-        """The conv, the selector walk, verification and attention are kernels (top-K and logit
-        processing inside ``select`` / ``verify`` stay torch); the noise is drawn by torch
-        ops. The watermark's keyed walk and residual / bonus draws run in the select / verify
-        kernels (its block contexts and keyed acceptance coins are torch ops); without float64
-        there is no watermark (``UNSUPPORTED``: a watermarked batch raises)."""
+        """The conv, the selector walk, verification, the noise (a step's uniforms, and a
+        token's), attention and the models' RMSNorm and attention prologue (q / k norm, rope,
+        the cache write) are kernels (top-K and logit processing inside ``select`` /
+        ``verify`` stay torch). The watermark's keyed walk and residual /
+        bonus draws run in the select / verify kernels (its block contexts and keyed
+        acceptance coins are torch ops); without float64 there is no watermark
+        (``UNSUPPORTED``: a watermarked batch raises)."""
         return {"conv_prepare": built_as(conv), "conv_finish": built_as(conv),
-                "select": built_as(selector), "verify": built_as(verify), "noise": TORCH_OPS,
-                "attention": built_as(attention),
+                "select": built_as(selector), "verify": built_as(verify),
+                "noise": built_as(noise), "attention": built_as(attention),
+                "rms_norm": built_as(norm), "attention_prologue": built_as(rope),
                 "watermark": built_as(watermark) if self.has_fp64 else UNSUPPORTED}
 
     @property
@@ -91,6 +95,25 @@ class KernelBackend(TorchOpsBackend):
     def attention(self, q, k, v, lo, hi, scale):
         with self.device_guard():
             return attention.attention(q, k, v, lo, hi, scale, self.tuning)
+
+    def noise(self, seed, request, anchor_pos, gamma):
+        with self.device_guard():
+            return noise.block_noise(seed, request, anchor_pos, gamma)
+
+    def token_uniforms(self, seed, request, position, lead=0):
+        with self.device_guard():
+            return noise.uniform_words(seed, request, position, 1, lead)[Stream.BONUS, :, 0]
+
+    fuses_model_ops = True            # the models' norms and prologues: the kernels below
+
+    def rms_norm(self, x, weight, eps):
+        with self.device_guard():
+            return norm.rms_norm(x, weight, eps)
+
+    def attention_prologue(self, q, k, v, q_norm, k_norm, cos, sin, cache_k, cache_v, pos):
+        with self.device_guard():
+            return rope.attention_prologue(q, k, v, q_norm, k_norm, cos, sin, cache_k, cache_v,
+                                           pos)
 
 
 def _keyed(draws, has_fp64: bool) -> KeyedDraws | None:

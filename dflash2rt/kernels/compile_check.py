@@ -191,12 +191,15 @@ def _cases(tuning: Tuning, fp64: bool = True
     """Every smoke case per dtype, as a backend with (or without) float64 launches it; with
     float64 also the "-nofp64" cases (the sampled select / verify kernels compiled as a device
     without float64 runs them)."""
-    from . import attention, conv, selector, verify
+    from . import attention, conv, noise, norm, rope, selector, verify
     from .backend import KernelBackend
 
     kernel = {"conv_prepare": (conv, "_conv_kernel"), "conv_finish": (conv, "_conv_kernel"),
               "select": (selector, "_walk_kernel"), "verify": (verify, "_verify_kernel"),
-              "attention": (attention, "_attention_kernel")}
+              "attention": (attention, "_attention_kernel"),
+              "noise": (noise, "_noise_kernel"), "token_uniforms": (noise, "_noise_kernel"),
+              "rms_norm": (norm, "_rms_norm_kernel"),
+              "attention_prologue": (rope, "_prologue_kernel")}
     out = {}
     for d, dt in DTYPES.items():
         for variant in (fp64, False) if fp64 else (False,):

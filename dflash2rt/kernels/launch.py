@@ -159,12 +159,14 @@ class Launches:
     def __init__(self) -> None:
         self.by_key: dict[Key, Launch] = {}
         self.count = 0
+        self.calls: dict[str, int] = {}          # kernel name → launches (not distinct keys)
         self._lock = threading.Lock()
 
     def add(self, kernel: Any, args: tuple, kw: dict[str, Any]) -> None:
         key = compile_key(kernel, args, kw)
         with self._lock:
             self.count += 1
+            self.calls[key[0]] = self.calls.get(key[0], 0) + 1
             if key not in self.by_key:
                 self.by_key[key] = Launch(kernel, key, tuple(warm_form(a) for a in args),
                                           dict(kw))

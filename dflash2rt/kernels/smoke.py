@@ -23,8 +23,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def cases(dtype: torch.dtype, device: torch.device | str = "cpu", seed: int = 0
           ) -> dict[str, tuple[str, Callable[[], tuple[Any, ...]]]]:
     """case → (Backend method, a function making its arguments): conv prepare / finish, select
-    and verify greedy / sampled / watermarked, attention decode / block, on ``device`` in
-    ``dtype``; ``seed``: other values of the same shapes."""
+    and verify greedy / sampled / watermarked, attention decode / block, a step's noise and a
+    token's uniform, RMSNorm over hidden and head rows, the attention prologue with and
+    without q / k norms, on ``device`` in ``dtype``; ``seed``:
+    other values of the same shapes."""
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g).to(device, dtype)   # noqa: E731
     ids = lambda *v: torch.tensor(v, device=device)                    # noqa: E731
@@ -83,6 +85,21 @@ def cases(dtype: torch.dtype, device: torch.device | str = "cpu", seed: int = 0
         out[f"{op}-watermarked"] = (op, lambda op=op: marked(op))
     out["attention-decode"] = ("attention", lambda: attention(1, 2, 4, 128, None))   # target
     out["attention-block"] = ("attention", lambda: attention(17, 1, 2, 256, 8))     # draft
+    # seed, request, anchor position [R]: negative seeds, requests and positions past 2**32
+    keys = lambda: (ids(5, -7), ids(3, 2 ** 33 + 1), ids(0, 2 ** 32 - 1))   # noqa: E731
+    out["noise-block"] = ("noise", lambda: (*keys(), 4))
+    out["noise-token"] = ("token_uniforms", lambda: (*keys(), 1))
+    out["rms-norm-hidden"] = ("rms_norm", lambda: (rnd(3, 96), rnd(96), 1e-6))
+    out["rms-norm-head"] = ("rms_norm", lambda: (rnd(2, 1, 3, 64), rnd(64), 1e-6))
+
+    def prologue(normed: bool) -> tuple[Any, ...]:
+        r, t, nh, n_kv, hd = 2, 3, 4, 2, 64              # into cache [R, 16, n_kv, hd] at pos
+        norm_w = (rnd(hd), 1e-6) if normed else None
+        return (rnd(r, t, nh, hd), rnd(r, t, n_kv, hd), rnd(r, t, n_kv, hd), norm_w, norm_w,
+                rnd(r, t, hd), rnd(r, t, hd), rnd(r, 16, n_kv, hd), rnd(r, 16, n_kv, hd),
+                ids([4, 5, 6], [9, 10, 11]))
+    out["prologue-normed"] = ("attention_prologue", lambda: prologue(True))   # Qwen3
+    out["prologue-plain"] = ("attention_prologue", lambda: prologue(False))   # Llama
     return out
 
 

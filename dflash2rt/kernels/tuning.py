@@ -10,7 +10,8 @@ from typing import Mapping
 
 KERNELS = ("triton kernels: conv (fused taps + block mask), selector lattice walk, verify (both "
            "with the watermark's keyed draws), attention (per-request key ranges over the static "
-           "cache)")
+           "cache), the step's Philox noise, RMSNorm, the attention prologue (q / k norm, rope, "
+           "K/V write)")
 
 
 @dataclass(frozen=True)

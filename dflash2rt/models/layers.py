@@ -7,17 +7,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash2rt.errors import InvalidInputError
-from dflash2rt.models.rope import apply_rotary
+from dflash2rt.ops import fused
 from dflash2rt.ops.attention import AttentionFn, attend, attention, write_rows
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for half types and float32, float64 for float64 (HF upcasts norms and softmax the same way)."""
-    return torch.promote_types(dtype, torch.float32)
+from dflash2rt.ops.fused import apply_rotary
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight over the last dimension, computed in `compute_dtype` and cast back."""
+    """x / rms(x) * weight over the last dimension, computed in `compute_dtype` and cast back
+    (``ops.fused.rms_norm``; inside a decode on a backend with kernels for it, its kernel)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -25,12 +22,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cdt = compute_dtype(x.dtype)
-        if cdt == x.dtype == self.weight.dtype:   # one fused op (float32 / float64)
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        h = x.to(cdt)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return fused.current().rms_norm(x, self.weight, self.eps)
 
 
 class SwiGLU(nn.Module):
@@ -136,8 +128,17 @@ class Attention(nn.Module):
         ``write_pos`` [R, T], then attend over the cache's first ``n_keys`` rows: row (r, j)
         sees keys lo[r, j] <= p < hi[r, j] (no copy of the context, GQA inside ``attn``).
         → output [R, T, H]."""
-        q, k, v = self.project_qkv(x, cos, sin)  # [R, T, nh, hd], [R, T, n_kv, hd] x 2
-        write_rows(cache_k, k, write_pos)
-        write_rows(cache_v, v, write_pos)
+        impl = fused.current()
+        if impl is fused.REFERENCE:
+            q, k, v = self.project_qkv(x, cos, sin)  # [R, T, nh, hd], [R, T, n_kv, hd] x 2
+            write_rows(cache_k, k, write_pos)
+            write_rows(cache_v, v, write_pos)
+        else:                                     # norm, rope and writes: the backend's kernel
+            shape = (self.n_heads, self.head_dim), (self.n_kv_heads, self.head_dim)
+            norms = [None if n is None else (n.weight, n.eps) for n in (self.q_norm, self.k_norm)]
+            q = impl.attention_prologue(
+                self.q_proj(x).unflatten(-1, shape[0]), self.k_proj(x).unflatten(-1, shape[1]),
+                self.v_proj(x).unflatten(-1, shape[1]), *norms, cos, sin, cache_k, cache_v,
+                write_pos)                        # [R, T, nh, hd]
         out = attn(q, cache_k[:, :n_keys], cache_v[:, :n_keys], lo, hi, self.scale)
         return self.o_proj(out.flatten(-2))

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from dflash2rt.errors import CheckpointError
+from dflash2rt.ops.fused import apply_rotary, rotate_half  # noqa: F401 - the rotation, re-exported
 
 # Keys each rope type may carry in `rope_parameters` / `rope_scaling` (besides rope_type/type/rope_theta).
 _TYPE_KEYS: dict[str, frozenset[str]] = {
@@ -171,15 +172,3 @@ def rope_cos_sin(
     cos = emb.cos() * attention_scaling
     sin = emb.sin() * attention_scaling
     return cos.to(dtype), sin.to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """[x1, x2] -> [-x2, x1] over the last dimension (the HF convention)."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [R, T, heads, hd] by cos/sin [R, T, hd]."""
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [R, T, 1, hd]
-    return (x * cos) + (rotate_half(x) * sin)

@@ -9,6 +9,7 @@ import torch
 
 from .rng import Stream, uniform_words
 from .sampling import check_sampling_params, staged_float32
+from .staging import to_device
 
 
 @dataclass(frozen=True)
@@ -36,25 +37,37 @@ class SamplingBatch:
               device: torch.device | str = "cpu",
               min_p: Sequence[float] | None = None) -> "SamplingBatch":
         """Validate each request's parameters and stage them on ``device`` (``min_p`` is
-        staged only when some row has min_p > 0)."""
+        staged only when some row has min_p > 0), in one host→device copy."""
+        return SamplingBatch.build_with(temperature, top_k, top_p, device, min_p)[0]
+
+    @staticmethod
+    def build_with(temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
+                   device: torch.device | str = "cpu", min_p: Sequence[float] | None = None,
+                   also: Sequence[torch.Tensor] = ()
+                   ) -> tuple["SamplingBatch", list[torch.Tensor]]:
+        """``build``, with the host tensors ``also`` staged on ``device`` in the same copy →
+        (the batch, ``also`` on the device)."""
         for t, k, p in zip(temperature, top_k, top_p, strict=True):
             check_sampling_params(t, k, p)
-        temp = torch.tensor(list(temperature), dtype=torch.float32, device=device)
-        staged_min_p = None
+        f32 = lambda xs: torch.tensor(list(xs), dtype=torch.float32)   # noqa: E731
+        host = [f32(temperature), torch.tensor(list(top_k), dtype=torch.int64), f32(top_p)]
         if min_p is not None and any(m > 0 for m in min_p):
-            if len(min_p) != len(temp):
+            if len(min_p) != len(host[0]):
                 raise ValueError("min_p needs one value per request")
-            staged_min_p = torch.tensor(list(min_p), dtype=torch.float32, device=device)
+            host.append(f32(min_p))
+        staged = to_device(device, *host, *also)
+        temp, top_k_t, top_p_t = staged[:3]
+        staged_min_p = staged[3] if len(host) > 3 else None
         return SamplingBatch(
             temperature=temp,
-            top_k=torch.tensor(list(top_k), dtype=torch.int64, device=device),
-            top_p=torch.tensor(list(top_p), dtype=torch.float32, device=device),
+            top_k=top_k_t,
+            top_p=top_p_t,
             greedy=temp == 0,
             any_sampled=any(t > 0 for t in temperature),
             top_k_max=max((int(k) for k in top_k), default=0),
             top_p_rows=tuple(i for i, p in enumerate(top_p) if staged_float32(p) < 1.0),
             min_p=staged_min_p,
-        )
+        ), staged[len(host):]
 
     def take(self, idx: Sequence[int]) -> "SamplingBatch":
         """The batch of rows ``idx`` (host-known indices: no device→host sync); the host facts

@@ -187,10 +187,11 @@ def _verify_sampled(logits: torch.Tensor, draft: torch.Tensor, candidates: torch
     return acc, drawn if marks is None else marks.emit(law, acc, drawn)
 
 
-def sample_next(logits: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor,
+def sample_next(logits: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor | None,
                 has_fp64: bool | None = None, marks: EmitDraw | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per request from target logits [R, V] (greedy rows: argmax) with uniforms u [R].
+    """One token per request from target logits [R, V] (greedy rows: argmax) with uniforms u [R]
+    (None: an all-greedy batch, which draws nothing).
 
     Used after prefill and by target-only decoding (the engine calls it directly: inside
     ``Backend.run_context()`` of a backend without float64 it takes the float32 formulation).
@@ -200,6 +201,8 @@ def sample_next(logits: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor,
     bad = bad_rows(logits)
     token = torch.argmax(logits, dim=-1)
     if sampling.any_sampled:
+        if u is None:
+            raise InvalidInputError("sample_next: a batch with sampled rows needs uniforms")
         p = target_probs(logits.unsqueeze(1), sampling.temperature, sampling.top_k,
                          sampling.top_p, top_k_max=sampling.top_k_max,
                          top_p_rows=sampling.top_p_rows, min_p=sampling.min_p)[:, 0]
