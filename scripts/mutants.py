@@ -1,5 +1,7 @@
 """Hand-made mutants of the sampling surface, the streaming callback, the metrics, the watermark's
-record and the constraints, each with the tests expected to kill it.
+record and the constraints, and one or more per class of docs/testing.md's rules (batch
+independence, every tile of a kernel loop, edges, mappings, independent references), each with
+the tests expected to kill it.
 
     python scripts/mutants.py [NAME ...]     # all by default; prints one line per mutant
 
@@ -21,6 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 WIRING = "tests/test_sampling_wiring.py"
+BATCH = "tests/test_batch_independence.py"
+TILES = "tests/test_kernel_tiles.py"
+EDGES = "tests/test_edges.py"
+MAPPINGS = "tests/test_mappings.py"
+DETECT_REF = "tests/test_watermark_detect_reference.py"
 MUTANTS = {
     "prefill-unprocessed": (
         "dflash2rt/engine/stages.py",
@@ -45,8 +52,7 @@ MUTANTS = {
         "return counts.unsqueeze(1).expand(-1, gamma + 1, -1)", [WIRING]),
     "min-p-not-staged": (
         "dflash2rt/engine/state.py",
-        "[p.top_p for p in ps], dev, [p.min_p for p in ps]),",
-        "[p.top_p for p in ps], dev, None),", [WIRING]),
+        "[p.min_p for p in ps], also=[", "None, also=[", [WIRING]),
     "repetition-ignores-prompt": (
         "dflash2rt/ops/procs.py",
         "r_ = torch.where(prompt.unsqueeze(1) | seen, rep.view(r, 1, 1), 1.0)",
@@ -124,6 +130,97 @@ MUTANTS = {
         "dflash2rt/watermark/keys.py",
         "            os.chmod(tmp, 0o600)                    # whatever the umask did",
         "            os.chmod(tmp, 0o644)", ["tests/test_watermark_keys.py"]),
+    # Batch independence: per-request options gathered, compacted or unpacked for the batch.
+    "logprobs-raw-if-any-row": (
+        "dflash2rt/ops/procs.py",
+        "lp = torch.where(raw.view(r, 1, 1), torch.log_softmax(raw_logits.float(), -1), lp)",
+        "lp = torch.log_softmax(raw_logits.float(), -1)", [BATCH]),
+    "logprobs-wants-not-compacted": (
+        "dflash2rt/ops/procs.py", "wants=tuple(self.wants[i] for i in idx))",
+        "wants=self.wants[:len(idx)])", [BATCH]),
+    "logprobs-mode-not-compacted": (
+        "dflash2rt/ops/procs.py", "raw=None if self.raw is None else self.raw[t],",
+        "raw=None if self.raw is None else self.raw[:len(idx)],", [BATCH]),
+    "min-p-not-compacted": (
+        "dflash2rt/ops/batch.py", "None if self.min_p is None else self.min_p[t])",
+        "None if self.min_p is None else self.min_p[:len(idx)])", [BATCH]),
+    "top-p-rows-not-compacted": (
+        "dflash2rt/ops/batch.py", "tuple(new for new, old in enumerate(idx) if old in nucleus)",
+        "tuple(i for i in nucleus if i < len(idx))", [BATCH]),
+    "seeds-not-compacted": (
+        "dflash2rt/engine/state.py", "self.seed[t], self.key[t]",
+        "self.seed[:len(idx)], self.key[t]", [BATCH]),
+    # Every tile: a kernel that covers only its first tile of a dimension.
+    "conv-first-channel-tile": (
+        "dflash2rt/kernels/conv.py", "grid = (n, triton.cdiv(h, tuning.block_h))",
+        "grid = (n, 1)", [TILES]),
+    "verify-argmax-first-chunk": (
+        "dflash2rt/kernels/verify.py",
+        "    for start in range(0, V, BLOCK_V):\n        offs = start + lanes\n"
+        "        x = tl.load(",
+        "    for start in range(0, BLOCK_V, BLOCK_V):\n        offs = start + lanes\n"
+        "        x = tl.load(", [TILES]),
+    "verify-residual-mass-first-chunk": (
+        "dflash2rt/kernels/verify.py", "for start in range(0, V, BLOCK_V):           # pass 1",
+        "for start in range(0, BLOCK_V, BLOCK_V):           # pass 1", [TILES]),
+    "verify-keyed-draw-first-chunk": (
+        "dflash2rt/kernels/verify.py",
+        "    for start in range(0, V, BLOCK_V):\n        offs = start + lanes\n"
+        "        live = offs < V",
+        "    for start in range(0, BLOCK_V, BLOCK_V):\n        offs = start + lanes\n"
+        "        live = offs < V", [TILES]),
+    "exact32-residual-first-chunk": (
+        "dflash2rt/kernels/exact32.py",
+        "for start in range(0, V, BLOCK_V):                # scan 1",
+        "for start in range(0, BLOCK_V, BLOCK_V):                # scan 1", [TILES]),
+    "walk-record-first-chunk": (
+        "dflash2rt/kernels/selector.py", "for m0 in range(0, n, BLOCK_M):",
+        "for m0 in range(0, BLOCK_M, BLOCK_M):", [TILES]),
+    "walk-slot-tile-fixed": (
+        "dflash2rt/kernels/selector.py",
+        "return max(GAMMA_TILE, triton.next_power_of_2(gamma))", "return GAMMA_TILE", [TILES]),
+    "attention-first-key-tile": (
+        "dflash2rt/kernels/attention.py", "for n0 in range(start, end, BLOCK_N):",
+        "for n0 in range(start, start + BLOCK_N, BLOCK_N):", [TILES]),
+    "attention-first-row-tile": (
+        "dflash2rt/kernels/attention.py", "grid = (triton.cdiv(t * group, block_m), n_kv, r)",
+        "grid = (1, n_kv, r)", [TILES]),
+    "keyed-values-first-block": (
+        "dflash2rt/kernels/watermark.py", "launch(_values_kernel, (triton.cdiv(n, block),)",
+        "launch(_values_kernel, (1,)", [TILES]),
+    # Edges of positions and byte strings.
+    "stop-at-offset-zero-not-cut": (
+        "dflash2rt/engine/request.py", "if k >= 0 and (best is None or (k, len(s)) < best):",
+        "if k > 0 and (best is None or (k, len(s)) < best):", [EDGES]),
+    "ignored-eos-stays-at-the-match": (
+        "dflash2rt/constraints/automaton.py", "table[np.flatnonzero(final)[:, None], eos] = n",
+        "table[np.flatnonzero(final)[:, None], eos] = np.flatnonzero(final)[:, None]", [EDGES]),
+    "raw-key-stripped": (
+        "dflash2rt/watermark/keys.py",
+        "        if len(data) == SECRET_BYTES:\n            return cls(data)",
+        "        if len(text) == SECRET_BYTES:\n            return cls(text)", [EDGES]),
+    # Mappings and identities that fixtures make trivial.
+    "reduced-vocab-ids-ascending": (
+        "dflash2rt/models/draft.py",
+        "return place_draft_logits(own, target_ids(self.d2t), self.cfg.arch.vocab_size)",
+        "return place_draft_logits(own, self.t2d.nonzero().view(-1), self.cfg.arch.vocab_size)",
+        [MAPPINGS]),
+    "draft-takes-the-target-revision": (
+        "dflash2rt/models/hub.py", 'd = locate(draft, draft_revision, "draft", weights)',
+        'd = locate(draft, revision, "draft", weights)', [MAPPINGS]),
+    "tp-hash-row-0": (
+        "dflash2rt/distributed/consensus.py", "hashlib.blake2b(repr(host).encode()",
+        "hashlib.blake2b(repr(host[0]).encode()", [MAPPINGS]),
+    "tp-hash-tokens-only": (
+        "dflash2rt/distributed/consensus.py", "hashlib.blake2b(repr(host).encode()",
+        "hashlib.blake2b(repr([h[2:] for h in host]).encode()", [MAPPINGS]),
+    # Independent references: the detector's statistic off by less than one grid cell.
+    "detect-value-not-its-cell": (
+        "dflash2rt/watermark/detect.py", "m = np.maximum(r_a, r_b) - _GRID",
+        "m = np.maximum(r_a, r_b)", [DETECT_REF]),
+    "detect-one-cell-up": (
+        "dflash2rt/watermark/detect.py", "m = np.maximum(r_a, r_b) - _GRID",
+        "m = np.maximum(r_a, r_b) + _GRID", [DETECT_REF]),
 }
 
 

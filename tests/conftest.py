@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 # fail at once as 'not in the cache' instead of going to the network (a name like "a/b" is a
 # hub id when no such directory exists).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Hypothesis keeps what it caches (the constants it collects from the code under test) under
+# .hypothesis/ in the working directory: keep that out of the repository (the tests that use it
+# write no example database).
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      os.path.join(tempfile.gettempdir(), "dflash2rt-hypothesis"))
 import slow_guard  # noqa: E402 - a helper module of tests/, importable from the line above
 # ``@triton.jit`` picks the interpreter when the decorated module is imported, not at launch:
 # import every kernel module now, while TRITON_INTERPRET=1 holds, so that a test which unsets

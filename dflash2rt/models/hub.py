@@ -275,9 +275,7 @@ def locate_pair(model: object, draft: object = None, revision: str | None = None
     (and draft/), one checkpoint (the target), a hub id of either, a bundled name, or a
     (target, draft) tuple of directories or hub ids. ``draft`` replaces a draft/ beside the
     target. The name: a hub id, else the directory's name."""
-    if draft is None and draft_revision is not None:
-        raise InvalidInputError("draft_revision applies to a draft hub id; give draft too")
-    if isinstance(model, tuple):
+    if isinstance(model, tuple):                   # its draft_revision is the tuple's draft's
         if len(model) != 2:
             raise InvalidInputError("model as a tuple must be (target_dir, draft_dir)")
         if model[0] is None:
@@ -285,9 +283,14 @@ def locate_pair(model: object, draft: object = None, revision: str | None = None
         if draft is not None:
             raise InvalidInputError("give the draft in the (target, draft) tuple or as draft, "
                                     "not both")
+        if model[1] is None and draft_revision is not None:
+            raise InvalidInputError("draft_revision applies to a draft hub id; the (target, "
+                                    "draft) tuple has no draft")
         target = locate(model[0], revision, "target", weights)
         d = None if model[1] is None else locate(model[1], draft_revision, "draft", weights)
         return target, d, _name(target)
+    if draft is None and draft_revision is not None:
+        raise InvalidInputError("draft_revision applies to a draft hub id; give draft too")
     if not isinstance(model, (str, Path)):
         raise InvalidInputError(f"model must be a bundled name, a directory, a hub id, a "
                                 f"(target, draft) tuple or a ModelPair, got {model!r}")
