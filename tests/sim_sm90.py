@@ -26,6 +26,7 @@ from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.kernels import launch as L
 from dflash2rt.kernels.backend import KernelBackend
 from dflash2rt.watermark import WatermarkKey
+from fake_graphs import Rerun
 
 
 class SimDriver:
@@ -109,23 +110,6 @@ class Checked(KernelBackend):
 
     def attention_prologue(self, *a, **k):
         return self._op("attention_prologue", *a, **k)
-
-
-class Rerun:
-    """A graph adapter whose graph runs the captured function again."""
-
-    name = "rerun"
-
-    def new_pool(self):
-        return None
-
-    def capture(self, fn, pool):
-        fn()
-
-        class Graph:
-            def replay(self):
-                fn()
-        return Graph()
 
 
 def main() -> int:

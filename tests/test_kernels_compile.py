@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow          # compiles every kernel for every GPU target
 pytest.importorskip("triton", reason="triton is not installed (pip install 'dflash2rt[triton]')")
@@ -33,8 +34,12 @@ def test_every_kernel_compiles_for_gpu_targets():
     rows = json.loads(proc.stdout)
     failed = [f"{r['case']} [{r['target']}]: {r['error']}" for r in rows if not r["ok"]]
     assert not failed, "\n".join(failed)
-    # 10 cases × fp32 / bf16 / fp16, and the 2 sampled ones as a device without float64 runs them
-    assert len(rows) == 36 * len(TARGETS) and proc.returncode == 0
+    # every smoke case (kernels.smoke.cases) × fp32 / bf16 / fp16, and the 2 sampled ones as a
+    # device without float64 runs them
+    from dflash2rt.kernels.smoke import cases
+    per_target = sum(len(cases(dt)) + 2 for dt in (torch.float32, torch.bfloat16, torch.float16))
+    assert {r["case"].rsplit("-", 1)[0] for r in rows} >= set(cases(torch.float32)), rows
+    assert len(rows) == per_target * len(TARGETS) and proc.returncode == 0
     narrow = [f"{r['case']} [{r['target']}]: {r['narrow_index']}" for r in rows
               if r["narrow_index"]]
     assert not narrow, "32-bit index multiplies:\n" + "\n".join(narrow)

@@ -15,6 +15,7 @@ from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.graphs.runner import GraphRunner
 from dflash2rt.ops.staging import pack, to_device
 
+from fake_graphs import Rerun
 from tiny_models import tiny_pair
 
 
@@ -31,21 +32,6 @@ class _Writes(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class _Rerun:
-    name = "rerun"
-
-    def new_pool(self):
-        return None
-
-    def capture(self, fn, pool):
-        fn()
-
-        class Graph:
-            def replay(self):
-                fn()
-        return Graph()
-
-
 def test_host_tensors_reach_the_device_in_one_copy_with_their_values():
     host = [torch.tensor([[1, -2**62], [3, 4]]), torch.tensor([0.5, 2.0 ** -24]),
             torch.tensor([True, False, True]), torch.zeros(0, dtype=torch.int64),
@@ -60,7 +46,7 @@ def test_host_tensors_reach_the_device_in_one_copy_with_their_values():
 
 
 def test_constants_are_staged_only_when_they_change():
-    runner = GraphRunner(_Rerun(), (4,), lambda n: {"c": torch.zeros(n), "v": torch.zeros(n)},
+    runner = GraphRunner(Rerun(), (4,), lambda n: {"c": torch.zeros(n), "v": torch.zeros(n)},
                          lambda inp: {"out": inp["c"] + inp["v"]}, {"c": 0.0, "v": 0.0},
                          constants=frozenset({"c"}))
     c = torch.tensor([1.0, 2.0, 3.0])
@@ -82,7 +68,7 @@ def test_verify_graphs_read_the_draft_graphs_outputs_in_place():
     pair = tiny_pair("dflash2", block=4, dtype=torch.float32)
     backend = get_backend("cpu")
     graphed = backend.with_standing_fallback("test: graphs")
-    graphed.graph_adapter = _Rerun()
+    graphed.graph_adapter = Rerun()
     reqs = [Request((1, 2, 3), SamplingParams(max_new_tokens=12, temperature=t, seed=i))
             for i, t in enumerate((0.0, 1.0))]
     with Engine(pair, graphed) as engine:

@@ -21,6 +21,7 @@ from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.models.tokenizer import TextTokenizer
 from dflash2rt.registry import Registry
 
+from fake_graphs import Rerun
 from tiny_models import fixed_policy, oracle_pair, successor
 
 VOCAB, EOS, BLOCK, N = 29, 12, 8, 30
@@ -108,27 +109,10 @@ def reference(tokens, params: SamplingParams, eos=(EOS,)) -> tuple[list[int], st
     raise AssertionError("the reference needs a longer free run")
 
 
-class ReplayAdapter:
-    """Fake graphs on CPU: a replay re-runs the captured step over the static buffers."""
-
-    name = "fake-graph"
-
-    def new_pool(self):
-        return None
-
-    def capture(self, fn, pool):
-        fn()
-
-        class Graph:
-            def replay(self):
-                fn()
-        return Graph()
-
-
 def backend(name: str):
     if name == "graphs":
         be = TorchOpsBackend("cpu-graphs", "cpu", (torch.float32, torch.float64))
-        be.graph_adapter = ReplayAdapter()
+        be.graph_adapter = Rerun()
         return be
     status = Registry.discover().probe(name)
     if not status.available:
