@@ -67,14 +67,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("out/bench-ab"))
     ap.add_argument("--table", type=Path, help="only print the table of a finished run")
-    ap.add_argument("bench", nargs=argparse.REMAINDER, help="-- then dflash2rt bench arguments")
-    a = ap.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])         # after "--": dflash2rt bench's own arguments
     if a.table:
         print(table(a.table))
         return 0
     if len(a.checkouts) != 2:
         ap.error("give two checkouts: before and after")
-    bench = [x for x in a.bench if x != "--"] or BENCH
+    bench = argv[cut + 1:] or BENCH
     run([c.resolve() for c in a.checkouts], a.rounds, a.out, bench)
     print(table(a.out))
     return 0
