@@ -143,3 +143,28 @@ def test_target_only_steps_of_an_adaptive_run_defer_the_draft_context_to_a_catch
         for got, want in zip(st.draft_storage.k + st.draft_storage.v,
                              ref.draft_storage.k + ref.draft_storage.v):
             torch.testing.assert_close(got[i, :n], want[i, :n])
+
+
+def test_settle_projects_the_deferred_context_once_and_the_next_spec_step_does_not_again():
+    """``Runner.settle`` (before rows join a server's batch) projects the context that
+    target-only steps deferred, as the next speculative step's catch-up would, and resets the
+    count: that step then catches up nothing. With nothing deferred it does nothing."""
+    pair, reqs = tiny_pair("dflash2", block=4), _reqs((0.0, 1.0))
+    runs = []
+    for settle in (False, True):
+        runner = Engine(pair, get_backend("cpu")).runner
+        with torch.inference_mode():
+            st = runner.start(reqs, True, 4, None, Fallbacks().report, {})
+            runner.prefill(st, [q.prompt_ids for q in reqs])
+            assert runner.settle(st) == (0, 0.0)
+            for _ in range(2):
+                runner.step(st, 1)
+                st.host_lens = st.lens.tolist()
+            settled = runner.settle(st) if settle else (0, 0.0)
+            step = runner.step(st, 4)
+        runs.append((settled, step.deferred, [t.clone() for t in st.draft_storage.k]))
+    (s0, d0, k0), (s1, d1, k1) = runs
+    assert s0 == (0, 0.0) and d0 == 2                  # the spec step caught up 2 positions
+    assert s1[0] == 2 and s1[1] > 0 and d1 == 0        # settled first: nothing left to do
+    for a, b in zip(k0, k1):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -26,7 +26,8 @@ LAYERS = (
     {"cpu", "engine", "distributed"},   # distributed: the sharded target, rank launch
     {"bench", "metrics"},            # the one measurement module; a run's metrics export
     {"api", "train", "synth"},
-    {"llm"},                         # vLLM's LLM, over api's model resolution and decode path
+    {"llm", "serve"},                # vLLM's LLM and the OpenAI server, over api's model
+                                     # resolution and the engine
     {"qualify"},
     {"cli"},
     {"__main__"},

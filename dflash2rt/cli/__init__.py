@@ -6,11 +6,11 @@ import argparse
 import sys
 
 from ..errors import DFlash2Error
-from . import backends_cmd, bench_cmd, inspect_cmd, qualify_cmd, run_cmd, synth_cmd, train_cmd, \
-    watermark_cmd
+from . import backends_cmd, bench_cmd, inspect_cmd, qualify_cmd, run_cmd, serve_cmd, synth_cmd, \
+    train_cmd, watermark_cmd
 
-COMMANDS = (backends_cmd, run_cmd, inspect_cmd, bench_cmd, train_cmd, synth_cmd, qualify_cmd,
-            watermark_cmd)
+COMMANDS = (backends_cmd, run_cmd, serve_cmd, inspect_cmd, bench_cmd, train_cmd, synth_cmd,
+            qualify_cmd, watermark_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from . import bench_tools
+from . import bench_tools, serve_cmd
 from .run_cmd import DTYPES
 
 
@@ -52,9 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--json-out", default=None, metavar="FILE", help="also write the JSON to FILE")
     p.set_defaults(func=run)
-    bench_tools.add_parsers(p.add_subparsers(
-        dest="tool", metavar="TOOL", required=False,
-        title="other measurements (dflash2rt bench TOOL --help)"))
+    tools = p.add_subparsers(dest="tool", metavar="TOOL", required=False,
+                             title="other measurements (dflash2rt bench TOOL --help)")
+    bench_tools.add_parsers(tools)
+    serve_cmd.add_bench_parser(tools)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..constraints import Constraint, TokenAutomaton
-from ..errors import ConstraintError, InvalidInputError, SamplingParamsError
+from ..errors import (ConflictingArgumentsError, ConstraintError, InvalidInputError,
+                      SamplingParamsError)
 from ..ops.procs import check_proc_params
 from ..ops.sampling import check_sampling_params
 
@@ -37,6 +39,11 @@ class SamplingParams:
     for the drafts (counted in ``RunStats.constraint_host_masks`` and ``syncs``). A request whose
     state allows no token finishes there: finish_reason "constraint" where the output is a
     complete match (the hook's ``accepting(state)``), else "constraint_unsatisfiable".
+
+    vLLM's field names are accepted as well: ``max_tokens`` is ``max_new_tokens`` and ``stop``
+    (a string or a list of strings; None: none) is ``stop_strings``, given to the constructor
+    (one of the two names, not both) and read back as properties; ``top_k=-1`` (vLLM's "off")
+    is read as 0. The fields keep dflash2rt's names (``dataclasses.replace``, ``repr``).
     """
 
     max_new_tokens: int = 64
@@ -103,12 +110,51 @@ class SamplingParams:
                 f"{type(self.constraint).__name__}")
 
     @property
+    def max_tokens(self) -> int:
+        """vLLM's name of ``max_new_tokens``."""
+        return self.max_new_tokens
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        """vLLM's name of ``stop_strings``."""
+        return self.stop_strings
+
+    @property
     def processed(self) -> bool:
         """Whether the request uses a logit processor (bias, a penalty, min-p), logprobs or a
         constraint."""
         return self.constraint is not None or bool(self.logit_bias) or self.logprobs is not None or self.min_p > 0 \
             or self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 \
             or self.presence_penalty != 0.0
+
+
+VLLM_NAMES = {"max_tokens": "max_new_tokens", "stop": "stop_strings"}
+
+
+def _accept_vllm_names(init: Callable[..., None]) -> Callable[..., None]:
+    """``SamplingParams.__init__`` taking vLLM's field names too (``VLLM_NAMES``)."""
+
+    @functools.wraps(init)
+    def __init__(self: SamplingParams, *args: Any, **kw: Any) -> None:
+        for vllm, ours in VLLM_NAMES.items():
+            if vllm not in kw:
+                continue
+            if ours in kw:
+                raise ConflictingArgumentsError(
+                    f"SamplingParams: {vllm} (vLLM's name) and {ours} are the same field: "
+                    f"give one of them")
+            value = kw.pop(vllm)
+            if vllm == "stop":
+                value = () if value is None else (value,) if isinstance(value, str) else value
+            kw[ours] = value
+        if is_int(kw.get("top_k")) and kw["top_k"] == -1:
+            kw["top_k"] = 0
+        init(self, *args, **kw)
+    return __init__
+
+
+SamplingParams.__init__ = _accept_vllm_names(  # type: ignore[method-assign]
+    SamplingParams.__init__)
 
 
 def is_int(value: object) -> bool:

@@ -162,6 +162,18 @@ class Runner:
         return Step(list(st.rows), block, res.tokens.shape[1], host, t0, t1, device_s, mode.capture_s - cap0,
                     caught, deferred)
 
+    def settle(self, st: BatchState | None) -> tuple[int, float]:
+        """Project now the draft context that target-only steps deferred (what the next
+        speculative step would do first), for every row of ``st``: before rows that have
+        none deferred join the batch (a server's continuous batching) → (positions
+        projected, seconds). None or an empty batch: nothing deferred is kept."""
+        pending, self._pending = self._pending, 0
+        if not pending or st is None or not st.size:
+            return 0, 0.0
+        t0 = time.perf_counter()
+        stages.catch_up_draft(self.pair, st, pending)
+        return pending, time.perf_counter() - t0
+
     def trial(self, st: BatchState, block: int,
               between: Callable[[Tensors], None] | None = None,
               clock: dict[str, float] | None = None) -> float:

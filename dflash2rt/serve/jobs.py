@@ -1,0 +1,42 @@
+"""What the engine loop and the HTTP side exchange: a ``Job`` (one request, where its events
+go, whether it was cancelled or has finished) and its ``Event``s; ``Overloaded`` when the
+queue cannot take more."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..engine.output import Collector
+from ..engine.request import Request, RequestOutput
+
+
+class Overloaded(Exception):
+    """The queue is full (or the server is shutting down): retry after a while."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a request's sink receives: ``kind`` "tokens" (``tokens`` and, if asked, their
+    ``logprobs`` / ``top_logprobs``), "done" (``output``), "aborted" or "error" (``error``)."""
+
+    kind: str
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None
+    output: RequestOutput | None = None
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class Job:
+    """One request in the server: the engine request, where its events go, and its state."""
+
+    request: Request
+    sink: Callable[[Event], None]
+    cancelled: bool = False
+    finished: bool = False
+    collector: Collector | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: float | None = None

@@ -1,0 +1,317 @@
+"""Continuous batching through the server: 32 concurrent requests with mixed parameters give
+exactly the tokens each gives alone (seeded sampling with the fixed block, greedy; greedy with
+adaptive blocks too); a client
+that goes away mid-stream frees its row; a full queue answers 503 with Retry-After; SIGTERM
+drains the request in flight and exits cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from dflash2rt.errors import InvalidInputError
+from dflash2rt.serve import build_server
+from dflash2rt.serve.live import LiveServer
+
+MODEL = "stdlib-code"
+PROMPTS = ["def add(a, b):", "import os\n", "class Stack:\n", "for i in range(10):",
+           "# parse the arguments\n", "with open(path) as f:", "x = [", "return self."]
+WAIT_S = 120.0
+
+
+def mixed(i: int) -> dict:
+    """Request i's parameters: greedy and seeded sampling under every processor."""
+    kw: dict = {"model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 6 + i % 11}
+    extra: dict = {}
+    if i % 4 == 0:
+        kw["temperature"] = 0
+    else:
+        kw.update(temperature=0.7 + 0.1 * (i % 5), seed=1000 + i)
+    if i % 3 == 0:
+        kw["top_p"] = 0.9
+    if i % 5 == 1:
+        extra["top_k"] = 20
+    if i % 7 == 2:
+        extra["min_p"] = 0.05
+    if i % 6 == 3:
+        kw.update(presence_penalty=0.5, frequency_penalty=0.3)
+    if i % 8 == 5:
+        extra["repetition_penalty"] = 1.2
+    if i % 9 == 4:
+        kw["logit_bias"] = {"10": -5}
+    if i % 10 == 6:
+        kw["stop"] = ["\n"]
+    if i % 11 == 7:
+        kw["logprobs"] = 2
+    if i % 13 == 8:
+        extra["structured_outputs"] = {"regex": "[a-z_ ]{1,20}"}
+    if extra:
+        kw["extra_body"] = extra
+    return kw
+
+
+@pytest.fixture(scope="module")
+def live():
+    with LiveServer(build_server(MODEL, "cpu", max_num_seqs=8, max_queue=64,
+                                 max_model_len=256)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def one_slot():
+    with LiveServer(build_server(MODEL, "cpu", max_num_seqs=1, max_queue=0,
+                                 max_model_len=1024)) as s:
+        yield s
+
+
+def test_32_concurrent_requests_match_each_alone(live):
+    async def together() -> list:
+        client = openai.AsyncOpenAI(base_url=live.url, api_key="none", max_retries=0,
+                                    timeout=WAIT_S)
+
+        async def one(i: int) -> tuple[str, str]:
+            if i % 2:
+                chunks = [c async for c in await client.completions.create(**mixed(i),
+                                                                           stream=True)]
+                return ("".join(c.choices[0].text for c in chunks),
+                        chunks[-1].choices[0].finish_reason)
+            r = await client.completions.create(**mixed(i))
+            return r.choices[0].text, r.choices[0].finish_reason
+        try:
+            return await asyncio.gather(*(one(i) for i in range(32)))
+        finally:
+            await client.close()
+
+    concurrent = asyncio.run(together())
+    client = openai.OpenAI(base_url=live.url, api_key="none", max_retries=0, timeout=WAIT_S)
+    alone = []
+    for i in range(32):
+        r = client.completions.create(**mixed(i))
+        alone.append((r.choices[0].text, r.choices[0].finish_reason))
+    assert concurrent == alone
+    assert len({t for t, _ in alone}) > 8          # the parameters do make a difference
+
+
+def test_adaptive_blocks_keep_greedy_requests_batch_independent(monkeypatch):
+    monkeypatch.setattr("dflash2rt.serve.blocks.EPOCH_ROWS", 3)   # epochs end as rows join
+    server = build_server(MODEL, "cpu", max_num_seqs=4, max_model_len=256, block_size="auto")
+    kws = [{"model": MODEL, "prompt": p, "max_tokens": 24 + i, "temperature": 0}
+           for i, p in enumerate(PROMPTS)]
+    with LiveServer(server) as live:
+        async def together() -> list[str]:
+            client = openai.AsyncOpenAI(base_url=live.url, api_key="none", max_retries=0,
+                                        timeout=WAIT_S)
+            try:
+                rs = await asyncio.gather(*(client.completions.create(**kw) for kw in kws))
+            finally:
+                await client.close()
+            return [r.choices[0].text for r in rs]
+        concurrent = asyncio.run(together())
+        client = openai.OpenAI(base_url=live.url, api_key="none", max_retries=0,
+                               timeout=WAIT_S)
+        alone = [client.completions.create(**kw).choices[0].text for kw in kws]
+        with pytest.raises(openai.BadRequestError, match="adaptively"):
+            client.completions.create(**kws[0], extra_body={"block_size": 8})
+    assert concurrent == alone
+    assert server.scheduler.stats.adaptive and server.scheduler.stats.steps > 0
+    # one epoch per request alone, and together more than one: full epochs end at a join
+    assert server.scheduler.blocks.epochs >= len(kws) + 2
+
+
+def _metric(base: str, name: str) -> float:
+    for line in httpx.get(base + "/metrics", timeout=60).text.splitlines():
+        if line.startswith(name):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+ABORTS = 'dflash2rt:request_success_total{model_name="stdlib-code",finished_reason="abort"}'
+RUNNING = 'dflash2rt:num_requests_running{model_name="stdlib-code"}'
+
+
+def _long_stream(base: str):
+    return httpx.stream("POST", base + "/v1/completions", timeout=WAIT_S, json={
+        "model": MODEL, "prompt": "import os\n", "max_tokens": 1000, "temperature": 0,
+        "ignore_eos": True, "stream": True})
+
+
+def test_full_queue_is_503_with_retry_after_and_cancel_frees_the_row(one_slot):
+    base = one_slot.base
+    aborts = _metric(base, ABORTS)
+    with _long_stream(base) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))   # decoding now
+        client = openai.OpenAI(base_url=one_slot.url, api_key="none", max_retries=0,
+                               timeout=WAIT_S)
+        with pytest.raises(openai.InternalServerError) as info:
+            client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert info.value.status_code == 503
+        assert info.value.response.headers["Retry-After"] == "1"
+        assert info.value.body["code"] == "server_overloaded"
+    deadline = time.monotonic() + WAIT_S            # the client left: its row is freed
+    while _metric(base, RUNNING) or _metric(base, ABORTS) == aborts:
+        assert time.monotonic() < deadline, "the cancelled request kept its row"
+        time.sleep(0.05)
+    assert _metric(base, ABORTS) == aborts + 1
+    r = client.completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_drains_the_request_in_flight():
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "dflash2rt", "serve", MODEL, "--backend",
+                             "cpu", "--port", str(port), "--max-model-len", "1024",
+                             "--log-level", "warning"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "the server did not come up"
+            try:
+                if httpx.get(base + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        events = []
+        with httpx.stream("POST", base + "/v1/completions", timeout=WAIT_S, json={
+                "model": MODEL, "prompt": "import os\n", "max_tokens": 300, "temperature": 0,
+                "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    if not events:
+                        proc.send_signal(signal.SIGTERM)
+                    events.append(line[len("data: "):])
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["usage"]["completion_tokens"] == 300
+        assert proc.wait(WAIT_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def test_a_spawned_server_serves_and_exits_cleanly_and_a_bad_one_says_why():
+    """bench serve's servers: ``dflash2rt serve`` processes (the engine loop on their main
+    thread, uvicorn beside it); leaving the block drains and exits 0. One that cannot start
+    raises with what it printed."""
+    from dflash2rt.serve.live import SpawnedServer
+
+    with SpawnedServer([MODEL, "--backend", "cpu", "--max-num-seqs", "2",
+                        "--max-model-len", "256"]) as s:
+        assert s.model == MODEL
+        r = httpx.post(s.base + "/v1/completions", timeout=WAIT_S, json={
+            "model": s.model, "prompt": "import os\n", "max_tokens": 5, "temperature": 0,
+            "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+    assert s.proc.returncode == 0
+    with pytest.raises(RuntimeError, match="max_num_seqs|max-num-seqs|slots"):
+        with SpawnedServer([MODEL, "--backend", "cpu", "--max-num-seqs", "0"]):
+            pass
+
+
+def test_a_failing_step_fails_its_batch_and_the_server_goes_on(one_slot):
+    runner = one_slot.server.engine.runner
+    client = openai.OpenAI(base_url=one_slot.url, api_key="none", max_retries=0,
+                           timeout=WAIT_S)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("injected step failure")
+    runner.step = failing
+    try:
+        with pytest.raises(openai.InternalServerError) as info:
+            client.completions.create(model=MODEL, prompt="x", max_tokens=20, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    finally:
+        del runner.step                     # the class's own again
+    assert info.value.status_code == 500 and "injected" in info.value.body["message"]
+    assert info.value.body["code"] == "engine_error"
+    r = client.completions.create(model=MODEL, prompt="x", max_tokens=20, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 20
+    assert httpx.get(one_slot.base + "/health", timeout=60).status_code == 200
+
+
+def test_kv_budget_lowers_the_batch():
+    gib = 4 * 2**20 / 2**30
+    small = build_server(MODEL, "cpu", max_num_seqs=64, max_model_len=256, kv_cache_gib=gib)
+    large = build_server(MODEL, "cpu", max_num_seqs=64, max_model_len=256,
+                         kv_cache_gib=2 * gib)
+    a, b = small.scheduler.slots, large.scheduler.slots
+    assert 1 <= a < b <= 2 * a + 1 < 64
+    with pytest.raises(InvalidInputError, match="kv_cache_gib"):
+        build_server(MODEL, "cpu", max_model_len=256, kv_cache_gib=1e-6)
+
+
+def test_chat_without_a_template_is_a_clear_400(one_slot):
+    client = openai.OpenAI(base_url=one_slot.url, api_key="none", max_retries=0,
+                           timeout=WAIT_S)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert info.value.body["code"] == "chat_template_missing"
+    assert "--chat-template" in info.value.body["message"]
+
+
+def test_bench_serve_drives_the_server_and_reports(live):
+    from dflash2rt.serve.load import drive, markdown, percentiles
+
+    row = asyncio.run(drive(live.base, MODEL, PROMPTS, concurrency=3, requests=5, max_tokens=7,
+                            time_limit=WAIT_S))
+    assert row["requests"] == 5 and row["output_tokens"] == 35
+    assert row["acceptance_length"] >= 1 and row["requests_per_s"] > 0
+    assert all(set(row[k]) == {"mean", "p50", "p99"} for k in ("ttft_ms", "tpot_ms", "itl_ms"))
+    got = percentiles([0.001, 0.002, 0.003, 0.1])
+    assert got == pytest.approx({"mean": 26.5, "p50": 2.0, "p99": 100.0})
+    assert "| spec | 3 | 5 |" in markdown({"rows": [{**row, "server": "spec"}]})
+
+
+def test_run_baseline_and_targets_table(live):
+    """bench serve's run() baseline on the server's own pair and mode, and the table that sets
+    the server's TPOT and throughput against it."""
+    from dflash2rt.serve.load import offline, targets
+
+    srv = live.server
+    base = offline(srv.pair, srv.engine.backend, srv.limits.block, PROMPTS, max_tokens=6,
+                   batch=3, singles=2, table=srv.engine.table)
+    assert base["batch"] == 3 and base["tpot_ms"] > 0 and base["tokens_per_s"] > 0
+    rows = [{"server": "spec", "concurrency": 1, "tpot_ms": {"mean": 2 * base["tpot_ms"]},
+             "output_tokens_per_s": 10.0},
+            {"server": "spec", "concurrency": 3, "tpot_ms": {"mean": 1.0},
+             "output_tokens_per_s": base["tokens_per_s"] / 2}]
+    table = targets({"rows": rows, "offline": {"spec": base}}).splitlines()
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    assert cells[0] == "spec" and cells[3] == "2.00" and cells[6] == "0.50", table
+
+
+def test_the_command_lines_parse():
+    from dflash2rt.cli import build_parser
+
+    a = build_parser().parse_args(["serve", "stdlib-code", "--block-size", "auto", "--port",
+                                   "9000", "--api-key", "k", "--max-num-seqs", "4"])
+    assert (a.model, a.block_size, a.port, a.api_key, a.max_num_seqs, a.host) == \
+        ("stdlib-code", "auto", 9000, "k", 4, "127.0.0.1")
+    assert build_parser().parse_args(["serve", "--block-size", "4"]).block_size == 4
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--block-size", "big"])
+    b = build_parser().parse_args(["bench", "serve", "--concurrency", "1,4", "--requests", "8"])
+    assert b.tool == "serve" and (b.concurrency, b.requests) == ("1,4", 8)
