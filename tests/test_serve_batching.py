@@ -252,6 +252,28 @@ def test_a_failing_step_fails_its_batch_and_the_server_goes_on(one_slot):
     assert httpx.get(one_slot.base + "/health", timeout=60).status_code == 200
 
 
+def test_a_client_that_got_its_answer_may_send_the_next_at_once(one_slot):
+    """One slot, no queue: a request whose answer (or error) has reached its client holds no
+    slot any more, even before the engine loop's next turn drops its row; a client sending
+    its next request at once is never refused."""
+    client = openai.OpenAI(base_url=one_slot.url, api_key="none", max_retries=0,
+                           timeout=WAIT_S)
+    sched = one_slot.server.scheduler
+    drop = sched._drop
+
+    def slow_drop():                 # the loop's turn comes late: the client is faster
+        time.sleep(0.2)
+        drop()
+    sched._drop = slow_drop
+    try:
+        for i in range(4):
+            r = client.completions.create(model=MODEL, prompt="x", max_tokens=1 + i % 3,
+                                          temperature=0, extra_body={"ignore_eos": True})
+            assert r.usage.completion_tokens == 1 + i % 3
+    finally:
+        del sched._drop
+
+
 def test_kv_budget_lowers_the_batch():
     gib = 4 * 2**20 / 2**30
     small = build_server(MODEL, "cpu", max_num_seqs=64, max_model_len=256, kv_cache_gib=gib)

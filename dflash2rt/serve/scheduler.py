@@ -86,7 +86,7 @@ class Scheduler:
             if self._closing:
                 raise Overloaded("the server is shutting down")
             if len(self._pending) + len(jobs) > self.max_queue + max(
-                    self.slots - len(self._live), 0):
+                    self.slots - self._busy(), 0):
                 raise Overloaded(f"the queue is full ({self.max_queue} waiting requests)")
             self._pending.extend(jobs)
             self._cv.notify()
@@ -123,6 +123,11 @@ class Scheduler:
     def failed(self) -> BaseException | None:
         """What stopped the engine loop (None: it runs)."""
         return self._error
+
+    def _busy(self) -> int:
+        """Rows that hold a slot: live requests not yet finished (a finished one, whose client
+        may already send its next request, leaves the batch at the loop's next turn)."""
+        return sum(not job.finished for job in self._live.values())
 
     @property
     def running(self) -> int:
@@ -169,7 +174,7 @@ class Scheduler:
                 self._pending.remove(job)          # gone before its turn: no slot taken
                 self._abort(job)
             joining = []
-            while self._pending and len(self._live) + len(joining) < self.slots:
+            while self._pending and self._busy() + len(joining) < self.slots:
                 joining.append(self._pending.popleft())
         self._drop()
         if joining:
