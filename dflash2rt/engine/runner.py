@@ -139,11 +139,7 @@ class Runner:
         steps of a speculative run first projects their deferred draft context; the bodies;
         lengths, anchors and the device states committed; the step's one device→host
         transfer; bad flags raised. The host work (tokens out, lengths) is the caller's."""
-        caught, deferred = 0.0, 0
-        if block > 1 and self._pending:
-            t0 = time.perf_counter()
-            stages.catch_up_draft(self.pair, st, self._pending)    # deferred draft context
-            caught, deferred = time.perf_counter() - t0, self._pending
+        deferred, caught = self.settle(st) if block > 1 else (0, 0.0)   # deferred context
         if self._spec:
             self._pending = self._pending + 1 if block == 1 else 0
         mode, t0 = self._mode(block), time.perf_counter()
@@ -163,10 +159,10 @@ class Runner:
                     caught, deferred)
 
     def settle(self, st: BatchState | None) -> tuple[int, float]:
-        """Project now the draft context that target-only steps deferred (what the next
-        speculative step would do first), for every row of ``st``: before rows that have
-        none deferred join the batch (a server's continuous batching) → (positions
-        projected, seconds). None or an empty batch: nothing deferred is kept."""
+        """Project now the draft context that target-only steps deferred, for every row of
+        ``st`` (a speculative ``step`` does it first; a server before rows that have none
+        deferred join the batch) → (positions projected, seconds). None or an empty batch:
+        nothing deferred is kept."""
         pending, self._pending = self._pending, 0
         if not pending or st is None or not st.size:
             return 0, 0.0
