@@ -18,9 +18,9 @@ from dflash2rt.engine.policy.schedule import default_candidates  # noqa: E402
 from dflash2rt.engine.precompile import kernel_plan  # noqa: E402
 from dflash2rt.engine.request import Request, SamplingParams  # noqa: E402
 from dflash2rt.kernels.launch import recording  # noqa: E402
-from dflash2rt.registry import Registry  # noqa: E402
 from dflash2rt.watermark import WatermarkKey  # noqa: E402
 
+from backends import available  # noqa: E402
 from tiny_models import fixed_policy  # noqa: E402
 
 WALK, VERIFY = "selector._walk_kernel", "verify._verify_kernel"
@@ -29,11 +29,8 @@ KEY = WatermarkKey(bytes(range(32)))
 
 @pytest.fixture(scope="module")
 def setup():
-    reg = Registry.discover()
-    if not reg.probe("triton-interpret").available:
-        pytest.skip(f"triton-interpret unavailable: {reg.probe('triton-interpret').reason}")
-    pair = resolve_model("stdlib-code", "cpu", torch.float32)
-    return pair, reg.select("triton-interpret").backend
+    backend = available()
+    return resolve_model("stdlib-code", "cpu", torch.float32), backend
 
 
 def _requests(pair, temps, new=8):

@@ -11,7 +11,8 @@ from dflash2rt.ops import selector as ref_sel
 from dflash2rt.ops import verify as ref_ver
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
 from dflash2rt.plugin_kit import interpreting
-from dflash2rt.registry import Registry
+
+from backends import available
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'dflash2rt[triton]')")
 if not interpreting():
@@ -23,10 +24,7 @@ from dflash2rt.kernels import conv, selector, verify  # noqa: E402
 
 @pytest.fixture(scope="module")
 def backend():
-    reg = Registry.discover()
-    if not reg.probe("triton-interpret").available:
-        pytest.skip(f"triton-interpret unavailable: {reg.probe('triton-interpret').reason}")
-    return reg.select("triton-interpret").backend
+    return available()
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 0.0), (torch.float16, 5e-3)])

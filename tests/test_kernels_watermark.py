@@ -204,15 +204,12 @@ def test_engine_on_triton_interpret_equals_cpu_with_watermarks():
     from dflash2rt.engine.engine import Engine
     from dflash2rt.engine.extensions import WATERMARK_OPS
     from dflash2rt.engine.request import Request, SamplingParams
-    from dflash2rt.registry import Registry
 
+    from backends import available
     from tiny_models import tiny_pair
 
-    reg = Registry.discover()
-    if not reg.probe("triton-interpret").available:
-        pytest.skip(f"triton-interpret unavailable: {reg.probe('triton-interpret').reason}")
     pair = tiny_pair("dflash2", block=4, seed=5, dtype=torch.float32)
-    interp, cpu = reg.select("triton-interpret").backend, get_backend("cpu")
+    interp, cpu = available(), get_backend("cpu")
     for i in range(2):
         key = WatermarkKey(np.random.default_rng(40 + i).bytes(32))
         reqs = [Request(p, SamplingParams(max_new_tokens=8, temperature=t, top_p=tp, seed=i))
@@ -233,13 +230,10 @@ def test_watermarked_constrained_batch_on_triton_interpret_equals_cpu():
     from dflash2rt.engine.engine import Engine
     from dflash2rt.engine.extensions import CONSTRAINT_WALK_OPS, WATERMARK_OPS
     from dflash2rt.engine.request import Request, SamplingParams
-    from dflash2rt.registry import Registry
 
+    from backends import available
     from tiny_models import tiny_pair
 
-    reg = Registry.discover()
-    if not reg.probe("triton-interpret").available:
-        pytest.skip(f"triton-interpret unavailable: {reg.probe('triton-interpret').reason}")
     pair = tiny_pair("dflash2", block=4, seed=5, dtype=torch.float32)
     v = pair.target.cfg.vocab_size
     t = np.full((2, v), -1)
@@ -248,7 +242,7 @@ def test_watermarked_constrained_batch_on_triton_interpret_equals_cpu():
     key = WatermarkKey(np.random.default_rng(7).bytes(32))
     reqs = [Request(p, SamplingParams(max_new_tokens=8, temperature=temp, seed=2, constraint=a))
             for p, temp in (((2, 7, 1), 1.0), ((9,), 0.7), ((4, 4), 0.0))]
-    interp = reg.select("triton-interpret").backend
+    interp = available()
     got, stats = Engine(pair, interp).generate(reqs, block_size=4, watermark=key)
     want, _ = Engine(pair, get_backend("cpu")).generate(reqs, block_size=4, watermark=key)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]

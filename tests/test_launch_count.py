@@ -9,7 +9,8 @@ import torch
 from dflash2rt.api import resolve_model
 from dflash2rt.bench.launches import count_launches, launches_text
 from dflash2rt.plugin_kit import interpreting
-from dflash2rt.registry import Registry
+
+from backends import available
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'dflash2rt[triton]')")
 if not interpreting():
@@ -26,11 +27,8 @@ BOUNDS = {"T=0": {"prefill": 178, "target-only": 153, "spec 8": 291},
 
 @pytest.fixture(scope="module")
 def counts():
-    reg = Registry.discover()
-    if not reg.probe("triton-interpret").available:
-        pytest.skip(f"triton-interpret unavailable: {reg.probe('triton-interpret').reason}")
+    backend = available()
     pair = resolve_model("stdlib-code", "cpu", torch.float32)
-    backend = reg.select("triton-interpret").backend
     return {"graphs": count_launches(pair, backend, [8]),
             "eager": count_launches(pair, backend, [8], graphs=False, rows=3)}
 

@@ -14,6 +14,8 @@ from dflash2rt.ops.verify import sample_next
 from dflash2rt.plugin_kit import interpreting
 from dflash2rt.registry import Registry
 
+from backends import available
+
 pytest.importorskip("triton", reason="triton is not installed (pip install 'dflash2rt[triton]')")
 if not interpreting():
     pytest.skip("TRITON_INTERPRET is off in this process (a GPU is present, see conftest.py): the "
@@ -25,10 +27,7 @@ from dflash2rt.kernels.launch import recording  # noqa: E402
 
 @pytest.fixture(scope="module")
 def backend():
-    reg = Registry.discover()
-    if not reg.probe("triton-interpret").available:
-        pytest.skip(f"triton-interpret unavailable: {reg.probe('triton-interpret').reason}")
-    return reg.select("triton-interpret").backend
+    return available()
 
 
 def _keys(r: int, seed: int = 0):

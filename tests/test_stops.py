@@ -19,8 +19,8 @@ from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.models.tokenizer import TextTokenizer
-from dflash2rt.registry import Registry
 
+from backends import available
 from fake_graphs import Rerun
 from tiny_models import fixed_policy, oracle_pair, successor
 
@@ -114,10 +114,7 @@ def backend(name: str):
         be = TorchOpsBackend("cpu-graphs", "cpu", (torch.float32, torch.float64))
         be.graph_adapter = Rerun()
         return be
-    status = Registry.discover().probe(name)
-    if not status.available:
-        pytest.skip(f"{name} unavailable: {status.reason}")
-    return Registry.discover().select(name).backend
+    return available(name)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from dflash2rt.watermark import WatermarkKey, detect
 from dflash2rt.watermark.generate import WatermarkBatch
 from dflash2rt.watermark.sampler import WatermarkUnsupportedError
 
+from backends import available
 from test_engine_graphs import ReplayAdapter
 from tiny_models import fixed_policy, tiny_pair
 
@@ -74,13 +75,10 @@ def test_mixed_batch_marks_only_sampled_rows(engine):
 
 @pytest.mark.slow                       # a long run (over 10 s on 2 cores)
 def test_same_key_and_prompt_same_tokens_on_cpu_and_triton_interpret():
-    reg = Registry.discover()
-    if not reg.probe("triton-interpret").available:
-        pytest.skip(f"triton-interpret unavailable: {reg.probe('triton-interpret').reason}")
+    interp = available()
     pair = tiny_pair("dflash2", block=4, seed=3, dtype=torch.float32)
     reqs = [Request(p, SamplingParams(max_new_tokens=12, temperature=t, top_p=0.95, seed=4))
             for p, t in zip(PROMPTS, (1.0, 0.7, 0.0))]
-    interp = reg.select("triton-interpret").backend
     got, stats = Engine(pair, interp).generate(reqs, block_size=4, watermark=KEY)
     want, _ = Engine(pair, get_backend("cpu")).generate(reqs, block_size=4, watermark=KEY)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
