@@ -39,14 +39,16 @@ PREFIX = "dflash2rt:"
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
-def _labels(labels: Mapping[str, str]) -> str:
+def labels_text(labels: Mapping[str, str]) -> str:
+    """``{k="v",...}`` with Prometheus's escapes ("" for no labels)."""
     if not labels:
         return ""
     esc = lambda v: str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa: E731
     return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in labels.items()) + "}"
 
 
-def _value(v: int | float) -> str:
+def value_text(v: int | float) -> str:
+    """A sample's value as the Prometheus Python client writes it."""
     return str(v) if isinstance(v, int) else repr(float(v))
 
 
@@ -56,7 +58,7 @@ def _family(name: str, kind: str, help_: str, samples: Sequence[tuple[dict, int 
     Prometheus Python client writes them), then its samples."""
     name = PREFIX + name + ("_total" if kind == "counter" else "")
     return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}",
-            *(f"{name}{_labels(lab)} {_value(v)}" for lab, v in samples)]
+            *(f"{name}{labels_text(lab)} {value_text(v)}" for lab, v in samples)]
 
 
 def prometheus_text(stats: RunStats, labels: Mapping[str, str] | None = None) -> str:

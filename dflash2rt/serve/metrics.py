@@ -16,7 +16,7 @@ import threading
 from typing import Mapping
 
 from ..engine.stats import RunStats
-from ..metrics import PREFIX, prometheus_text
+from ..metrics import PREFIX, labels_text, prometheus_text, value_text
 
 BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
            7.5, 10.0, 20.0, 40.0, 80.0)
@@ -24,21 +24,10 @@ REASONS = ("stop", "length", "abort")
 METHODS = ("GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS")
 
 
-def _escape(v: object) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
-
-
 def _family(name: str, kind: str, help_: str, samples: list[tuple[str, dict, float]]
             ) -> list[str]:
     return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}",
-            *(f"{name}{suffix}{_labels(lab)} {v!r}" if isinstance(v, float) else
-              f"{name}{suffix}{_labels(lab)} {v}" for suffix, lab, v in samples)]
+            *(f"{name}{suffix}{labels_text(lab)} {value_text(v)}" for suffix, lab, v in samples)]
 
 
 class Histogram:
