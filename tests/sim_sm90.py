@@ -64,25 +64,32 @@ def triton_key_cached(kernel, args, kw) -> bool:
 
 
 class Checked(KernelBackend):
-    """Each op: its kernel launch checked against the cache, its result from the torch ops (in
-    the compile-ahead's trace, the kernel wrapper alone: its launch is collected there)."""
+    """Each op: its kernel launches (all of them: select launches two) checked against the
+    cache, its result from the torch ops, whose own calls of fusable ops (the reference
+    prologue's norms) are torch ops too (in the compile-ahead's trace, the kernel wrapper
+    alone: its launches are collected there)."""
+
+    inside = 0
 
     def _op(self, name, *a, **k):
+        impl = TorchOpsBackend.attention if name == "attention" else getattr(TorchOpsBackend,
+                                                                             name)
+        if self.inside:
+            return impl(self, *a, **k)
         if L.is_collecting():
             return getattr(KernelBackend, name)(self, *a, **k)
-        with L.collecting(stop=True) as got:
-            try:
-                getattr(KernelBackend, name)(self, *a, **k)
-            except L.Collected:
-                pass
+        with L.collecting() as got:
+            getattr(KernelBackend, name)(self, *a, **k)
         for kernel, args, kw in getattr(got, "raw", []):
             if triton_key_cached(kernel, args, kw):
                 found["hits"] += 1
             else:
                 found["misses"].append(L.compile_key(kernel, args, kw))
-        impl = TorchOpsBackend.attention if name == "attention" else getattr(TorchOpsBackend,
-                                                                             name)
-        return impl(self, *a, **k)
+        self.inside += 1
+        try:
+            return impl(self, *a, **k)
+        finally:
+            self.inside -= 1
 
     def conv_prepare(self, *a, **k):
         return self._op("conv_prepare", *a, **k)

@@ -34,18 +34,23 @@ def test_every_kernel_compiles_for_gpu_targets():
     rows = json.loads(proc.stdout)
     failed = [f"{r['case']} [{r['target']}]: {r['error']}" for r in rows if not r["ok"]]
     assert not failed, "\n".join(failed)
-    # every smoke case (kernels.smoke.cases) × fp32 / bf16 / fp16, and the 2 sampled ones as a
-    # device without float64 runs them
+    # every kernel of every smoke case (kernels.smoke.cases) × fp32 / bf16 / fp16, and those of
+    # the 2 sampled ones as a device without float64 runs them
+    from dflash2rt.kernels.compile_check import launched_kernels
     from dflash2rt.kernels.smoke import cases
-    per_target = sum(len(cases(dt)) + 2 for dt in (torch.float32, torch.bfloat16, torch.float16))
+    kernels = launched_kernels()
+    per_dtype = sum(len(kernels[m]) for m, _ in cases(torch.float32).values())
+    per_target = 3 * (per_dtype + len(kernels["select"]) + len(kernels["verify"]))
     assert {r["case"].rsplit("-", 1)[0] for r in rows} >= set(cases(torch.float32)), rows
     assert len(rows) == per_target * len(TARGETS) and proc.returncode == 0
     narrow = [f"{r['case']} [{r['target']}]: {r['narrow_index']}" for r in rows
               if r["narrow_index"]]
     assert not narrow, "32-bit index multiplies:\n" + "\n".join(narrow)
-    f64 = {r["case"]: r["f64"] for r in rows}
-    assert all(f64[c] == 0 for c in f64 if c.endswith("-nofp64")), f64
-    assert all(f64[c] > 0 for c in f64 if "sampled" in c and not c.endswith("-nofp64"))
+    f64 = {(r["case"], r["kernel"]): r["f64"] for r in rows}
+    assert all(f64[c, k] == 0 for c, k in f64 if c.endswith("-nofp64")), f64
+    assert all(f64[c, k] > 0 for c, k in f64 if "sampled" in c and k != "_topk_kernel"
+               and not c.endswith("-nofp64"))
+    assert {k for _, k in f64} == {n for ks in kernels.values() for _, n in ks}
     for target, tuning in TARGETS.items():
         tuned = {r["tuning"] for r in rows if r["target"] == target}
         assert tuned == {tuning}, f"{target} compiled with {tuned}, expected {tuning}"

@@ -13,6 +13,7 @@ take (``BatchState.eager_only``: logit processors, logprobs, constraints) runs e
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, fields
 from typing import Mapping
 
@@ -29,20 +30,25 @@ from .extensions import RowExtension
 from .state import BatchState
 
 Tensors = dict[str, torch.Tensor]
-# Flag bits of the one per-step host transfer.
-BAD_TARGET, BAD_Q, BAD_DRAFT, BAD_LATTICE = 1, 2, 4, 8
+# Flag bits of the one per-step host transfer: one byte each of a 32-bit word (``pack_flags``).
+BAD_TARGET, BAD_Q, BAD_DRAFT, BAD_LATTICE = (
+    1 << 8 * (i if sys.byteorder == "little" else 3 - i) for i in range(4))
 NOISE = ("walk", "accept", "residual", "bonus")          # BlockNoise's fields, as body tensors
 
 
 def pack_flags(target: torch.Tensor, q: torch.Tensor | None = None,
                draft: torch.Tensor | None = None, lattice: torch.Tensor | None = None
                ) -> torch.Tensor:
-    """[R] bool conditions → [R] int64 BAD_* bits."""
-    flags = target.long() * BAD_TARGET
-    for bad, bit in ((q, BAD_Q), (draft, BAD_DRAFT), (lattice, BAD_LATTICE)):
-        if bad is not None:
-            flags = flags + bad.long() * bit
-    return flags
+    """[R] bool conditions → [R] int64 BAD_* bits: the four as the bytes of one 32-bit word
+    (two launches: the stack and the widening)."""
+    conds = (target, q, draft, lattice)
+    if all(c is None for c in conds[1:]):
+        flags = target.long()
+        return flags if BAD_TARGET == 1 else flags * BAD_TARGET
+    none = torch.zeros_like(target, dtype=torch.bool) if any(c is None for c in conds) \
+        else None
+    word = torch.stack([none if c is None else c.bool() for c in conds], -1)   # [R, 4] bytes
+    return word.view(torch.uint8).view(torch.int32).view(-1).long()
 
 
 def raise_flags(flags: list[int], rows: list[int]) -> None:
@@ -131,13 +137,14 @@ class StepBodies:
         sel = stages.select_block(self.pair, st, self.backend, h_e, noise)
         return {"draft": sel.draft, "cand": sel.candidates, "q": sel.q,    # [R, γ], [R, γ, K] ×2
                 "draft_bad": sel.bad, "lattice_bad": sel.bad_lattice,
-                **{n: getattr(noise, n) for n in NOISE}}
+                **{n: getattr(noise, n) for n in NOISE},
+                "pos": pos, "lens": inp["lens"], "anchor": inp["anchor"]}  # verify's: as read
 
     def verify(self, inp: Tensors, sampled: bool, ctx_len: int | None,
                host: BatchState | None = None, graphed: tuple = ()) -> Tensors:
         """verify → accept → commit KV of the accepted rows; the StepOut fields."""
         st = self._state(inp, sampled, host, graphed)
-        pos = stages.block_positions(st, self.block)                      # [R, B]
+        pos = inp["pos"] if "pos" in inp else stages.block_positions(st, self.block)  # [R, B]
         sel = SelectorOut(inp["draft"], inp["cand"], inp["q"], inp["draft_bad"],
                           inp["lattice_bad"])
         noise = BlockNoise(*(inp[n] for n in NOISE))

@@ -31,8 +31,9 @@ _PARAMS = {"anchor": (torch.int64, 0), "lens": (torch.int64, 0), "seed": (torch.
            "live": (torch.bool, False)}
 # Inputs fixed for a whole run and never written in place: staged only when they change.
 CONSTANTS = frozenset(("seed", "key", "temperature", "top_k", "top_p", "greedy", "live"))
-# The draft body's outputs, which the verify graph reads in place (``static_inputs``).
-DRAFTED = ("draft", "cand", "q", "draft_bad", "lattice_bad", *NOISE)
+# The draft body's outputs (with the positions, lengths and anchors it read), which the verify
+# graph reads in place (``static_inputs``).
+DRAFTED = ("draft", "cand", "q", "draft_bad", "lattice_bad", *NOISE, "pos", "lens", "anchor")
 GraphStats = dict[str, dict[int, dict[str, Any]]]     # graph name → bucket → counters
 Report = Callable[[str], None]
 # A hook every body run goes through: (kind, block, clock, run) → run()'s result; kind is
@@ -134,6 +135,7 @@ class Mode:
                        draft_bad=torch.zeros(size, dtype=torch.bool, device=dev),
                        lattice_bad=torch.zeros(size, dtype=torch.bool, device=dev),
                        bonus=torch.full((size,), 0.5, device=dev),
+                       pos=torch.zeros(size, g + 1, dtype=torch.int64, device=dev),
                        **{n: torch.full((size, g), 0.5, device=dev) for n in NOISE[:3]})
             draft = self.runners.get(("draft", drafted, exts))
             bucket = None if draft is None else draft.state.get(size)
@@ -148,7 +150,7 @@ class Mode:
         for cls, _ in exts:
             pads.update(cls.pads())
         if kind == "verify":
-            pads.update(draft=0, cand=0, q=0.0, draft_bad=False, lattice_bad=False,
+            pads.update(draft=0, cand=0, q=0.0, draft_bad=False, lattice_bad=False, pos=0,
                         **{n: 0.5 for n in NOISE})
         return pads
 

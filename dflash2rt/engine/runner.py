@@ -101,6 +101,9 @@ class Runner:
             DEFAULT_CONTEXT_WIDTH, self.backend.device)
         st = new_state(requests, *caches, self.backend.device, self.pair.target.cfg.vocab_size,
                        wm)
+        for model in (self.pair.target, self.pair.draft):   # the rope tables the caches need,
+            if model is not None:                             # made outside any graph capture
+                model.rope_table(self.backend.device, self.pair.dtype, caches[0].max_len)
         self._start_run(st, spec, report, clock, check)
         return st
 

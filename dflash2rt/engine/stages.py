@@ -89,8 +89,8 @@ def prefill(pair: ModelPair, st: BatchState, backend: Backend, prompts: list[tup
     pos = torch.arange(t, device=dev).expand(r, t)                       # [R, T]
     out = pair.target(ids, pos, st.target_cache, st.lens, ctx_len=0, logits_at=n - 1,
                       attn=backend.attention)                           # writes the target K/V
-    if st.draft_cache is not None:
-        st.draft_cache.commit(pair.draft.context_kv(out.taps, pos), st.lens, n)
+    if st.draft_cache is not None:       # every row, as the target's: padding lies past n
+        pair.draft.write_context_kv(pair.draft.context_hidden(out.taps), pos, st.draft_cache)
     last = processed(st, out.logits[:, :1])                               # row n - 1 only
     u = backend.token_uniforms(st.seed, st.key, n) if st.sampling.any_sampled else None
     token, bad = sample_next(last[:, 0], st.sampling, u, marks=_next_draw(st))  # position n
@@ -181,9 +181,10 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
 
 def commit_kv(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Tensor,
               count: torch.Tensor, defer_draft: bool = False) -> None:
-    """Write the draft context KV of the first ``count`` rows at ``st.lens`` (the target's
-    forward wrote its own K/V of every row; the rows past ``count`` lie past the new length:
-    scratch that the next step overwrites before anything reads it).
+    """Write the draft context KV of the rows at ``pos`` (``st.lens`` + t), every row, as the
+    target's forward wrote its own: the rows past ``count`` lie past the new length, scratch
+    that the next step overwrites before anything reads it (the draft's forward writes its
+    block there first).
     ``defer_draft``: keep only the draft's context hidden (its side buffer); the K/V projection
     waits for ``catch_up_draft`` before the next speculative step (target-only steps of an
     adaptive run: most of them are followed by more target-only steps).
@@ -194,7 +195,7 @@ def commit_kv(pair: ModelPair, st: BatchState, out: TargetOutput, pos: torch.Ten
     if defer_draft:
         st.draft_cache.commit_side(0, ctx, st.lens, count)
     else:
-        st.draft_cache.commit(pair.draft.context_kv_of(ctx, pos), st.lens, count)
+        pair.draft.write_context_kv(ctx, pos, st.draft_cache)
 
 
 def catch_up_draft(pair: ModelPair, st: BatchState, pending: int) -> None:
@@ -205,8 +206,7 @@ def catch_up_draft(pair: ModelPair, st: BatchState, pending: int) -> None:
     start = st.lens - pending                                             # [R]
     pos = start.view(-1, 1) + torch.arange(pending, device=st.lens.device)  # [R, m]
     ctx = st.draft_cache.read_side(0, pos)                                # [R, m, H]
-    st.draft_cache.commit(pair.draft.context_kv_of(ctx, pos), start,
-                          torch.full_like(start, pending))
+    pair.draft.write_context_kv(ctx, pos, st.draft_cache)
 
 
 def target_only_forward(pair: ModelPair, st: BatchState, backend: Backend,

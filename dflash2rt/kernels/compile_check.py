@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .launch import Collected, Pointer, collecting
+from .launch import Pointer, collecting
 from .smoke import DTYPES, cases
 from .tuning import Tuning, interpreting
 
@@ -74,17 +74,16 @@ def _record(module, name: str, call: Callable[[], Any]) -> tuple[Any, tuple, dic
     """(kernel, args, kwargs) of the launch ``call`` makes (collected, not run: the wrapper
     stops there), or why ``module.name`` was not launched."""
     why = "the backend ran the op as torch ops"
-    with collecting(stop=True) as got:
+    with collecting() as got:
         try:
             call()
-        except Collected:
-            pass
         except Exception as exc:  # noqa: BLE001 - the op refused: reported as the reason
             why = f"the op raised {type(exc).__name__}: {exc}"
-    if not got.by_key:
+    want = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
+    ones = [x for x in got.by_key.values() if x.name == want]
+    if not ones:
         return f"{module.__name__}.{name} was not launched: {why}"[:1500]
-    one = next(iter(got.by_key.values()))
-    return one.kernel, one.args, one.kwargs
+    return ones[0].kernel, ones[0].args, ones[0].kwargs
 
 
 def has_fp64(arch: Any) -> bool:
@@ -191,15 +190,9 @@ def _cases(tuning: Tuning, fp64: bool = True
     """Every smoke case per dtype, as a backend with (or without) float64 launches it; with
     float64 also the "-nofp64" cases (the sampled select / verify kernels compiled as a device
     without float64 runs them)."""
-    from . import attention, conv, noise, norm, rope, selector, verify
     from .backend import KernelBackend
 
-    kernel = {"conv_prepare": (conv, "_conv_kernel"), "conv_finish": (conv, "_conv_kernel"),
-              "select": (selector, "_walk_kernel"), "verify": (verify, "_verify_kernel"),
-              "attention": (attention, "_attention_kernel"),
-              "noise": (noise, "_noise_kernel"), "token_uniforms": (noise, "_noise_kernel"),
-              "rms_norm": (norm, "_rms_norm_kernel"),
-              "attention_prologue": (rope, "_prologue_kernel")}
+    kernels = launched_kernels()
     out = {}
     for d, dt in DTYPES.items():
         for variant in (fp64, False) if fp64 else (False,):
@@ -208,10 +201,24 @@ def _cases(tuning: Tuning, fp64: bool = True
             for case, (method, make) in cases(dt).items():
                 if extra and case.split("-")[1] != "sampled":
                     continue         # the same kernels as with float64 (watermarked: refused)
-                module, name = kernel[method]
                 call = lambda b=be, m=method, a=make(): getattr(b, m)(*a)   # noqa: E731
-                out[f"{case}-{d}" + ("-nofp64" if extra else "")] = (module, name, call)
+                for module, name in kernels[method]:
+                    out[(f"{case}-{d}" + ("-nofp64" if extra else ""), name)] = \
+                        (module, name, call)
     return out
+
+
+def launched_kernels() -> dict[str, list[tuple[Any, str]]]:
+    """Backend op → the kernels (module, name) one call of it launches."""
+    from . import attention, conv, noise, norm, rope, selector, topk, verify
+
+    return {"conv_prepare": [(conv, "_conv_kernel")], "conv_finish": [(conv, "_conv_kernel")],
+            "select": [(topk, "_topk_kernel"), (selector, "_walk_kernel")],
+            "verify": [(verify, "_verify_kernel")],
+            "attention": [(attention, "_attention_kernel")],
+            "noise": [(noise, "_noise_kernel")], "token_uniforms": [(noise, "_noise_kernel")],
+            "rms_norm": [(norm, "_rms_norm_kernel")],
+            "attention_prologue": [(rope, "_prologue_kernel")]}
 
 
 def compile_all(chosen: dict[str, tuple[str, Any, int, Tuning, str]]
@@ -233,7 +240,7 @@ def compile_all(chosen: dict[str, tuple[str, Any, int, Tuning, str]]
     rows = []
     for t, (backend, arch, warp, tuning, vendor) in chosen.items():
         fp64 = has_fp64(arch)
-        for case, (module, name, call) in _cases(tuning, fp64).items():
+        for (case, _), (module, name, call) in _cases(tuning, fp64).items():
             row: dict[str, Any] = {"case": case, "kernel": name, "target": t,
                                    "tuning": f"{vendor} warp {warp}", "skipped": "",
                                    "float64": None}

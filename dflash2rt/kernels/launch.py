@@ -33,6 +33,11 @@ _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
           torch.int8: "i8", torch.uint8: "u8", torch.bool: "u1"}
 
 
+def bytes_of(flags: torch.Tensor) -> torch.Tensor:
+    """A bool tensor as the int8 0 / 1 a kernel reads (a view: no launch); other dtypes cast."""
+    return flags.view(torch.int8) if flags.dtype == torch.bool else flags.to(torch.int8)
+
+
 def kernel_name(kernel: Any) -> str:
     """``module.function`` of a ``@triton.jit`` kernel (compiled or interpreted)."""
     fn = getattr(kernel, "fn", kernel)

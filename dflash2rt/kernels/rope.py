@@ -104,13 +104,15 @@ def attention_prologue(q, k, v, q_norm, k_norm, cos, sin, cache_k, cache_v, pos)
     if r * t == 0:
         return out
     q, k, v = _rows(q, nh, hd), _rows(k, n_kv, hd), _rows(v, n_kv, hd)
-    cos, sin = cos.contiguous(), sin.contiguous()
+    q_at, out_at = (q, out) if nh else (k, k)   # no query heads: nothing read or written there
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:     # the models' are views of one
+        cos, sin = cos.contiguous(), sin.contiguous()            # gather: read where they are
     if cache_k.stride(3) != 1 or cache_v.stride(3) != 1:
         raise InvalidInputError("attention prologue kernel: cache rows must be contiguous")
-    (qw, q_eps), (kw, k_eps) = (n if n is not None else (q, 0.0) for n in (q_norm, k_norm))
-    launch(_prologue_kernel, (r * t, nh + n_kv), q, k, v, qw.contiguous(), kw.contiguous(),
-           cos, sin, pos.to(torch.int64).contiguous(), out, cache_k, cache_v, t, nh, hd,
-           float(q_eps), float(k_eps), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+    (qw, q_eps), (kw, k_eps) = (n if n is not None else (q_at, 0.0) for n in (q_norm, k_norm))
+    launch(_prologue_kernel, (r * t, nh + n_kv), q_at, k, v, qw.contiguous(), kw.contiguous(),
+           cos, sin, pos.to(torch.int64).contiguous(), out_at, cache_k, cache_v, t, nh, hd,
+           float(q_eps), float(k_eps), q_at.stride(0), q_at.stride(1), k.stride(0), k.stride(1),
            v.stride(0), v.stride(1), cos.stride(0), cos.stride(1), *cache_k.stride()[:3],
            *cache_v.stride()[:3], Q_NORM=q_norm is not None, K_NORM=k_norm is not None,
            HALF=dt != torch.float32, BLOCK_D=triton.next_power_of_2(hd),

@@ -1,6 +1,7 @@
 """Selector kernel: the low-rank candidate lattice and the walk, one program per request.
 
-Top-K and the unary scores come from torch (``topk_lowest_index``, ``unary_scores``); the kernel
+Top-K and the bad-logits flags come from one kernel (``kernels.topk``), the unary scores from
+``unary_scores`` (no op at all for the identity multiplier without softcap); the walk kernel
 keeps the K candidates of a slot in registers, scores the lattice row of the previous pick, and
 walks: greedy argmax (lowest index on ties) or inverse CDF of softmax((row - max row) / T), and
 flags a request whose walk read a lattice row that is not a finite law. The sampled walk sums
@@ -27,11 +28,11 @@ import triton.language as tl
 
 from ..ops.batch import SamplingBatch
 from ..watermark.sampler import require_fp64
-from ..ops.sampling import bad_rows
-from ..ops.selector import SelectorOut, SelectorParams, check_select_args, topk_lowest_index, \
+from ..ops.selector import SelectorOut, SelectorParams, check_select_args, \
     unary_scores
 from . import exact32
-from .launch import launch
+from .launch import bytes_of, launch
+from .topk import topk
 from .tuning import DEFAULT, Tuning
 from .watermark import FP_FUSION, context_hash, exp_min_candidates, keyed_uniform, neg_log, \
     subkey_words
@@ -166,12 +167,12 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
         require_fp64(False)
     r, gamma, _ = logits.shape
     check_select_args(logits, proj, pred_codebook, succ_codebook, params, u_walk)
-    vals, cand = topk_lowest_index(logits, params.top_k)                  # [R, γ, K]
+    vals, cand, bad = topk(logits, params.top_k)                          # [R, γ, K]
     unary = unary_scores(vals, params).contiguous()
     k, rank = params.top_k, proj.shape[2]
     draft = torch.empty(r, gamma, dtype=torch.int64, device=logits.device)
     q = torch.empty(r, gamma, k, dtype=torch.float32, device=logits.device)
-    bad_lattice = torch.empty(r, dtype=torch.int32, device=logits.device)
+    bad_lattice = torch.empty(r, dtype=torch.int8, device=logits.device)
     marked = wm is not None and sampling.any_sampled
     keyed = (wm.window.contiguous(), wm.record.contiguous(), wm.used.contiguous(),
              subkey_words(wm.key.draft, logits.device)) if marked else (draft,) * 4
@@ -179,7 +180,7 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
     launch(_walk_kernel, (r,), cand.contiguous(), unary, proj.contiguous(),
            pred_codebook.contiguous(), succ_codebook.contiguous(),
            anchor.to(torch.int64).contiguous(), sampling.temperature.contiguous(),
-           sampling.greedy.to(torch.int8), u_walk.contiguous(), *keyed, draft, q, bad_lattice,
+           bytes_of(sampling.greedy), u_walk.contiguous(), *keyed, draft, q, bad_lattice,
            gamma, k, rank, m, SAMPLED=sampling.any_sampled, MARKED=marked, FP64=has_fp64,
            BLOCK_K=triton.next_power_of_2(k), LOG_K=triton.next_power_of_2(k).bit_length() - 1,
            LEVELS_K=exact32.levels_for(triton.next_power_of_2(k).bit_length() - 1),
@@ -187,4 +188,4 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
            BLOCK_H=triton.next_power_of_2(h), BLOCK_G=block_g(gamma),
            BLOCK_M=min(256, triton.next_power_of_2(m)), num_warps=tuning.num_warps,
            **FP_FUSION)
-    return SelectorOut(draft, cand, q, bad_rows(logits).any(dim=-1), bad_lattice.bool())
+    return SelectorOut(draft, cand, q, bad.any(dim=-1), bad_lattice.view(torch.bool))

@@ -7,7 +7,10 @@ then scan the one emitting row of p twice in chunks for the residual norm((p −
 that mass is 0, or p_γ for the bonus): once for its mass and p's (per-lane sums), once for the
 inverse CDF; a row with no finite positive mass emits -1 and is flagged. Nothing is sized by V
 but the loop bounds: V = 151,936 or 202,048 is a loop of chunks. Logit
-processing (temperature, top-k, top-p) stays in torch (``p`` input). On a device without float64
+processing (temperature, top-k, top-p) stays in torch (``p`` input), as does each row's maximum
+(one reduction over the GPU, not one program's scan): the kernel writes the step's tokens
+(``assemble_tokens``) and its bad flags (``bad_rows``, ``with_empty_draws``) from it. On a
+device without float64
 the kernel is compiled with ``FP64=False``: acceptance decided exactly from the float32 bits and
 the emitting draw in double-float float32 (``kernels.exact32``, the formulation of
 ``ops.exact32``), so no float64 value is in its code. Offsets are 64-bit (rows × V passes 2^31
@@ -30,11 +33,11 @@ import triton.language as tl
 
 from ..errors import InvalidInputError
 from ..ops.batch import BlockNoise, SamplingBatch
-from ..ops.sampling import bad_rows, target_probs
-from ..ops.verify import VerifyOut, assemble_tokens, check_verify_args, with_empty_draws
+from ..ops.sampling import target_probs
+from ..ops.verify import VerifyOut, check_verify_args
 from ..watermark.sampler import require_fp64
 from . import exact32
-from .launch import launch
+from .launch import bytes_of, launch
 from .tuning import DEFAULT, Tuning
 from .watermark import FP_FUSION, keyed_uniform, neg_log, race_key, subkey_words
 
@@ -172,7 +175,8 @@ def _emit64(prow, cand_row, q_row, n, u, V, BLOCK_V: tl.constexpr):
 @triton.jit(do_not_specialize=["GAMMA"],
             do_not_specialize_on_alignment=["ua_ptr", "ur_ptr", "ub_ptr", "sub_ptr"])
 def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua_ptr, ur_ptr,
-                   ub_ptr, ctx_ptr, fresh_ptr, sub_ptr, acc_ptr, emit_ptr, badq_ptr, V, GAMMA, K,
+                   ub_ptr, ctx_ptr, fresh_ptr, sub_ptr, rowmax_ptr, acc_ptr, emit_ptr, badq_ptr,
+                   tok_ptr, bad_ptr, V, GAMMA, K,
                    SAMPLED: tl.constexpr, MARKED: tl.constexpr, FP64: tl.constexpr,
                    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, LOG_V: tl.constexpr,
                    LEVELS_V: tl.constexpr, LOG_K: tl.constexpr, LEVELS_K: tl.constexpr):
@@ -235,7 +239,19 @@ def _verify_kernel(logits_ptr, p_ptr, draft_ptr, cand_ptr, q_ptr, greedy_ptr, ua
                                    tl.load(ctx_ptr + r * rows + acc), sub_ptr, V, BLOCK_V)
     tl.store(acc_ptr + r, acc)
     tl.store(emit_ptr + r, emit)
-    tl.store(badq_ptr + r, bad_q)
+    tl.store(badq_ptr + r, bad_q.to(tl.int8))
+    # The step's outputs: the tokens (``assemble_tokens``), and the bad flag: a row of logits
+    # whose maximum is not finite (``bad_rows``), or a sampled row with a law and nothing drawn
+    # (``with_empty_draws``).
+    bad = 0
+    for j in range(0, rows):
+        top = tl.load(rowmax_ptr + r * rows + j).to(tl.float32)
+        bad = tl.where(tl.abs(top) < float("inf"), bad, 1)          # NaN and ±inf fail
+        d = tl.load(draft_ptr + r * GAMMA + tl.minimum(j, GAMMA - 1))
+        tl.store(tok_ptr + r * rows + j, tl.where(j < acc, d, tl.where(j == acc, emit, -1)))
+    sampled = tl.load(greedy_ptr + r) == 0
+    bad = tl.where(sampled & (bad_q == 0) & (emit < 0), 1, bad)
+    tl.store(bad_ptr + r, bad.to(tl.int8))
 
 
 def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor,
@@ -261,23 +277,24 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
          if sampling.any_sampled else logits)
     acc = torch.empty(r, dtype=torch.int64, device=logits.device)
     emit = torch.empty_like(acc)
-    bad_q = torch.empty(r, dtype=torch.int32, device=logits.device)
+    bad_q = torch.empty(r, dtype=torch.int8, device=logits.device)
+    tokens = torch.empty(r, rows, dtype=torch.int64, device=logits.device)
+    bad = torch.empty(r, dtype=torch.int8, device=logits.device)
     marked = marks is not None and sampling.any_sampled
-    keyed = (marks.ctx.contiguous(), marks.fresh.to(torch.int8),
+    keyed = (marks.ctx.contiguous(), bytes_of(marks.fresh),
              subkey_words(marks.key.target, logits.device)) if marked else (acc, acc, acc)
     block_v = min(tuning.block_v, triton.next_power_of_2(v))
     block_k = triton.next_power_of_2(k)
     launch(_verify_kernel, (r,), logits, p, draft, candidates, q.contiguous(),
-           sampling.greedy.to(torch.int8), noise.accept.contiguous(),
-           noise.residual.contiguous(), noise.bonus.contiguous(), *keyed, acc, emit, bad_q, v,
+           bytes_of(sampling.greedy), noise.accept.contiguous(),
+           noise.residual.contiguous(), noise.bonus.contiguous(), *keyed,
+           logits.amax(dim=-1), acc, emit, bad_q, tokens, bad, v,
            rows - 1, k, SAMPLED=sampling.any_sampled, MARKED=marked, FP64=has_fp64,
            BLOCK_V=block_v, LOG_V=block_v.bit_length() - 1,
            LEVELS_V=exact32.levels_for(block_v.bit_length() - 1),
            LOG_K=block_k.bit_length() - 1, LEVELS_K=exact32.levels_for(block_k.bit_length() - 1),
            BLOCK_K=block_k, num_warps=tuning.num_warps, **FP_FUSION)
-    bad_q = bad_q.bool()
-    bad = with_empty_draws(bad_rows(logits).any(dim=1), sampling.greedy, bad_q, emit)
-    out = VerifyOut(acc, assemble_tokens(draft, acc, emit), bad, bad_q)
+    out = VerifyOut(acc, tokens, bad.view(torch.bool), bad_q.view(torch.bool))   # 0 / 1 bytes
     if check:
         out.raise_if_bad()
     return out

@@ -22,7 +22,7 @@ from dflash2rt.backend import Backend
 from dflash2rt.models.draft_config import DraftConfig
 from dflash2rt.models.kv_cache import KVCache
 from dflash2rt.models.layers import Attention, RMSNorm, SwiGLU
-from dflash2rt.models.rope import inv_freq, rope_cos_sin
+from dflash2rt.models.rope import inv_freq, rope_at, rope_cos_sin, rope_table
 from dflash2rt.ops.vocab import place_draft_logits, target_ids
 
 
@@ -106,6 +106,7 @@ class DraftModel(nn.Module):
             self.d2t = self.t2d = None
         inv, self.attention_scaling = inv_freq(a.rope, a.head_dim)
         self.register_buffer("rope_inv_freq_bits", inv.view(torch.int32), persistent=False)
+        self.target_positions = 0       # its target's max_position_embeddings (``ModelPair``)
 
     def embed(self, ids: torch.Tensor, target) -> torch.Tensor:
         """ids [R, B] → [R, B, H]: the draft's own embedding if it ships one, else the target's."""
@@ -121,9 +122,21 @@ class DraftModel(nn.Module):
             return own
         return place_draft_logits(own, target_ids(self.d2t), self.cfg.arch.vocab_size)
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype):
-        return rope_cos_sin(self.rope_inv_freq_bits.view(torch.float32), self.attention_scaling,
-                            positions, dtype)
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype, cover: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [*positions.shape, hd] of this model's rope at integer positions; ``cover``
+        (positions are below it: a cache's ``max_len``): one gather from the model's table."""
+        if cover is None:
+            return rope_cos_sin(self.rope_inv_freq_bits.view(torch.float32),
+                                self.attention_scaling, positions, dtype)
+        return rope_at(self.rope_table(positions.device, dtype, cover), positions)
+
+    def rope_table(self, device: torch.device | str, dtype: torch.dtype, cover: int
+                   ) -> torch.Tensor:
+        """cos | sin of positions below at least ``cover`` (``rope.rope_table``)."""
+        return rope_table(self.__dict__.setdefault("_rope_tables", {}),
+                          self.rope_inv_freq_bits.view(torch.float32), self.attention_scaling,
+                          cover, device, dtype)
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor):
         """Target taps [R, T, n_taps, H] at positions [R, T] → per layer (k, v) [R, T, n_kv, hd]."""
@@ -137,6 +150,14 @@ class DraftModel(nn.Module):
         """Context hidden [R, T, H] at positions [R, T] → per layer (k, v) [R, T, n_kv, hd]."""
         cos, sin = self.rope(positions, ctx.dtype)
         return tuple(layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers)
+
+    def write_context_kv(self, ctx: torch.Tensor, positions: torch.Tensor, cache: KVCache
+                         ) -> None:
+        """Context hidden [R, T, H] at positions [R, T] → its K/V per layer written into
+        ``cache`` at those positions, every row (``context_kv_of``, then the writes)."""
+        cos, sin = self.rope(positions, ctx.dtype, cache.max_len)
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.write_kv(ctx, cos, sin, cache.k[i], cache.v[i], positions)
 
     def empty_cache(self, batch: int, max_len: int, dtype: torch.dtype, device) -> KVCache:
         """K/V per layer, and one side buffer [batch, max_len, H]: the context hidden of
@@ -157,7 +178,7 @@ class DraftModel(nn.Module):
         r, b, _ = block_emb.shape
         n_keys = cache.max_len if ctx_len is None else min(ctx_len + b, cache.max_len)
         h = block_emb * self.cfg.input_embedding_scale
-        cos, sin = self.rope(positions, h.dtype)
+        cos, sin = self.rope(positions, h.dtype, cache.max_len)
         start = lens.view(r, 1)
         hi = (start + b).expand(r, b)                                         # the whole block
         for i, layer in enumerate(self.layers):

@@ -91,6 +91,17 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         return apply_rotary(k, cos, sin), v.unflatten(-1, (self.n_kv_heads, self.head_dim))
 
+    def write_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 cache_k: torch.Tensor, cache_v: torch.Tensor, write_pos: torch.Tensor) -> None:
+        """``project_kv`` of x [R, T, H] written into the caches [R, max_len, n_kv, hd] at
+        write_pos [R, T], every row: the attention prologue without query heads (one kernel
+        under a kernel backend's ``run_context``)."""
+        shape = (self.n_kv_heads, self.head_dim)
+        k, v = self.k_proj(x).unflatten(-1, shape), self.v_proj(x).unflatten(-1, shape)
+        norm = None if self.k_norm is None else (self.k_norm.weight, self.k_norm.eps)
+        fused.current().attention_prologue(k[:, :, :0], k, v, None, norm, cos, sin, cache_k,
+                                           cache_v, write_pos)
+
     def forward(
         self,
         x: torch.Tensor,

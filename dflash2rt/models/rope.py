@@ -169,6 +169,41 @@ def rope_cos_sin(
     cdt = torch.promote_types(dtype, torch.float32)
     freqs = positions[..., None].to(cdt) * inv.to(device=positions.device, dtype=cdt)  # [R, T, hd/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [R, T, hd]
-    cos = emb.cos() * attention_scaling
-    sin = emb.sin() * attention_scaling
+    cos, sin = emb.cos(), emb.sin()
+    if attention_scaling != 1.0:                     # ·1.0 is the identity: no launch for it
+        cos, sin = cos * attention_scaling, sin * attention_scaling
     return cos.to(dtype), sin.to(dtype)
+
+
+
+def rope_table(tables: dict, inv: torch.Tensor, attention_scaling: float, cover: int,
+               device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """A model's cos | sin [n, 2·hd] of positions 0 .. n-1 (n >= ``cover``) on ``device`` in
+    ``dtype``: ``rope_cos_sin``'s values, each position's computed once, in one call, kept in
+    ``tables``. A longer cover grows it to at least twice its length; the old table stays
+    referenced there (a captured graph may still read it)."""
+    key = (_indexed(device), dtype)
+    have = tables.get(key)
+    if have is None or have.shape[0] < cover:
+        n = cover if have is None else max(cover, 2 * have.shape[0])
+        cos, sin = rope_cos_sin(inv, attention_scaling, torch.arange(n, device=device), dtype)
+        if have is not None:
+            tables.setdefault("retired", []).append(have)
+        tables[key] = have = torch.cat((cos, sin), dim=-1)
+    return have
+
+
+def _indexed(device: torch.device | str) -> torch.device:
+    """``device`` with its index (the current one where it names none), as tensors report it."""
+    d = torch.device(device)
+    if d.index is None and d.type not in ("cpu", "meta"):
+        d = torch.device(d.type, getattr(torch, d.type).current_device())
+    return d
+
+
+def rope_at(table: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [*positions.shape, hd] at integer positions below the table's length: views of
+    one gather from a ``rope_table``."""
+    hd = table.shape[-1] // 2
+    both = table[positions]                                  # [*positions.shape, 2·hd]
+    return both[..., :hd], both[..., hd:]

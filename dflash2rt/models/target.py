@@ -12,7 +12,7 @@ from dflash2rt.errors import InvalidInputError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.kv_cache import KVCache
 from dflash2rt.models.layers import Attention, RMSNorm, SwiGLU
-from dflash2rt.models.rope import inv_freq, rope_cos_sin
+from dflash2rt.models.rope import inv_freq, rope_at, rope_cos_sin, rope_table
 from dflash2rt.ops.attention import AttentionFn, attention
 
 
@@ -99,9 +99,19 @@ class TargetModel(nn.Module):
         """Token ids [...] -> embeddings [..., H]."""
         return self.model.embed_tokens(ids)
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [*positions.shape, hd] of this model's rope at integer positions."""
-        return rope_cos_sin(self.rope_inv_freq, self.attention_scaling, positions, dtype)
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype, cover: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [*positions.shape, hd] of this model's rope at integer positions; ``cover``
+        (positions are below it: a cache's ``max_len``): one gather from the model's table."""
+        if cover is None:
+            return rope_cos_sin(self.rope_inv_freq, self.attention_scaling, positions, dtype)
+        return rope_at(self.rope_table(positions.device, dtype, cover), positions)
+
+    def rope_table(self, device: torch.device | str, dtype: torch.dtype, cover: int
+                   ) -> torch.Tensor:
+        """cos | sin of positions below at least ``cover`` (``rope.rope_table``)."""
+        return rope_table(self.__dict__.setdefault("_rope_tables", {}), self.rope_inv_freq,
+                          self.attention_scaling, cover, device, dtype)
 
     def forward(
         self,
@@ -130,7 +140,7 @@ class TargetModel(nn.Module):
         t = input_ids.shape[1]
         n_keys = cache.max_len if ctx_len is None else min(ctx_len + t, cache.max_len)
         h = self.embed(input_ids)  # [R, T, H]
-        cos, sin = self.rope(positions, h.dtype)  # [R, T, hd]
+        cos, sin = self.rope(positions, h.dtype, cache.max_len)  # [R, T, hd]: a table gather
         lo, hi = torch.zeros_like(positions), positions + 1  # [R, T]: keys [0, pos]
 
         def layer_attend(i: int):

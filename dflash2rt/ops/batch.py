@@ -115,5 +115,6 @@ class BlockNoise:
     @staticmethod
     def unused(r: int, gamma: int, device: torch.device | str) -> "BlockNoise":
         """Placeholder noise for an all-greedy batch, whose ops never read noise."""
-        half = torch.full((r, gamma + 1), 0.5, dtype=torch.float32, device=device)
-        return BlockNoise(half[:, :gamma], half[:, :gamma], half[:, :gamma], half[:, gamma])
+        half = torch.full((r * (gamma + 1),), 0.5, dtype=torch.float32, device=device)
+        slots = half[:r * gamma].view(r, gamma)          # contiguous, as the kernels read them
+        return BlockNoise(slots, slots, slots, half[r * gamma:])

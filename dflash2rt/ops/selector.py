@@ -93,6 +93,8 @@ def topk_lowest_index(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
 
 def unary_scores(vals: torch.Tensor, p: SelectorParams) -> torch.Tensor:
     """softcap(val · output_multiplier) in float32; -inf candidates stay -inf."""
+    if p.output_multiplier == 1.0 and p.softcap is None:
+        return vals.float()                        # the same values: ·1 and the -inf rule
     x = vals.float() * p.output_multiplier
     if p.softcap is not None:
         x = p.softcap * torch.tanh(x / p.softcap)
