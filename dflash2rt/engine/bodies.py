@@ -144,7 +144,7 @@ class StepBodies:
                host: BatchState | None = None, graphed: tuple = ()) -> Tensors:
         """verify → accept → commit KV of the accepted rows; the StepOut fields."""
         st = self._state(inp, sampled, host, graphed)
-        pos = inp["pos"] if "pos" in inp else stages.block_positions(st, self.block)  # [R, B]
+        pos = inp["pos"]                                  # [R, B]: the draft's, as it read them
         sel = SelectorOut(inp["draft"], inp["cand"], inp["q"], inp["draft_bad"],
                           inp["lattice_bad"])
         noise = BlockNoise(*(inp[n] for n in NOISE))

@@ -71,8 +71,8 @@ def _signature(fn, args, kw) -> tuple[dict[str, str], dict[str, Any]]:
 
 
 def _record(module, name: str, call: Callable[[], Any]) -> tuple[Any, tuple, dict] | str:
-    """(kernel, args, kwargs) of the launch ``call`` makes (collected, not run: the wrapper
-    stops there), or why ``module.name`` was not launched."""
+    """(kernel, args, kwargs) of ``call``'s launch of ``module.name`` (every launch collected,
+    none run: an op may launch several kernels), or why it was not launched."""
     why = "the backend ran the op as torch ops"
     with collecting() as got:
         try:

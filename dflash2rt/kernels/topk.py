@@ -17,9 +17,9 @@ import triton.language as tl
 
 from ..errors import InvalidInputError
 from .launch import launch
+from .norm import DTYPES
 from .tuning import interpreting
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TOPK_TILE = 1024          # vocabulary chunk: a longer row loops
 ROWS = 1                  # rows per program on a device (the rows run in parallel)
 INTERPRET_ROWS = 64       # under the interpreter (its programs run one after another)

@@ -22,7 +22,7 @@ from dflash2rt.backend import Backend
 from dflash2rt.models.draft_config import DraftConfig
 from dflash2rt.models.kv_cache import KVCache
 from dflash2rt.models.layers import Attention, RMSNorm, SwiGLU
-from dflash2rt.models.rope import inv_freq, rope_at, rope_cos_sin, rope_table
+from dflash2rt.models.rope import RopeTables, inv_freq
 from dflash2rt.ops.vocab import place_draft_logits, target_ids
 
 
@@ -83,7 +83,7 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = nn.Parameter(torch.zeros(v, r))
 
 
-class DraftModel(nn.Module):
+class DraftModel(RopeTables, nn.Module):
     """A DFlash2 / DFlash v1 draft; it borrows the target's embedding and LM head at run time."""
 
     def __init__(self, cfg: DraftConfig) -> None:
@@ -106,7 +106,6 @@ class DraftModel(nn.Module):
             self.d2t = self.t2d = None
         inv, self.attention_scaling = inv_freq(a.rope, a.head_dim)
         self.register_buffer("rope_inv_freq_bits", inv.view(torch.int32), persistent=False)
-        self.target_positions = 0       # its target's max_position_embeddings (``ModelPair``)
 
     def embed(self, ids: torch.Tensor, target) -> torch.Tensor:
         """ids [R, B] → [R, B, H]: the draft's own embedding if it ships one, else the target's."""
@@ -121,22 +120,6 @@ class DraftModel(nn.Module):
         if self.d2t is None:
             return own
         return place_draft_logits(own, target_ids(self.d2t), self.cfg.arch.vocab_size)
-
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype, cover: int | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [*positions.shape, hd] of this model's rope at integer positions; ``cover``
-        (positions are below it: a cache's ``max_len``): one gather from the model's table."""
-        if cover is None:
-            return rope_cos_sin(self.rope_inv_freq_bits.view(torch.float32),
-                                self.attention_scaling, positions, dtype)
-        return rope_at(self.rope_table(positions.device, dtype, cover), positions)
-
-    def rope_table(self, device: torch.device | str, dtype: torch.dtype, cover: int
-                   ) -> torch.Tensor:
-        """cos | sin of positions below at least ``cover`` (``rope.rope_table``)."""
-        return rope_table(self.__dict__.setdefault("_rope_tables", {}),
-                          self.rope_inv_freq_bits.view(torch.float32), self.attention_scaling,
-                          cover, device, dtype)
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor):
         """Target taps [R, T, n_taps, H] at positions [R, T] → per layer (k, v) [R, T, n_kv, hd]."""

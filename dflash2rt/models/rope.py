@@ -175,7 +175,6 @@ def rope_cos_sin(
     return cos.to(dtype), sin.to(dtype)
 
 
-
 def rope_table(tables: dict, inv: torch.Tensor, attention_scaling: float, cover: int,
                device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
     """A model's cos | sin [n, 2·hd] of positions 0 .. n-1 (n >= ``cover``) on ``device`` in
@@ -207,3 +206,24 @@ def rope_at(table: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor,
     hd = table.shape[-1] // 2
     both = table[positions]                                  # [*positions.shape, 2·hd]
     return both[..., :hd], both[..., hd:]
+
+
+class RopeTables:
+    """``rope`` and ``rope_table`` of a model that holds ``rope_inv_freq_bits`` (its inverse
+    frequencies as int32 bits) and ``attention_scaling``."""
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype, cover: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [*positions.shape, hd] of this model's rope at integer positions; ``cover``
+        (positions are below it: a cache's ``max_len``): one gather from the model's table."""
+        inv = self.rope_inv_freq_bits.view(torch.float32)
+        if cover is None:
+            return rope_cos_sin(inv, self.attention_scaling, positions, dtype)
+        return rope_at(self.rope_table(positions.device, dtype, cover), positions)
+
+    def rope_table(self, device: torch.device | str, dtype: torch.dtype, cover: int
+                   ) -> torch.Tensor:
+        """cos | sin of positions below at least ``cover`` (``rope_table``)."""
+        return rope_table(self.__dict__.setdefault("_rope_tables", {}),
+                          self.rope_inv_freq_bits.view(torch.float32), self.attention_scaling,
+                          cover, device, dtype)

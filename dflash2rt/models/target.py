@@ -12,7 +12,7 @@ from dflash2rt.errors import InvalidInputError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.kv_cache import KVCache
 from dflash2rt.models.layers import Attention, RMSNorm, SwiGLU
-from dflash2rt.models.rope import inv_freq, rope_at, rope_cos_sin, rope_table
+from dflash2rt.models.rope import RopeTables, inv_freq
 from dflash2rt.ops.attention import AttentionFn, attention
 
 
@@ -62,7 +62,7 @@ def causal_mask(valid: torch.Tensor) -> torch.Tensor:
     return causal & (valid[:, None, :] | (j[None, :] == j[:, None]))  # [R, T, T]
 
 
-class TargetModel(nn.Module):
+class TargetModel(RopeTables, nn.Module):
     """Qwen3 or Llama causal LM with a static external KV cache and hidden-state taps."""
 
     def __init__(self, cfg: TargetConfig, tap_layer_ids: Sequence[int] = ()) -> None:
@@ -98,20 +98,6 @@ class TargetModel(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids [...] -> embeddings [..., H]."""
         return self.model.embed_tokens(ids)
-
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype, cover: int | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [*positions.shape, hd] of this model's rope at integer positions; ``cover``
-        (positions are below it: a cache's ``max_len``): one gather from the model's table."""
-        if cover is None:
-            return rope_cos_sin(self.rope_inv_freq, self.attention_scaling, positions, dtype)
-        return rope_at(self.rope_table(positions.device, dtype, cover), positions)
-
-    def rope_table(self, device: torch.device | str, dtype: torch.dtype, cover: int
-                   ) -> torch.Tensor:
-        """cos | sin of positions below at least ``cover`` (``rope.rope_table``)."""
-        return rope_table(self.__dict__.setdefault("_rope_tables", {}), self.rope_inv_freq,
-                          self.attention_scaling, cover, device, dtype)
 
     def forward(
         self,

@@ -42,7 +42,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -50,9 +50,10 @@ from ..backend import Backend
 from ..engine.engine import Engine
 from ..models.draft import DraftModel
 from ..models.pair import ModelPair, load_pair
+from ..bench.measure import SEED, TEMPERATURES, Temperature, resolve_backend, seeded_requests
 from .evaluate import topk_mass
 from .heldout import per_slot
-from ..bench.measure import SEED, TEMPERATURES, Temperature, resolve_backend, seeded_requests
+from .op_timing import recording_ops, rotated, time_ops
 
 DEFAULT_KS: tuple[int | str, ...] = (16, 32, 64, 128, "full")
 TARGET_ONLY = "target_only"
@@ -100,94 +101,6 @@ def load_heldout(model: str | Path = "stdlib-code", n_prompts: int | None = None
     held = json.loads((root / "heldout_prompts.json").read_text(encoding="utf-8"))
     ids = [list(h["prompt_ids"]) for h in held]
     return pair, ids[:n_prompts] if n_prompts is not None else ids, root
-
-
-@contextlib.contextmanager
-def _recording(backend: Backend, calls: dict[str, list], n: int) -> Iterator[None]:
-    """Record the arguments of the backend's first ``n`` select and verify calls (tensors
-    cloned: the engine updates some of its state in place) while the block runs."""
-    def wrap(op: str):
-        inner = getattr(backend, op)
-
-        def call(*args, **kwargs):
-            if len(calls[op]) < n:
-                calls[op].append((tuple(a.clone() if isinstance(a, torch.Tensor) else a
-                                        for a in args), dict(kwargs)))
-            return inner(*args, **kwargs)
-        return call
-
-    had = {op: op in vars(backend) for op in ("select", "verify")}
-    saved = {op: vars(backend).get(op) for op in had}
-    for op in had:
-        setattr(backend, op, wrap(op))
-    try:
-        yield
-    finally:
-        for op, present in had.items():
-            if present:
-                setattr(backend, op, saved[op])
-            else:
-                delattr(backend, op)
-
-
-def _rotated(items: Sequence, i: int) -> list:
-    i %= max(len(items), 1)
-    return list(items[i:]) + list(items[:i])
-
-
-def time_ops(backend: Backend, captured: dict[int, dict[str, list]], rounds: int,
-             min_s: float = 0.02, max_repeats: int = 20) -> dict[int, dict[str, Any]]:
-    """Seconds per call of the recorded select / verify calls of every K, in ``rounds``
-    interleaved rounds (each K once per round, the order rotated by round). In a round each
-    recorded call runs enough times to fill ``min_s`` (at least twice, at most
-    ``max_repeats``; once for a call over 0.1 s) and counts its fastest run, so that a
-    preemption by another process does not count. → per K and op: the fastest round's seconds
-    per call (``*_ms``; ``*_ms_median`` the median round's), its ratio to the first K's
-    (``*_vs_first_k``), and the median over rounds of that ratio within a round
-    (``*_vs_first_k_paired``: steadier under a slow drift of the machine, but not under
-    another process's bursts on a shared one, which the fastest round leaves out)."""
-    ks = list(captured)
-    ops = ("select", "verify")
-    secs: dict[int, dict[str, list[float]]] = {k: {op: [] for op in ops} for k in ks}
-    reps: dict[tuple[int, str], int] = {}
-    with torch.inference_mode(), backend.run_context():
-        for k in ks:                                      # untimed pass: allocator, repeats
-            for op in ops:
-                calls = captured[k][op]
-                t0 = time.perf_counter()
-                for args, kwargs in calls:
-                    getattr(backend, op)(*args, **kwargs)
-                per = (time.perf_counter() - t0) / max(len(calls), 1)
-                reps[k, op] = 1 if per > 0.1 else \
-                    max(2, min(max_repeats, int(min_s / max(per, 1e-9))))
-        for r in range(rounds):
-            for k in _rotated(ks, r):
-                for op in ops:
-                    calls = captured[k][op]
-                    fn = getattr(backend, op)
-                    total = 0.0
-                    for args, kwargs in calls:
-                        best = float("inf")
-                        for _ in range(reps[k, op]):
-                            t0 = time.perf_counter()
-                            fn(*args, **kwargs)
-                            best = min(best, time.perf_counter() - t0)
-                        total += best
-                    secs[k][op].append(total / max(len(calls), 1))
-    ref = ks[0]
-    out: dict[int, dict[str, Any]] = {}
-    for k in ks:
-        row: dict[str, Any] = {}
-        for op in ops:
-            row[f"{op}_ms"] = 1e3 * min(secs[k][op])
-            row[f"{op}_ms_median"] = 1e3 * statistics.median(secs[k][op])
-            row[f"{op}_vs_first_k"] = min(secs[k][op]) / max(min(secs[ref][op]), 1e-12)
-            row[f"{op}_vs_first_k_paired"] = statistics.median(
-                a / b for a, b in zip(secs[k][op], secs[ref][op]) if b > 0)
-            row[f"{op}_ms_rounds"] = [1e3 * x for x in secs[k][op]]
-            row[f"{op}_repeats"] = reps[k, op]
-        out[k] = row
-    return out
 
 
 def _tau(hist: Sequence[int]) -> float:
@@ -339,7 +252,7 @@ def _run(s: _Setup, t: Temperature, name: Any, i: int, req, record: bool
     if got is not None and not record:
         return got
     spec = name != TARGET_ONLY
-    rec = _recording(s.backend, s.captured[name], s.steps) if record else \
+    rec = recording_ops(s.backend, s.captured[name], s.steps) if record else \
         contextlib.nullcontext()
     with rec:
         outs, st = s.engines[name].generate([req], spec=spec, block_size=s.block if spec
@@ -361,7 +274,7 @@ def _temperature_rows(s: _Setup, t: Temperature) -> list[dict[str, Any]]:
     s.captured = {k: {"select": [], "verify": []} for k in s.pairs}
     done: dict[Any, list[dict[str, Any]]] = {n: [] for n in names}
     for i, req in enumerate(reqs):
-        for name in _rotated([n for n in names if i < s.runs[n]], i):
+        for name in rotated([n for n in names if i < s.runs[n]], i):
             record = bool(s.rounds) and i == 0 and name != TARGET_ONLY
             done[name].append(_run(s, t, name, i, req, record))
         s.say(f"{t.label}: prompt {i + 1} / {len(reqs)} done ({time.perf_counter() - t0:.0f} s)")
