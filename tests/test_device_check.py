@@ -111,7 +111,9 @@ def test_sigterm_packs_what_was_gathered(tmp_path, slots):
     secs = _by_name(summary)
     assert secs["graph_replay"]["status"] == "FAIL"
     assert secs["graph_replay"]["reason"] == "interrupted by SIGTERM"
-    assert secs["bench"]["status"] == "SKIPPED"
+    # one after another, bench had not begun; side by side it may have begun before the
+    # signal (how far depends on the machine's load): then it was interrupted as well
+    assert secs["bench"]["status"] in (("SKIPPED",) if slots == "1" else ("SKIPPED", "FAIL"))
     assert secs["bench"]["reason"] == "interrupted by SIGTERM"
     assert work is not None and not work.exists()     # the work folder went into results.tgz
 

@@ -307,22 +307,40 @@ def test_bench_serve_drives_the_server_and_reports(live):
     assert "| spec | 3 | 5 |" in markdown({"rows": [{**row, "server": "spec"}]})
 
 
-def test_run_baseline_and_targets_table(live):
-    """bench serve's run() baseline on the server's own pair and mode, and the table that sets
-    the server's TPOT and throughput against it."""
-    from dflash2rt.serve.load import offline, targets
+def test_bench_serve_pairs_each_server_run_with_its_run_reference(live):
+    """bench serve in rounds: each server run at concurrency 1 beside run()'s time alone and
+    each at the largest beside run()'s static batch, measured right after it; the rows pool
+    the rounds; the targets are the medians of the paired ratios."""
+    import contextlib
+    import re
 
-    srv = live.server
-    base = offline(srv.pair, srv.engine.backend, srv.limits.block, PROMPTS, max_tokens=6,
-                   batch=3, singles=2, table=srv.engine.table)
-    assert base["batch"] == 3 and base["tpot_ms"] > 0 and base["tokens_per_s"] > 0
-    rows = [{"server": "spec", "concurrency": 1, "tpot_ms": {"mean": 2 * base["tpot_ms"]},
-             "output_tokens_per_s": 10.0},
-            {"server": "spec", "concurrency": 3, "tpot_ms": {"mean": 1.0},
-             "output_tokens_per_s": base["tokens_per_s"] / 2}]
-    table = targets({"rows": rows, "offline": {"spec": base}}).splitlines()
-    cells = [c.strip() for c in table[2].strip("|").split("|")]
-    assert cells[0] == "spec" and cells[3] == "2.00" and cells[6] == "0.50", table
+    from dflash2rt.serve.load import Offline, bench_serve, targets
+
+    srv, lines = live.server, []
+    res = bench_serve(lambda name: contextlib.nullcontext(
+                          type("S", (), {"base": live.base, "model": MODEL})),
+                      lambda name: Offline(srv.pair, srv.engine.backend, srv.limits.block,
+                                           PROMPTS, max_tokens=6, singles=2,
+                                           table=srv.engine.table),
+                      PROMPTS, [1, 3], requests=4, max_tokens=6, time_limit=WAIT_S,
+                      log=lines.append, contenders=("spec",), rounds=2)
+    one, three = res["rows"]
+    assert (one["concurrency"], three["concurrency"]) == (1, 3)
+    assert one["rounds"] == three["rounds"] == 2 and one["requests"] == three["requests"] == 8
+    assert one["output_tokens"] == 48 and one["acceptance_length"] >= 1
+    off = res["offline"]["spec"]
+    assert len(off["tpot_ratio"]) == len(off["throughput_ratio"]) == 2
+    assert len(lines) == 4 and all(r > 0 for r in off["tpot_ratio"] + off["throughput_ratio"])
+    for line, ratio in zip([x for x in lines if "c=  1" in x], off["tpot_ratio"]):
+        tpot, alone = map(float, re.findall(r"TPOT mean ([\d.]+) ms.*alone ([\d.]+)", line)[0])
+        assert ratio == pytest.approx(tpot / alone, rel=0.02, abs=0.01), line
+    for line, ratio in zip([x for x in lines if "c=  3" in x], off["throughput_ratio"]):
+        tok, static = map(float, re.findall(r"([\d.]+) tok/s.*static ([\d.]+)", line)[0])
+        assert ratio == pytest.approx(tok / static, rel=0.02), line
+    cells = [c.strip() for c in targets(res).splitlines()[2].strip("|").split("|")]
+    assert cells[0] == "spec"
+    for cell, ratios in ((cells[3], off["tpot_ratio"]), (cells[6], off["throughput_ratio"])):
+        assert cell == f"{sum(ratios) / 2:.2f} ({min(ratios):.2f}–{max(ratios):.2f})", cells
 
 
 def test_the_command_lines_parse():

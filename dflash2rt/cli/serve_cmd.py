@@ -102,6 +102,8 @@ def add_bench_parser(tools: argparse._SubParsersAction) -> argparse.ArgumentPars
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request "
                    "(EOS ignored)")
     p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3, help="rounds over the concurrencies, "
+                   "each server run beside its run() reference (the targets: paired medians)")
     p.add_argument("--markdown", default=None, metavar="FILE", help="also write the table")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--json-out", default=None, metavar="FILE", help="also write the JSON")
@@ -114,7 +116,7 @@ def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..api import backend_of, measured_table, resolve_model
-    from ..serve.load import bench_serve, markdown, offline, targets
+    from ..serve.load import Offline, bench_serve, markdown, targets
     from ..bundled import model_dir
     from ..errors import InvalidInputError
     from ..serve.live import SpawnedServer
@@ -131,8 +133,9 @@ def bench(args: argparse.Namespace) -> int:
     if not levels or min(levels) < 1:
         raise InvalidInputError(f"--concurrency takes positive integers, comma-separated, got "
                                 f"{args.concurrency!r}")
-    if args.requests < 1 or args.time_limit <= 0 or args.max_tokens < 1:
-        raise InvalidInputError("--requests, --time-limit and --max-tokens must be positive")
+    if args.requests < 1 or args.time_limit <= 0 or args.max_tokens < 1 or args.rounds < 1:
+        raise InvalidInputError("--requests, --time-limit, --max-tokens and --rounds must be "
+                                "positive")
 
     flags = {"spec": [], "adaptive": ["--block-size", "auto"], "target-only": ["--no-spec"]}
 
@@ -146,12 +149,12 @@ def bench(args: argparse.Namespace) -> int:
     table = measured_table(pair, be.device)
     blocks = {"spec": pair.draft.cfg.block_size, "adaptive": None, "target-only": 1}
 
-    def baseline(name: str, batch: int) -> dict:
-        return offline(pair, be, blocks[name], prompts, args.max_tokens, batch, table=table)
+    def baseline(name: str) -> Offline:
+        return Offline(pair, be, blocks[name], prompts, args.max_tokens, table=table)
 
     log = (lambda m: print(m, file=sys.stderr, flush=True))
     res = bench_serve(start, baseline, prompts, levels, args.requests, args.max_tokens,
-                      args.time_limit, log)
+                      args.time_limit, log, rounds=args.rounds)
     res["command"] = "dflash2rt bench serve " + " ".join(sys.argv[3:])
     table = markdown(res) + "\n" + targets(res)
     if args.markdown:

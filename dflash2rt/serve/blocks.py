@@ -6,8 +6,17 @@ requests join and leave, and each joining row's acceptance is learnt as it steps
 Calibration steps run through the Runner on a copy of the batch under other RNG keys, as the
 engine's do. A fixed block keeps a seeded request's tokens independent of its batch; adaptive
 keeps greedy requests' tokens so (speculation is lossless), not seeded sampled ones (they
-follow the blocks chosen, which depend on the batch). ``before_join`` settles the draft
-context the Runner defers over target-only steps before rows join (``Runner.settle``)."""
+follow the blocks chosen, which depend on the batch).
+
+A server's adaptive policy decides by the rate rule: the tokens a step is expected to make
+over its cost. The engine's default, the finish rule, projects the time until the batch's
+slowest row is done, which is what a static batch costs; a server refills each row as it
+finishes, so the time to empty the current batch is not what its clients wait on, and the
+finish rule's price on a straggler row held speculation back where it paid. The table is
+calibrated before the first request (``calibrate_ahead``) at every batch bucket the slots
+allow, greedy and sampled, so no request's steps wait on calibration. ``before_join`` settles
+the draft context the Runner defers over target-only steps before rows join
+(``Runner.settle``)."""
 
 from __future__ import annotations
 
@@ -17,12 +26,14 @@ from typing import Sequence
 
 from ..engine.engine import CALIBRATION_KEY, Engine
 from ..engine.policy import Live
-from ..engine.policy.adaptive import AdaptivePolicy
+from ..engine.policy.adaptive import AdaptivePolicy, law_of, mode_of
+from ..engine.policy.table import cost_noise
 from ..engine.runner import Step
 from ..engine.state import BatchState
 from ..engine.stats import RunStats
 
 EPOCH_ROWS = 1024         # rows an adaptive epoch takes before it ends at the next join
+RULE = frozenset({"finish_rule"})     # the schedule decides by the rate rule (docstring)
 
 
 class Blocks:
@@ -35,7 +46,7 @@ class Blocks:
         if block is None:
             if engine.policy is None:
                 engine.policy = AdaptivePolicy.measured(engine.pair.draft.cfg.block_size,
-                                                        engine.table)
+                                                        engine.table, without=RULE)
             self.policy = engine.policy
             self.candidates: tuple[int, ...] = tuple(self.policy.schedule.candidates)
         else:
@@ -62,6 +73,17 @@ class Blocks:
             self.epochs += 1
         return self.policy.choose(Live(list(st.rows), list(remaining),
                                        lambda k: self._probe(st, k)))
+
+    def calibrate_ahead(self, st: BatchState, requests: Sequence) -> None:
+        """Time every candidate at each bucket up to ``st``'s rows, in the mode of
+        ``requests`` (placeholders the scheduler prefilled into ``st``, discarded after), as
+        the first step of a batch of that size would (``AdaptivePolicy.calibrate``)."""
+        p = self.policy
+        if p is None:
+            return
+        p.schedule.begin(mode_of(requests), law_of(requests))
+        p.noise = None if p.schedule.fixed else cost_noise()
+        p.calibrate(Live(list(st.rows), [1] * st.size, lambda k: self._probe(st, k)))
 
     def observe(self, step: Step, seconds: float) -> None:
         if self.policy is not None:

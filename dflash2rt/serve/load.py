@@ -2,13 +2,18 @@
 
 Each contender (the same server speculative at the draft's block, adaptive, and target-only)
 is started as a ``dflash2rt serve`` process of its own on a free 127.0.0.1 port and driven at
-each concurrency by that many clients of this process, each sending its next streamed completion when the last one ends, until
-``requests`` have been sent or ``time_limit`` seconds have passed. Per request: TTFT (arrival
-to the first text chunk), TPOT ((end - first chunk) / (tokens - 1)), ITL (the gaps between
-text chunks: with speculation a chunk may carry several tokens), and its output tokens (from
-the stream's usage). Per run: request and output-token throughput over the run's wall time,
-the mean / p50 / p99 of each latency, and the acceptance length from the server's /metrics
-counters (1 + accepted / drafts over the run; target-only: 1).
+each concurrency by that many clients of this process (``sse_client.SSEClient``: one
+keep-alive connection each), each sending its next streamed completion when the last one
+ends, until ``requests`` have been sent or ``time_limit`` seconds have passed: one run. Per
+request: TTFT (arrival to the first text chunk), TPOT ((end - first chunk) / (tokens - 1)),
+ITL (the gaps between text chunks: with speculation a chunk may carry several tokens), and its
+output tokens (from the stream's usage). Per run: request and output-token throughput over the
+run's wall time, the mean / p50 / p99 of each latency, and the acceptance length from the
+server's /metrics counters (1 + accepted / drafts over the run; target-only: 1).
+
+``run()``'s reference (``Offline``: an engine in this process) is measured between the
+server's runs, in rounds, so each server figure has a reference taken beside it; the rows pool
+a contender's rounds at each concurrency.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import time
 from typing import Any, Callable, Sequence
 
 import httpx
+
+from .sse_client import SSEClient
 
 METRIC = "dflash2rt:spec_decode_num_{}_total"
 
@@ -35,25 +42,22 @@ def percentiles(xs: Sequence[float]) -> dict[str, float]:
             "p99": 1e3 * rank(0.99)}
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict) -> dict[str, Any]:
+async def _one(client: SSEClient, path: str, body: dict) -> dict[str, Any]:
     t0 = time.perf_counter()
     first, last, gaps, tokens = None, None, [], 0
-    async with client.stream("POST", url, json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"the server answered {r.status_code}: {await r.aread()!r:.200}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: "):])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["text"]:
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                else:
-                    gaps.append(now - last)
-                last = now
+    async for data in client.stream(path, body):
+        if data == "[DONE]":
+            continue
+        chunk = json.loads(data)
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+        if chunk["choices"] and chunk["choices"][0]["text"]:
+            now = time.perf_counter()
+            if first is None:
+                first = now
+            else:
+                gaps.append(now - last)
+            last = now
     end = time.perf_counter()
     if first is None:
         first = last = end
@@ -66,26 +70,27 @@ async def drive(base: str, model: str, prompts: Sequence[str], concurrency: int,
     """``concurrency`` clients over ``prompts`` (round robin), greedy, ``max_tokens`` each
     (EOS ignored, so every request makes them all), bounded by ``requests`` and
     ``time_limit`` → the run's figures."""
-    url = base + "/v1/completions"
     sent, results = 0, []
     deadline = time.perf_counter() + time_limit
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
+    async def client_loop() -> None:
         nonlocal sent
-        while sent < requests and time.perf_counter() < deadline:
-            body = {"model": model, "prompt": prompts[sent % len(prompts)], "stream": True,
-                    "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                    "stream_options": {"include_usage": True}}
-            sent += 1
-            results.append(await _one(client, url, body))
+        async with SSEClient(base) as client:
+            while sent < requests and time.perf_counter() < deadline:
+                body = {"model": model, "prompt": prompts[sent % len(prompts)],
+                        "stream": True, "max_tokens": max_tokens, "temperature": 0,
+                        "ignore_eos": True, "stream_options": {"include_usage": True}}
+                sent += 1
+                results.append(await asyncio.wait_for(_one(client, "/v1/completions", body),
+                                                      max(time_limit, 60.0)))
 
     before = _spec_counters(base)
     t0 = time.perf_counter()
-    async with httpx.AsyncClient(timeout=max(time_limit, 60.0)) as client:
-        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     after = _spec_counters(base)
     drafts = after["drafts"] - before["drafts"]
+    accepted = after["accepted_tokens"] - before["accepted_tokens"]
     tokens = sum(r["tokens"] for r in results)
     return {"concurrency": concurrency, "requests": len(results), "wall_s": wall,
             "requests_per_s": len(results) / wall, "output_tokens_per_s": tokens / wall,
@@ -93,8 +98,11 @@ async def drive(base: str, model: str, prompts: Sequence[str], concurrency: int,
             "ttft_ms": percentiles([r["ttft"] for r in results]),
             "tpot_ms": percentiles([r["tpot"] for r in results if r["tpot"] is not None]),
             "itl_ms": percentiles([g for r in results for g in r["itl"]]),
-            "acceptance_length": 1 + (after["accepted_tokens"] - before["accepted_tokens"])
-            / drafts if drafts else 1.0}
+            "drafts": drafts, "accepted": accepted,
+            "raw": {"ttft": [r["ttft"] for r in results],
+                    "tpot": [r["tpot"] for r in results if r["tpot"] is not None],
+                    "itl": [g for r in results for g in r["itl"]]},
+            "acceptance_length": 1 + accepted / drafts if drafts else 1.0}
 
 
 def _spec_counters(base: str) -> dict[str, float]:
@@ -108,82 +116,153 @@ def _spec_counters(base: str) -> dict[str, float]:
     return out
 
 
+class Offline:
+    """``run()``'s figures for the same requests, in this process on an engine of its own
+    (``with Offline(...) as off``): ``block`` as a server's (an int >= 2: that fixed block; 1:
+    target-only; None: adaptive over ``table``). ``alone()``: the per-token time of each of
+    the first ``singles`` prompts alone (its decode seconds over the tokens after the first,
+    as TPOT counts them; the median, in ms); ``static(batch)``: the output tokens per second
+    of one static batch of ``batch`` requests (the prompts in turn). ``warm(batch)`` runs
+    each shape once first."""
+
+    def __init__(self, pair: Any, backend: Any, block: int | None, prompts: Sequence[str],
+                 max_tokens: int, singles: int = 4, table: Any = None) -> None:
+        from ..api import encode_prompts
+        from ..engine.engine import Engine
+        from ..engine.request import SamplingParams
+
+        self.spec, self.block = block != 1, (None if block is None or block == 1 else block)
+        self.params = SamplingParams(max_new_tokens=max_tokens, ignore_eos=True)
+        self.ids = encode_prompts(pair, list(prompts))
+        self.singles = singles
+        self.engine = Engine(pair, backend, table=table)
+
+    def __enter__(self) -> "Offline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.close()
+
+    def _gen(self, reqs: list) -> Any:
+        return self.engine.generate(reqs, self.spec, self.block)[1]
+
+    def _batch(self, batch: int) -> list:
+        from ..engine.request import Request
+
+        return [Request(self.ids[j % len(self.ids)], self.params, key=j) for j in range(batch)]
+
+    def warm(self, batch: int) -> None:
+        self._gen(self._batch(1))
+        self._gen(self._batch(batch))
+
+    def alone(self) -> float:
+        from ..engine.request import Request
+
+        per_token = []
+        for i in self.ids[:self.singles]:
+            st = self._gen([Request(i, self.params)])
+            per_token.append((st.wall_s - st.time["prefill"]) / max(st.generated - 1, 1))
+        return 1e3 * statistics.median(per_token)
+
+    def static(self, batch: int) -> float:
+        return self._gen(self._batch(batch)).tokens_per_s
+
+
 def offline(pair: Any, backend: Any, block: int | None, prompts: Sequence[str],
             max_tokens: int, batch: int, singles: int = 4, table: Any = None
             ) -> dict[str, Any]:
-    """``run()``'s figures for the same requests, in this process on an engine of its own:
-    ``block`` as a server's (an int >= 2: that fixed block; 1: target-only; None: adaptive
-    over ``table``). The per-token time of each of the first ``singles`` prompts alone (its
-    decode seconds over the tokens after the first, as TPOT counts them; the median) and the
-    output tokens per second of one static batch of ``batch`` requests (the prompts in
-    turn), each after a warm-up call of its shape."""
-    from ..api import encode_prompts
-    from ..engine.engine import Engine
-    from ..engine.request import Request, SamplingParams
-
-    spec, block_size = block != 1, (None if block is None or block == 1 else block)
-    params = SamplingParams(max_new_tokens=max_tokens, ignore_eos=True)
-    ids = encode_prompts(pair, list(prompts))
-    with Engine(pair, backend, table=table) as eng:
-        gen = lambda reqs: eng.generate(reqs, spec, block_size)[1]     # noqa: E731
-        gen([Request(ids[0], params)])
-        per_token = []
-        for i in ids[:singles]:
-            st = gen([Request(i, params)])
-            per_token.append((st.wall_s - st.time["prefill"]) / max(st.generated - 1, 1))
-        reqs = [Request(ids[j % len(ids)], params, key=j) for j in range(batch)]
-        gen(reqs)
-        st = gen(reqs)
-    return {"tpot_ms": 1e3 * statistics.median(per_token), "batch": batch,
-            "tokens_per_s": st.tokens_per_s}
+    """``Offline``'s figures once, after a warm-up: {"tpot_ms", "batch", "tokens_per_s"}."""
+    with Offline(pair, backend, block, prompts, max_tokens, singles, table) as off:
+        off.warm(batch)
+        return {"tpot_ms": off.alone(), "batch": batch, "tokens_per_s": off.static(batch)}
 
 
-def bench_serve(start: Callable[[str], Any], baseline: Callable[[str, int], dict[str, Any]],
+def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
                 prompts: Sequence[str], concurrencies: Sequence[int], requests: int,
                 max_tokens: int, time_limit: float, log: Callable[[str], None],
-                contenders: Sequence[str] = ("spec", "adaptive", "target-only")
-                ) -> dict[str, Any]:
+                contenders: Sequence[str] = ("spec", "adaptive", "target-only"),
+                rounds: int = 3) -> dict[str, Any]:
     """Each contender ("spec" at the draft's block, "adaptive", "target-only"; ``start(name)``:
-    a context manager giving its server's ``base`` URL and ``model`` name) at every
-    concurrency, then ``baseline(name, batch)`` (``offline``'s figures, with the largest
-    concurrency as the static batch) → {"rows": [...], "offline": {name: ...}}."""
+    a context manager giving its server's ``base`` URL and ``model`` name; ``baseline(name)``:
+    the ``Offline`` of its mode) in ``rounds`` rounds, each at every concurrency in turn, with
+    ``run()``'s reference measured right after the server's run it is set against, while the
+    server idles: at concurrency 1 ``alone()``, at the largest ``static(largest)``. The
+    machine's drift hits both sides of a pair alike; the targets are the medians of the
+    paired ratios. → {"rows": [one per contender and concurrency, its rounds pooled],
+    "offline": {name: references, paired ratios and their medians}}."""
     rows, base = [], {}
+    top = max(concurrencies)
     for name in contenders:
-        with start(name) as server:
+        with start(name) as server, baseline(name) as off:
             asyncio.run(drive(server.base, server.model, prompts, 1, 2, max_tokens,
                               time_limit))                                      # warm-up
-            for c in concurrencies:
-                row = asyncio.run(drive(server.base, server.model, prompts, c, requests,
-                                        max_tokens, time_limit))
-                row["server"] = name
-                log(f"{name:12s} c={c:3d}: {row['requests_per_s']:.2f} req/s, "
-                    f"{row['output_tokens_per_s']:.1f} tok/s, TTFT p50 "
-                    f"{row['ttft_ms']['p50']:.1f} ms, TPOT p50 {row['tpot_ms']['p50']:.2f} ms, "
-                    f"acceptance length {row['acceptance_length']:.2f}")
-                rows.append(row)
-        base[name] = baseline(name, max(concurrencies))
-        log(f"{name:12s} run(): {base[name]['tpot_ms']:.2f} ms per token alone, "
-            f"{base[name]['tokens_per_s']:.1f} tok/s as a static batch of "
-            f"{base[name]['batch']}")
+            off.warm(top)
+            runs: dict[int, list] = {c: [] for c in concurrencies}
+            ref = {"tpot_ms": [], "tokens_per_s": [], "tpot_ratio": [], "throughput_ratio": []}
+            for _ in range(rounds):
+                for c in concurrencies:
+                    row = asyncio.run(drive(server.base, server.model, prompts, c, requests,
+                                            max_tokens, time_limit))
+                    runs[c].append(row)
+                    if c == 1:
+                        ref["tpot_ms"].append(off.alone())
+                        ref["tpot_ratio"].append(row["tpot_ms"]["mean"] / ref["tpot_ms"][-1])
+                    if c == top:
+                        ref["tokens_per_s"].append(off.static(top))
+                        ref["throughput_ratio"].append(row["output_tokens_per_s"]
+                                                       / ref["tokens_per_s"][-1])
+                    log(f"{name:12s} c={c:3d}: {row['output_tokens_per_s']:.1f} tok/s, TPOT "
+                        f"mean {row['tpot_ms']['mean']:.2f} ms, acceptance length "
+                        f"{row['acceptance_length']:.2f}"
+                        + (f"; run() alone {ref['tpot_ms'][-1]:.2f} ms/token" if c == 1
+                           else "")
+                        + (f"; run() static {ref['tokens_per_s'][-1]:.1f} tok/s" if c == top
+                           else ""))
+        rows += [{**pooled(runs[c]), "server": name} for c in concurrencies]
+        base[name] = {"batch": top, **ref, **{
+            k + "_median": statistics.median(v) for k, v in ref.items() if v}}
     return {"rows": rows, "offline": base}
 
 
+def pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``drive``'s rows of one server and concurrency over several rounds as one: the
+    latencies of every request, throughput over the summed wall time, acceptance length
+    over the summed counters."""
+    wall = sum(r["wall_s"] for r in runs)
+    n = sum(r["requests"] for r in runs)
+    tokens = sum(r["output_tokens"] for r in runs)
+    drafts = sum(r["drafts"] for r in runs)
+    raw = {k: [x for r in runs for x in r["raw"][k]] for k in ("ttft", "tpot", "itl")}
+    return {"concurrency": runs[0]["concurrency"], "rounds": len(runs), "requests": n,
+            "wall_s": wall, "requests_per_s": n / wall, "output_tokens_per_s": tokens / wall,
+            "output_tokens": tokens, "drafts": drafts,
+            "accepted": sum(r["accepted"] for r in runs),
+            "ttft_ms": percentiles(raw["ttft"]), "tpot_ms": percentiles(raw["tpot"]),
+            "itl_ms": percentiles(raw["itl"]),
+            "acceptance_length": 1 + sum(r["accepted"] for r in runs) / drafts if drafts
+            else 1.0}
+
+
 def targets(res: dict[str, Any]) -> str:
-    """The server against ``run()``: TPOT at concurrency 1 over run()'s per-token time alone,
-    and output throughput at the largest concurrency over run()'s static batch of as many
-    requests, per contender (a Markdown table)."""
-    lines = ["| server | TPOT c=1 mean ms | run() alone ms/token | ratio | output tok/s at the "
-             "largest c | run() static batch tok/s | ratio |", "| --- | ---: | ---: | ---: | "
-             "---: | ---: | ---: |"]
+    """The server against ``run()`` per contender (a Markdown table): TPOT at concurrency 1
+    over run()'s per-token time alone, and output throughput at the largest concurrency over
+    run()'s static batch of as many requests: the medians of each side over the rounds and
+    the median of the paired ratios, with their range."""
+    lines = ["| server | TPOT c=1 mean ms | run() alone ms/token | ratio (range) | output "
+             "tok/s at the largest c | run() static batch tok/s | ratio (range) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    span = lambda v: f"{statistics.median(v):.2f} ({min(v):.2f}–{max(v):.2f})"  # noqa: E731
     for name, off in res["offline"].items():
         mine = [r for r in res["rows"] if r["server"] == name]
         one = next((r for r in mine if r["concurrency"] == 1), None)
-        top = max(mine, key=lambda r: r["concurrency"])
+        big = max(mine, key=lambda r: r["concurrency"])
         tpot = one["tpot_ms"]["mean"] if one else float("nan")
-        lines.append(f"| {name} | {tpot:.2f} | {off['tpot_ms']:.2f} | "
-                     f"{tpot / off['tpot_ms']:.2f} | {top['output_tokens_per_s']:.1f} | "
-                     f"{off['tokens_per_s']:.1f} | "
-                     f"{top['output_tokens_per_s'] / off['tokens_per_s']:.2f} |")
+        cells = [name, f"{tpot:.2f}"]
+        cells += [f"{off['tpot_ms_median']:.2f}", span(off["tpot_ratio"])] \
+            if off["tpot_ratio"] else ["–", "–"]
+        cells += [f"{big['output_tokens_per_s']:.1f}", f"{off['tokens_per_s_median']:.1f}",
+                  span(off["throughput_ratio"])]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

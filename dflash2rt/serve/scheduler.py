@@ -5,9 +5,11 @@ Between two decode steps the loop drops the rows of finished and cancelled reque
 as one cohort, then ``batching.merge``), and steps the batch with the block ``blocks.Blocks``
 chooses (a fixed one, 1 for target-only decoding, or adaptive). Requests wait in a bounded
 queue; ``submit`` refuses with ``Overloaded`` when it is full. Each request's tokens and its
-end go to the request's ``sink`` (called on this thread; the HTTP side hands them to its event
-loop). A failing prefill fails its cohort; a failing step fails the requests in the batch,
-and the caches are made again for the next ones.
+end go to the request's ``sink`` (called on this thread), and ``after_turn`` is called once
+the join's first tokens and again once the step's are all out: the HTTP side keeps a turn's
+events and hands them to its event loop together. A failing prefill fails its cohort; a
+failing step fails the requests in the batch, and the caches are made again for the next
+ones.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,12 +26,16 @@ from ..backend import Fallbacks
 from ..engine.engine import Engine
 from ..engine.output import Collector
 from ..engine.policy.table import bucket_of
+from ..engine.request import Request, SamplingParams
 from ..engine.stats import RunStats
 from ..errors import InvalidInputError
 from ..ops.procs import unpack_logprobs
 from . import batching
 from .blocks import Blocks
 from .jobs import Event, Job, Overloaded
+
+
+CALIBRATION_PROMPT = 128   # placeholder prompt tokens the adaptive cost table is timed over
 
 
 class Scheduler:
@@ -67,6 +73,7 @@ class Scheduler:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="dflash2rt-engine", daemon=True)
         self._here = False            # run_here runs the loop instead of a thread of its own
+        self.after_turn: Callable[[], None] = lambda: None   # each turn's events go out here
 
     # ---- the HTTP side ---------------------------------------------------------------------
     def start(self) -> None:
@@ -144,9 +151,11 @@ class Scheduler:
                 self.stats.compile_s, _ = self.engine.compiler.run(
                     self.blocks.candidates, self.fallbacks.report)
                 self._allocate()
+                self._calibrate_ahead()
                 self._ready.set()
                 while self._iterate():
-                    pass
+                    self.after_turn()
+                self.after_turn()
         except BaseException as exc:       # noqa: BLE001 - reported to every request and start
             self._error = exc
             self._ready.set()
@@ -156,12 +165,31 @@ class Scheduler:
             self._live.clear()
             for job in jobs:
                 self._fail(job, exc)
+            self.after_turn()
 
     def _allocate(self) -> None:
         self._st = None
         self._caches = batching.allocate(self.engine, self.blocks.spec, self.blocks.room,
                                          self.slots, self.max_model_len, self.fallbacks.report,
                                          self.stats.time)
+
+    def _calibrate_ahead(self) -> None:
+        """Adaptive blocks: the cost table timed before the first request, greedy and sampled
+        (``Blocks.calibrate_ahead``), on every slot filled with a placeholder prompt of
+        ``CALIBRATION_PROMPT`` tokens (fewer if the context is shorter); the slots are scratch
+        again afterwards, as before any request."""
+        if not self.blocks.adaptive:
+            return
+        room = self.blocks.room
+        n = max(1, min(CALIBRATION_PROMPT, self.max_model_len - room - 2))
+        prompt = tuple(1 + i % (self.vocab - 1) for i in range(n))
+        for params in (SamplingParams(max_new_tokens=room + 1),
+                       SamplingParams(max_new_tokens=room + 1, temperature=1.0)):
+            reqs = [Request(prompt, params, key=i) for i in range(self.slots)]
+            st = batching.cohort(self._caches, 0, reqs, [-1 - i for i in range(self.slots)],
+                                 self.engine.pair.device, self.vocab)
+            self.engine.runner.prefill(st, [prompt] * self.slots)
+            self.blocks.calibrate_ahead(st, reqs)
 
     def _iterate(self) -> bool:
         with self._cv:
@@ -185,6 +213,7 @@ class Scheduler:
                     self._live = {r: j for r, j in self._live.items() if j is not job}
                     if not job.finished:
                         self._fail(job, exc)
+            self.after_turn()              # the first tokens out before the step
         if self._st is not None and self._st.size:
             try:
                 self._step()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -42,6 +43,9 @@ class Server:
                                     f"max_position_embeddings), got {max_model_len}")
         self.engine, self.pair, self.template, self.api_key = engine, pair, template, api_key
         self.scheduler = Scheduler(engine, block, slots, max_model_len, max_queue)
+        self._outbox: dict[asyncio.AbstractEventLoop, list] = {}
+        self._outbox_lock = threading.Lock()
+        self.scheduler.after_turn = self._flush
         self.limits = Limits(names, max_model_len, block, pair.target.cfg.vocab_size,
                              functools.lru_cache(maxsize=64)(self._regex))
         labels = {"model_name": names[0]}
@@ -102,7 +106,8 @@ class Server:
 
     def _sink(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, i: int, job: Job,
               event: Event) -> None:
-        """On the engine thread: count a request's end, hand the event to the event loop."""
+        """On the engine thread: count a request's end; the event waits in the outbox for the
+        loop's turn to end (``_flush``)."""
         if event.kind in ("done", "aborted"):
             out = event.output
             reason = "abort" if out is None else finish_reason(out)
@@ -111,10 +116,19 @@ class Server:
                                   0 if out is None else len(out.token_ids),
                                   None if first is None else first - job.arrival,
                                   time.monotonic() - job.arrival)
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, (i, event))
-        except RuntimeError:
-            pass        # the event loop has closed (shutdown): nobody is waiting any more
+        with self._outbox_lock:
+            self._outbox.setdefault(loop, []).append((queue, (i, event)))
+
+    def _flush(self) -> None:
+        """On the engine thread, at the end of each turn of its loop: every event of the turn
+        to its event loop in one call, so a step wakes the HTTP side once, not once a row."""
+        with self._outbox_lock:
+            boxes, self._outbox = self._outbox, {}
+        for loop, items in boxes.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:
+                pass        # the event loop has closed (shutdown): nobody is waiting any more
 
     def _cancel_unfinished(self, jobs: list[Job]) -> None:
         for job in jobs:
@@ -192,3 +206,8 @@ class Server:
             yield DONE
         finally:
             self._cancel_unfinished(jobs)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)

@@ -1,0 +1,174 @@
+"""How the server's events travel: the load generator's lean SSE client reads what the server
+sends (split across chunks or packed in one, errors, keep-alive) exactly as a general client
+does; a turn's events reach the event loop in one call, in order; an adaptive server's cost
+table is calibrated before its first request and decides by the rate rule."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import httpx
+import pytest
+
+from dflash2rt.serve import build_server
+from dflash2rt.serve.jobs import Event
+from dflash2rt.serve.live import LiveServer
+from dflash2rt.serve.server import Server
+from dflash2rt.serve.sse_client import HTTPStatusError, SSEClient
+
+MODEL = "stdlib-code"
+WAIT_S = 120.0
+
+
+async def _events(base: str, bodies: list[dict]) -> list[list[str]]:
+    """Each body's events through one SSEClient (one connection, kept between them)."""
+    out = []
+    async with SSEClient(base) as c:
+        for body in bodies:
+            out.append([e async for e in c.stream("/v1/completions", body)])
+    return out
+
+
+def _canned(payload: bytes, status: int = 200, chunked: bool = True):
+    """A connection handler for ``asyncio.start_server`` that answers every request with
+    ``payload`` (already chunk-framed when ``chunked``)."""
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await r.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return                                   # the client closed its connection
+            length = int(next(x.split(b":")[1] for x in head.split(b"\r\n")
+                              if x.lower().startswith(b"content-length")))
+            await r.readexactly(length)
+            framing = b"Transfer-Encoding: chunked\r\n" if chunked else \
+                f"Content-Length: {len(payload)}\r\n".encode()
+            w.write(f"HTTP/1.1 {status} X\r\n".encode() + framing + b"\r\n" + payload)
+            await w.drain()
+    return handle
+
+
+def _chunked(*parts: bytes) -> bytes:
+    return b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in parts) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("parts", [
+    (b"data: {\"a\": 1}\n\ndata: {\"a\": 2}\n\ndata: [DONE]\n\n",),          # all in one chunk
+    (b"data: {\"a\"", b": 1}\n", b"\ndata: {\"a\": 2}\n\nda", b"ta: [DONE]\n\n"),   # split
+    (b"data: {\"a\": 1}\n\n", b"", b"data: {\"a\": 2}\n\n", b"data: [DONE]\n\n"),
+], ids=["packed", "split", "one-per-chunk"])
+def test_the_lean_client_reads_events_wherever_the_chunks_cut_them(parts):
+    async def go() -> list[list[str]]:
+        srv = await asyncio.start_server(_canned(_chunked(*[p for p in parts if p])),
+                                         "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            return await _events(f"http://127.0.0.1:{port}", [{}, {}])
+        finally:
+            srv.close()
+    first, again = asyncio.run(go())
+    assert first == again == ['{"a": 1}', '{"a": 2}', "[DONE]"]
+
+
+def test_the_lean_client_raises_the_status_and_body_and_reads_sized_bodies():
+    async def go(status: int) -> list[str]:
+        body = b'{"error": {"message": "max_tokens must be >= 1"}}'
+        srv = await asyncio.start_server(_canned(body, status, chunked=False), "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            return (await _events(f"http://127.0.0.1:{port}", [{}]))[0]
+        finally:
+            srv.close()
+    with pytest.raises(HTTPStatusError) as info:
+        asyncio.run(go(400))
+    assert info.value.status == 400 and b"max_tokens" in info.value.body
+    assert asyncio.run(go(200)) == []            # a sized body without events: none
+    with pytest.raises(ValueError, match="plain http"):
+        SSEClient("https://127.0.0.1:1")
+
+
+@pytest.fixture(scope="module")
+def live():
+    with LiveServer(build_server(MODEL, "cpu", max_num_seqs=4, max_model_len=256)) as s:
+        yield s
+
+
+def test_the_lean_client_sees_what_a_general_client_sees(live):
+    """The server's stream through SSEClient and through httpx: the same events (the
+    response ids and creation times apart), on a connection that survives a 400 between
+    streams."""
+    body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 12, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    bad = {**body, "max_tokens": -1}
+
+    async def lean() -> tuple[list[str], list[str], int]:
+        async with SSEClient(live.base) as c:
+            a = [e async for e in c.stream("/v1/completions", body)]
+            with pytest.raises(HTTPStatusError) as info:
+                [e async for e in c.stream("/v1/completions", bad)]
+            b = [e async for e in c.stream("/v1/completions", body)]
+        return a, b, info.value.status
+    a, b, status = asyncio.run(lean())
+    with httpx.stream("POST", live.base + "/v1/completions", json=body, timeout=WAIT_S) as r:
+        ref = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+
+    def plain(events: list[str]) -> list:
+        return [e if e == "[DONE]" else {k: v for k, v in json.loads(e).items()
+                                         if k not in ("id", "created")} for e in events]
+    assert status == 400
+    assert plain(a) == plain(b) == plain(ref) and len(ref) > 3 and ref[-1] == "[DONE]"
+
+
+class _Loop:
+    """What ``Server._flush`` needs of an event loop: ``call_soon_threadsafe``, recorded."""
+
+    def __init__(self, closed: bool = False) -> None:
+        self.calls, self.closed = [], closed
+
+    def call_soon_threadsafe(self, fn, *args) -> None:
+        if self.closed:
+            raise RuntimeError("Event loop is closed")
+        self.calls.append((fn, args))
+
+
+def test_a_turns_events_reach_each_event_loop_in_one_call_in_order():
+    server = object.__new__(Server)
+    server._outbox, server._outbox_lock = {}, threading.Lock()
+    one, two, gone = _Loop(), _Loop(), _Loop(closed=True)
+    queues = [asyncio.Queue() for _ in range(3)]
+    sent = [(one, queues[0], Event("tokens", [1])), (two, queues[1], Event("tokens", [2])),
+            (one, queues[0], Event("tokens", [3])), (one, queues[2], Event("tokens", [4])),
+            (gone, queues[1], Event("tokens", [5]))]
+    for i, (loop, q, e) in enumerate(sent):
+        server._sink(loop, q, i, None, e)
+    assert not one.calls and not two.calls           # nothing leaves before the turn ends
+    server._flush()
+    assert len(one.calls) == len(two.calls) == 1 and not server._outbox
+    for loop in (one, two):
+        fn, (items,) = loop.calls[0]
+        fn(items)
+    got = [q.get_nowait() for q in (queues[0], queues[0], queues[1], queues[2])]
+    assert [(i, e.tokens) for i, e in got] == [(0, [1]), (2, [3]), (1, [2]), (3, [4])]
+    assert all(q.empty() for q in queues)            # the closed loop's event is dropped
+    server._flush()
+    assert len(one.calls) == 1                       # an empty turn calls nothing
+
+
+def test_an_adaptive_server_is_calibrated_before_its_first_request():
+    """Every candidate at every bucket up to the slots, greedy and sampled, in the table
+    before any request; the server's policy decides by the rate rule."""
+    server = build_server(MODEL, "cpu", max_num_seqs=4, max_model_len=256, block_size="auto")
+    with LiveServer(server) as s:
+        blocks = server.scheduler.blocks
+        table = blocks.policy.table
+        want = {(b, k, m) for b in blocks.candidates for k in (1, 2, 4)
+                for m in ("greedy", "sampled")}
+        assert want <= {key for key, v in table.samples.items() if len(v) >= 3}
+        assert "finish_rule" in blocks.policy.without
+        assert server.scheduler.stats.steps == 0 and server.scheduler.running == 0
+        r = httpx.post(s.base + "/v1/completions", timeout=WAIT_S, json={
+            "model": MODEL, "prompt": "import os\n", "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
