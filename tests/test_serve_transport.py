@@ -172,3 +172,43 @@ def test_an_adaptive_server_is_calibrated_before_its_first_request():
             "model": MODEL, "prompt": "import os\n", "max_tokens": 8, "temperature": 0,
             "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+
+
+def test_an_idle_engine_loop_runs_a_signal_that_another_thread_received():
+    """``dflash2rt serve`` runs the engine loop on the main thread, where Python runs signal
+    handlers, between bytecodes only. A SIGTERM the kernel hands to another thread (uvicorn's)
+    only sets a flag: an idle loop must still come back to look at it, or the server never
+    drains. Here the signal goes to a helper thread by ``pthread_kill``."""
+    import signal
+    import time
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be installed from the main thread, and this "
+                    "test runner runs tests on another")
+    server = build_server(MODEL, "cpu", max_num_seqs=1, max_model_len=64)
+    sch = server.scheduler
+    sch.loop_in_caller()
+    handled, gave_up = [], []
+
+    def handler(signum, frame) -> None:
+        handled.append(signum)
+        sch.close(0)
+
+    def poke() -> None:
+        sch._ready.wait()
+        time.sleep(0.2)                       # the loop is waiting for requests by now
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+    def watchdog() -> None:                   # bounded: a loop that never looks is stopped
+        gave_up.append(True)
+        sch.close(0)
+    old = signal.signal(signal.SIGUSR1, handler)
+    timer = threading.Timer(60.0, watchdog)
+    try:
+        threading.Thread(target=poke, daemon=True).start()
+        timer.start()
+        sch.run_here()
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, old)
+    assert handled == [signal.SIGUSR1] and not gave_up

@@ -36,6 +36,11 @@ from .jobs import Event, Job, Overloaded
 
 
 CALIBRATION_PROMPT = 128   # placeholder prompt tokens the adaptive cost table is timed over
+# An idle loop wakes this often. ``dflash2rt serve`` runs it on the main thread, the only one
+# that runs Python's signal handlers, and only between bytecodes: a SIGTERM that the kernel
+# hands to another thread (uvicorn's, an executor's) only sets a flag, which a main thread
+# blocked in an untimed wait would never look at, and the server would never drain.
+IDLE_WAIT_S = 0.5
 
 
 class Scheduler:
@@ -194,7 +199,7 @@ class Scheduler:
     def _iterate(self) -> bool:
         with self._cv:
             while not (self._pending or self._live or self._closing):
-                self._cv.wait()
+                self._cv.wait(IDLE_WAIT_S)
             if self._closing:
                 for job in [*self._pending, *self._live.values()]:
                     job.cancelled = True
