@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -180,6 +181,27 @@ def test_train_parser_is_registered():
 
     args = build_parser().parse_args(["train", "--out", "x", "--seed", "3", "--minutes", "10"])
     assert args.seed == 3 and args.minutes == 10 and callable(args.func)
+
+
+def test_train_cli_sets_the_draft_shape_it_is_given(monkeypatch):
+    """--selector-top-k and --block-size reach the recipe's draft shape; the rest stays the
+    recipe's."""
+    from dflash2rt.cli import build_parser
+    from dflash2rt.train import recipe
+
+    seen = {}
+
+    def stop(out, cfg):
+        seen["cfg"] = cfg
+        raise SystemExit(0)
+    monkeypatch.setattr(recipe, "run_recipe", stop)
+    args = build_parser().parse_args(["train", "--out", "x", "--selector-top-k", "64",
+                                      "--block-size", "4"])
+    with pytest.raises(SystemExit):
+        args.func(args)
+    got, base = seen["cfg"].draft, recipe.RecipeConfig().draft
+    assert (got.selector_top_k, got.block_size) == (64, 4) and base.selector_top_k == 16
+    assert dataclasses.replace(got, selector_top_k=16, block_size=base.block_size) == base
 
 
 def test_scaled_recipe_scales_counts_only():

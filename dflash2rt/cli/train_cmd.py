@@ -24,6 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gen-prompts", type=int, help="prompts the target continues for distillation")
     p.add_argument("--draft-layers", type=int, help="draft decoder layers")
     p.add_argument("--block-size", type=int, help="draft block size (default 8)")
+    p.add_argument("--selector-top-k", type=int, help="the selector's candidates per draft "
+                   "slot, K (default 16): its K-way loss is trained over them")
     p.add_argument("--target", default=None, metavar="DIR_OR_NAME",
                    help="distil a draft for this existing target instead of training one: a "
                         "target directory made by this recipe, or a bundled pair's name "
@@ -43,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     over = {k: v for k, v in (("target_steps", args.target_steps), ("draft_steps", args.draft_steps),
                               ("gen_prompts", args.gen_prompts),
                               ("target_logit_scale", args.logit_scale)) if v is not None}
-    shape = {k: v for k, v in (("layers", args.draft_layers), ("block_size", args.block_size))
-             if v is not None}
+    shape = {k: v for k, v in (("layers", args.draft_layers), ("block_size", args.block_size),
+                               ("selector_top_k", args.selector_top_k)) if v is not None}
     if shape:
         over["draft"] = dataclasses.replace(cfg.draft, **shape)
     if args.target is not None:
