@@ -26,8 +26,7 @@ from typing import Sequence
 
 from ..engine.engine import CALIBRATION_KEY, Engine
 from ..engine.policy import Live
-from ..engine.policy.adaptive import AdaptivePolicy, law_of, mode_of
-from ..engine.policy.table import cost_noise
+from ..engine.policy.adaptive import AdaptivePolicy
 from ..engine.runner import Step
 from ..engine.state import BatchState
 from ..engine.stats import RunStats
@@ -78,12 +77,9 @@ class Blocks:
         """Time every candidate at each bucket up to ``st``'s rows, in the mode of
         ``requests`` (placeholders the scheduler prefilled into ``st``, discarded after), as
         the first step of a batch of that size would (``AdaptivePolicy.calibrate``)."""
-        p = self.policy
-        if p is None:
-            return
-        p.schedule.begin(mode_of(requests), law_of(requests))
-        p.noise = None if p.schedule.fixed else cost_noise()
-        p.calibrate(Live(list(st.rows), [1] * st.size, lambda k: self._probe(st, k)))
+        if self.policy is not None:
+            self.policy.calibrate_ahead(requests, Live(list(st.rows), [1] * st.size,
+                                                       lambda k: self._probe(st, k)))
 
     def observe(self, step: Step, seconds: float) -> None:
         if self.policy is not None:

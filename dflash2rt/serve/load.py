@@ -89,19 +89,25 @@ async def drive(base: str, model: str, prompts: Sequence[str], concurrency: int,
     await asyncio.gather(*(client_loop() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     after = _spec_counters(base)
-    drafts = after["drafts"] - before["drafts"]
-    accepted = after["accepted_tokens"] - before["accepted_tokens"]
-    tokens = sum(r["tokens"] for r in results)
-    return {"concurrency": concurrency, "requests": len(results), "wall_s": wall,
-            "requests_per_s": len(results) / wall, "output_tokens_per_s": tokens / wall,
+    raw = {"ttft": [r["ttft"] for r in results],
+           "tpot": [r["tpot"] for r in results if r["tpot"] is not None],
+           "itl": [g for r in results for g in r["itl"]]}
+    return _figures(concurrency, len(results), wall, sum(r["tokens"] for r in results),
+                    after["drafts"] - before["drafts"],
+                    after["accepted_tokens"] - before["accepted_tokens"], raw)
+
+
+def _figures(concurrency: int, requests: int, wall: float, tokens: int, drafts: float,
+             accepted: float, raw: dict[str, list[float]]) -> dict[str, Any]:
+    """A run's row (or several runs' pooled): throughput over ``wall``, the latencies' mean
+    / p50 / p99 from ``raw`` (seconds: "ttft", "tpot", "itl", kept in the row), acceptance
+    length 1 + ``accepted`` / ``drafts``."""
+    return {"concurrency": concurrency, "requests": requests, "wall_s": wall,
+            "requests_per_s": requests / wall, "output_tokens_per_s": tokens / wall,
             "output_tokens": tokens,
-            "ttft_ms": percentiles([r["ttft"] for r in results]),
-            "tpot_ms": percentiles([r["tpot"] for r in results if r["tpot"] is not None]),
-            "itl_ms": percentiles([g for r in results for g in r["itl"]]),
-            "drafts": drafts, "accepted": accepted,
-            "raw": {"ttft": [r["ttft"] for r in results],
-                    "tpot": [r["tpot"] for r in results if r["tpot"] is not None],
-                    "itl": [g for r in results for g in r["itl"]]},
+            "ttft_ms": percentiles(raw["ttft"]), "tpot_ms": percentiles(raw["tpot"]),
+            "itl_ms": percentiles(raw["itl"]),
+            "drafts": drafts, "accepted": accepted, "raw": raw,
             "acceptance_length": 1 + accepted / drafts if drafts else 1.0}
 
 
@@ -168,15 +174,6 @@ class Offline:
         return self._gen(self._batch(batch)).tokens_per_s
 
 
-def offline(pair: Any, backend: Any, block: int | None, prompts: Sequence[str],
-            max_tokens: int, batch: int, singles: int = 4, table: Any = None
-            ) -> dict[str, Any]:
-    """``Offline``'s figures once, after a warm-up: {"tpot_ms", "batch", "tokens_per_s"}."""
-    with Offline(pair, backend, block, prompts, max_tokens, singles, table) as off:
-        off.warm(batch)
-        return {"tpot_ms": off.alone(), "batch": batch, "tokens_per_s": off.static(batch)}
-
-
 def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
                 prompts: Sequence[str], concurrencies: Sequence[int], requests: int,
                 max_tokens: int, time_limit: float, log: Callable[[str], None],
@@ -228,19 +225,12 @@ def pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """``drive``'s rows of one server and concurrency over several rounds as one: the
     latencies of every request, throughput over the summed wall time, acceptance length
     over the summed counters."""
-    wall = sum(r["wall_s"] for r in runs)
-    n = sum(r["requests"] for r in runs)
-    tokens = sum(r["output_tokens"] for r in runs)
-    drafts = sum(r["drafts"] for r in runs)
-    raw = {k: [x for r in runs for x in r["raw"][k]] for k in ("ttft", "tpot", "itl")}
-    return {"concurrency": runs[0]["concurrency"], "rounds": len(runs), "requests": n,
-            "wall_s": wall, "requests_per_s": n / wall, "output_tokens_per_s": tokens / wall,
-            "output_tokens": tokens, "drafts": drafts,
-            "accepted": sum(r["accepted"] for r in runs),
-            "ttft_ms": percentiles(raw["ttft"]), "tpot_ms": percentiles(raw["tpot"]),
-            "itl_ms": percentiles(raw["itl"]),
-            "acceptance_length": 1 + sum(r["accepted"] for r in runs) / drafts if drafts
-            else 1.0}
+    row = _figures(runs[0]["concurrency"], sum(r["requests"] for r in runs),
+                   sum(r["wall_s"] for r in runs), sum(r["output_tokens"] for r in runs),
+                   sum(r["drafts"] for r in runs), sum(r["accepted"] for r in runs),
+                   {k: [x for r in runs for x in r["raw"][k]] for k in ("ttft", "tpot", "itl")})
+    del row["raw"]
+    return {**row, "rounds": len(runs)}
 
 
 def targets(res: dict[str, Any]) -> str:

@@ -77,8 +77,12 @@ class AdaptivePolicy(Policy):
         """A call of ``requests``: ``start`` with their mode, law and budgets, and the timings
         distorted under ``DFLASH2RT_PERTURB_COSTS`` for a measured table."""
         return self.start(mode_of(requests), law_of(requests), len(requests),
-                          [q.params.max_new_tokens for q in requests],
-                          None if self.schedule.fixed else cost_noise())
+                          [q.params.max_new_tokens for q in requests], self._call_noise())
+
+    def _call_noise(self) -> CostNoise | None:
+        """What distorts a call's timings: ``DFLASH2RT_PERTURB_COSTS``'s, over a measured
+        table only."""
+        return None if self.schedule.fixed else cost_noise()
 
     def start(self, mode: str, law: Hashable, rows: int, remaining: Sequence[int],
               noise: CostNoise | None = None) -> Call:
@@ -150,6 +154,14 @@ class AdaptivePolicy(Policy):
                         s.measure(b, k, seconds if self.noise is None
                                   else self.noise.step(seconds, b, k, s.mode))
             k //= 2
+
+    def calibrate_ahead(self, requests: Sequence, live: Live) -> None:
+        """``calibrate`` before any call, over ``live`` (a batch of ``requests`` made for it):
+        the schedule set to their mode and law as ``begin`` sets it, and the timings distorted
+        as a call's are, without planning a call (a server times its table at start-up)."""
+        self.schedule.begin(mode_of(requests), law_of(requests))
+        self.noise = self._call_noise()
+        self.calibrate(live)
 
     def replica(self) -> "AdaptivePolicy":
         """A policy that decides as this one's current (or last) call did and learns nothing
