@@ -307,10 +307,36 @@ def test_bench_serve_drives_the_server_and_reports(live):
     assert "| spec | 3 | 5 |" in markdown({"rows": [{**row, "server": "spec"}]})
 
 
+def test_bench_serve_pairs_each_request_with_its_reference_at_concurrency_1(live):
+    """At concurrency 1 the reference runs after each answer, for the same prompt; its time
+    counts neither in the run's wall time nor against the time limit."""
+    import time
+
+    from dflash2rt.serve.load import drive
+
+    asked = []
+
+    def reference(i: int) -> float:
+        asked.append(i)
+        time.sleep(0.25)
+        return 0.5 + i
+
+    t0 = time.perf_counter()
+    row = asyncio.run(drive(live.base, MODEL, PROMPTS[:3], concurrency=1, requests=5,
+                            max_tokens=5, time_limit=WAIT_S, reference=reference))
+    outer = time.perf_counter() - t0
+    assert asked == [0, 1, 2, 0, 1] and row["requests"] == 5
+    assert [ref for _, ref in row["paired"]] == [0.5, 1.5, 2.5, 0.5, 1.5]
+    assert [tpot for tpot, _ in row["paired"]] == pytest.approx(row["raw"]["tpot"])
+    assert row["wall_s"] <= outer - 5 * 0.25
+    with pytest.raises(ValueError, match="concurrency 1"):
+        asyncio.run(drive(live.base, MODEL, PROMPTS, 2, 2, 5, WAIT_S, reference=reference))
+
+
 def test_bench_serve_pairs_each_server_run_with_its_run_reference(live):
-    """bench serve in rounds: each server run at concurrency 1 beside run()'s time alone and
-    each at the largest beside run()'s static batch, measured right after it; the rows pool
-    the rounds; the targets are the medians of the paired ratios."""
+    """bench serve in rounds: each request at concurrency 1 beside run()'s time for it alone,
+    each run at the largest beside run()'s static batch measured right after it; the rows
+    pool the rounds; the targets are the medians of the rounds' paired ratios."""
     import contextlib
     import re
 
@@ -320,7 +346,7 @@ def test_bench_serve_pairs_each_server_run_with_its_run_reference(live):
     res = bench_serve(lambda name: contextlib.nullcontext(
                           type("S", (), {"base": live.base, "model": MODEL})),
                       lambda name: Offline(srv.pair, srv.engine.backend, srv.limits.block,
-                                           PROMPTS, max_tokens=6, singles=2,
+                                           PROMPTS, max_tokens=6,
                                            table=srv.engine.table),
                       PROMPTS, [1, 3], requests=4, max_tokens=6, time_limit=WAIT_S,
                       log=lines.append, contenders=("spec",), rounds=2)
@@ -334,6 +360,8 @@ def test_bench_serve_pairs_each_server_run_with_its_run_reference(live):
     for line, ratio in zip([x for x in lines if "c=  1" in x], off["tpot_ratio"]):
         tpot, alone = map(float, re.findall(r"TPOT mean ([\d.]+) ms.*alone ([\d.]+)", line)[0])
         assert ratio == pytest.approx(tpot / alone, rel=0.02, abs=0.01), line
+        assert f"paired ratio {ratio:.3f}" in line
+    assert "paired" not in one
     for line, ratio in zip([x for x in lines if "c=  3" in x], off["throughput_ratio"]):
         tok, static = map(float, re.findall(r"([\d.]+) tok/s.*static ([\d.]+)", line)[0])
         assert ratio == pytest.approx(tok / static, rel=0.02), line
@@ -355,3 +383,21 @@ def test_the_command_lines_parse():
         build_parser().parse_args(["serve", "--block-size", "big"])
     b = build_parser().parse_args(["bench", "serve", "--concurrency", "1,4", "--requests", "8"])
     assert b.tool == "serve" and (b.concurrency, b.requests) == ("1,4", 8)
+    c = build_parser().parse_args(["serve", "--stream-interval", "4"])
+    assert c.stream_interval == 4 and build_parser().parse_args(["serve"]).stream_interval == 1
+    d = build_parser().parse_args(["bench", "serve", "--servers", "target-only",
+                                   "--stream-interval", "4"])
+    assert (d.servers, d.stream_interval) == ("target-only", 4)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--servers", "spec,fast"], "--servers takes distinct names"),
+    (["--servers", "spec,spec"], "--servers takes distinct names"),
+    (["--stream-interval", "0"], "--stream-interval must be positive"),
+])
+def test_bench_serve_refuses_bad_flags_before_starting_anything(flags, says):
+    from dflash2rt.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "serve", *flags])
+    with pytest.raises(InvalidInputError, match=says):
+        args.func(args)

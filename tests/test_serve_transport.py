@@ -1,6 +1,7 @@
 """How the server's events travel: the load generator's lean SSE client reads what the server
 sends (split across chunks or packed in one, errors, keep-alive) exactly as a general client
-does; a turn's events reach the event loop in one call, in order; an adaptive server's cost
+does; a turn's events reach the event loop in one call, in order; the stream interval gathers
+a request's tokens without holding its first or its end; an adaptive server's cost
 table is calibrated before its first request and decides by the rate rule."""
 
 from __future__ import annotations
@@ -8,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import types
 
 import httpx
 import pytest
 
 from dflash2rt.serve import build_server
-from dflash2rt.serve.jobs import Event
+from dflash2rt.serve.jobs import Event, Job
 from dflash2rt.serve.live import LiveServer
 from dflash2rt.serve.server import Server
 from dflash2rt.serve.sse_client import HTTPStatusError, SSEClient
@@ -134,15 +136,14 @@ class _Loop:
 
 
 def test_a_turns_events_reach_each_event_loop_in_one_call_in_order():
-    server = object.__new__(Server)
-    server._outbox, server._outbox_lock = {}, threading.Lock()
+    server = _bare_server(1)
     one, two, gone = _Loop(), _Loop(), _Loop(closed=True)
     queues = [asyncio.Queue() for _ in range(3)]
     sent = [(one, queues[0], Event("tokens", [1])), (two, queues[1], Event("tokens", [2])),
             (one, queues[0], Event("tokens", [3])), (one, queues[2], Event("tokens", [4])),
             (gone, queues[1], Event("tokens", [5]))]
     for i, (loop, q, e) in enumerate(sent):
-        server._sink(loop, q, i, None, e)
+        server._sink(loop, q, i, Job(None, None), e)
     assert not one.calls and not two.calls           # nothing leaves before the turn ends
     server._flush()
     assert len(one.calls) == len(two.calls) == 1 and not server._outbox
@@ -154,6 +155,86 @@ def test_a_turns_events_reach_each_event_loop_in_one_call_in_order():
     assert all(q.empty() for q in queues)            # the closed loop's event is dropped
     server._flush()
     assert len(one.calls) == 1                       # an empty turn calls nothing
+
+
+def _bare_server(stream_interval: int) -> Server:
+    """A Server with only what ``_sink`` and ``_flush`` use (no model)."""
+    server = object.__new__(Server)
+    server._outbox, server._outbox_lock = {}, threading.Lock()
+    server.stream_interval = stream_interval
+    server.metrics = types.SimpleNamespace(finished=lambda *a: None)
+    return server
+
+
+def _through(server: Server, events: list[Event]) -> list[Event]:
+    """``events`` of one request through ``_sink`` → what leaves at the turns' ends."""
+    loop, q = _Loop(), asyncio.Queue()
+    job = Job(types.SimpleNamespace(prompt_ids=(1, 2)), None)
+    out = []
+    for e in events:
+        server._sink(loop, q, 0, job, e)
+        server._flush()
+        for fn, (items,) in loop.calls:
+            fn(items)
+        loop.calls.clear()
+        while not q.empty():
+            out.append(q.get_nowait()[1])
+    return out
+
+
+def _tokens(*runs: list[int], lp: bool = False) -> list[Event]:
+    return [Event("tokens", list(r), [-0.5 * t for t in r] if lp else None,
+                  [{t: -0.5 * t} for t in r] if lp else None) for r in runs]
+
+
+@pytest.mark.parametrize("interval", [2, 3, 5])
+def test_the_stream_interval_gathers_tokens_in_order_never_holding_the_first_or_the_end(
+        interval):
+    server = _bare_server(interval)
+    runs = [[1], [2], [3, 4], [5], [6], [7, 8, 9, 10, 11], [12]]
+    for lp in (False, True):
+        for end in (Event("done"), Event("aborted"), Event("error", error=ValueError("x"))):
+            out = _through(server, _tokens(*runs, lp=lp) + [end])
+            assert out[-1] is end and all(e.kind == "tokens" for e in out[:-1])
+            sizes = [len(e.tokens) for e in out[:-1]]
+            assert sizes[0] == 1                           # the first tokens at once
+            assert all(n >= interval for n in sizes[1:-1])  # later ones gathered
+            assert [t for e in out[:-1] for t in e.tokens] == list(range(1, 13))
+            if lp:                                        # logprobs travel with their tokens
+                for e in out[:-1]:
+                    assert e.logprobs == [-0.5 * t for t in e.tokens]
+                    assert e.top_logprobs == [{t: -0.5 * t} for t in e.tokens]
+            else:
+                assert all(e.logprobs is None and e.top_logprobs is None for e in out[:-1])
+    plain = _through(_bare_server(1), _tokens(*runs) + [Event("done")])
+    assert [e.tokens for e in plain[:-1]] == runs           # 1: every event as it came
+
+
+def test_a_stream_interval_below_one_is_refused():
+    from dflash2rt.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="stream_interval must be >= 1"):
+        build_server(MODEL, "cpu", max_num_seqs=1, max_model_len=64, stream_interval=0)
+
+
+def test_a_served_stream_gathers_tokens_and_says_what_the_whole_answer_says():
+    """Target-only (one token a step) with --stream-interval 4: after the first chunk each
+    chunk but the last carries at least 4 tokens; the text and tokens equal the
+    non-streamed answer's."""
+    server = build_server(MODEL, "cpu", spec=False, max_num_seqs=2, max_model_len=128,
+                          stream_interval=4)
+    body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 19, "temperature": 0,
+            "ignore_eos": True, "logprobs": 0}
+    with LiveServer(server) as s:
+        whole = httpx.post(s.base + "/v1/completions", json=body, timeout=WAIT_S).json()
+        (events,) = asyncio.run(_events(s.base, [{**body, "stream": True}]))
+    chunks = [json.loads(e)["choices"][0] for e in events if e != "[DONE]"]
+    sizes = [len(c["logprobs"]["tokens"]) for c in chunks if c["logprobs"]]
+    assert sizes[0] == 1 and all(n >= 4 for n in sizes[1:-1]) and sum(sizes) == 19
+    assert len(sizes) < 19 - 8                              # gathered: far fewer chunks
+    assert "".join(c["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert [t for c in chunks if c["logprobs"] for t in c["logprobs"]["tokens"]] == \
+        whole["choices"][0]["logprobs"]["tokens"]
 
 
 def test_an_adaptive_server_is_calibrated_before_its_first_request():

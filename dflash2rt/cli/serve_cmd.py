@@ -40,6 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "caches in GiB: the batch is lowered to what fits")
     p.add_argument("--max-queue", type=int, default=256, help="requests that may wait for a "
                    "slot; beyond that the server answers 503 with Retry-After")
+    p.add_argument("--stream-interval", type=int, default=1, metavar="N", help="tokens a "
+                   "streamed chunk gathers before it is sent (default 1: every step's tokens at "
+                   "once; a request's first tokens and its end are never held): fewer chunks, "
+                   "less host time per token, burstier streams")
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                    help="a Jinja chat template (default: the model's, if it has one)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits "
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len, max_queue=args.max_queue,
         kv_cache_gib=args.kv_cache_gib, served_model_name=args.served_model_name,
         chat_template=args.chat_template,
-        api_key=args.api_key or os.environ.get("DFLASH2RT_API_KEY") or None)
+        api_key=args.api_key or os.environ.get("DFLASH2RT_API_KEY") or None,
+        stream_interval=args.stream_interval)
     s = server.scheduler
     print(f"dflash2rt serve: {', '.join(server.limits.model_names)} on "
           f"{server.engine.backend.name}, "
@@ -102,6 +107,10 @@ def add_bench_parser(tools: argparse._SubParsersAction) -> argparse.ArgumentPars
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request "
                    "(EOS ignored)")
     p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--servers", default="spec,adaptive,target-only", help="which servers, "
+                   "comma-separated, from spec (the draft's block), adaptive and target-only")
+    p.add_argument("--stream-interval", type=int, default=1, metavar="N", help="the servers' "
+                   "--stream-interval")
     p.add_argument("--rounds", type=int, default=3, help="rounds over the concurrencies, "
                    "each server run beside its run() reference (the targets: paired medians)")
     p.add_argument("--markdown", default=None, metavar="FILE", help="also write the table")
@@ -133,16 +142,21 @@ def bench(args: argparse.Namespace) -> int:
     if not levels or min(levels) < 1:
         raise InvalidInputError(f"--concurrency takes positive integers, comma-separated, got "
                                 f"{args.concurrency!r}")
-    if args.requests < 1 or args.time_limit <= 0 or args.max_tokens < 1 or args.rounds < 1:
-        raise InvalidInputError("--requests, --time-limit, --max-tokens and --rounds must be "
-                                "positive")
-
+    if min(args.requests, args.max_tokens, args.rounds, args.stream_interval) < 1 \
+            or args.time_limit <= 0:
+        raise InvalidInputError("--requests, --time-limit, --max-tokens, --rounds and "
+                                "--stream-interval must be positive")
     flags = {"spec": [], "adaptive": ["--block-size", "auto"], "target-only": ["--no-spec"]}
+    servers = args.servers.split(",")
+    if not servers or not set(servers) <= set(flags) or len(set(servers)) < len(servers):
+        raise InvalidInputError(f"--servers takes distinct names from {', '.join(flags)}, "
+                                f"comma-separated, got {args.servers!r}")
 
     def start(name: str) -> SpawnedServer:
         return SpawnedServer([str(root), "--backend", args.backend, *flags[name],
                               "--max-num-seqs", str(args.max_num_seqs),
-                              "--max-queue", str(max(levels))])
+                              "--max-queue", str(max(levels)),
+                              "--stream-interval", str(args.stream_interval)])
 
     be = backend_of(args.backend)
     pair = resolve_model(str(root), be.device, "auto")
@@ -154,7 +168,7 @@ def bench(args: argparse.Namespace) -> int:
 
     log = (lambda m: print(m, file=sys.stderr, flush=True))
     res = bench_serve(start, baseline, prompts, levels, args.requests, args.max_tokens,
-                      args.time_limit, log, rounds=args.rounds)
+                      args.time_limit, log, contenders=servers, rounds=args.rounds)
     res["command"] = "dflash2rt bench serve " + " ".join(sys.argv[3:])
     table = markdown(res) + "\n" + targets(res)
     if args.markdown:

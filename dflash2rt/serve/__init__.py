@@ -34,7 +34,7 @@ def build_server(model: Any = "stdlib-code", backend: Any = None, *, draft: Any 
                  max_num_seqs: int = DEFAULT_SLOTS, max_model_len: int | None = None,
                  max_queue: int = DEFAULT_QUEUE, kv_cache_gib: float | None = None,
                  served_model_name: list[str] | None = None, chat_template: str | None = None,
-                 api_key: str | None = None) -> Any:
+                 api_key: str | None = None, stream_interval: int = 1) -> Any:
     """The ``Server`` of a model pair (``model``, ``draft``, ``revision``, ``draft_revision``,
     ``dtype``: as ``dflash2rt.run``'s). ``block_size``: every step's block (None: the draft's
     default), or "auto": adaptive (``serve/blocks.py``); ``spec=False``: target-only.
@@ -43,7 +43,8 @@ def build_server(model: Any = "stdlib-code", backend: Any = None, *, draft: Any 
     ``max_model_len``: prompt + output tokens per request (None: the target's context);
     ``max_queue``: requests waiting beyond the batch before 503s; ``served_model_name``: the
     names requests may give (None: the model's); ``chat_template``: a file or a template
-    (None: the model's own, if any); ``api_key``: what the /v1 routes require."""
+    (None: the model's own, if any); ``api_key``: what the /v1 routes require;
+    ``stream_interval``: tokens a streamed chunk gathers (``Server``'s)."""
     _require_extra()
     from ..api import backend_of, measured_table, resolve_model
     from ..engine.engine import Engine
@@ -83,7 +84,8 @@ def build_server(model: Any = "stdlib-code", backend: Any = None, *, draft: Any 
     source = find_template(target_dir, chat_template)
     template = None if source is None else ChatTemplate(source, special_tokens(target_dir))
     engine = Engine(pair, be, table=measured_table(pair, be.device))
-    return Server(engine, names, block, slots, max_model_len, max_queue, template, api_key)
+    return Server(engine, names, block, slots, max_model_len, max_queue, template, api_key,
+                  stream_interval)
 
 
 def _slots(pair: Any, max_num_seqs: int, rows: int, spec: bool,

@@ -40,3 +40,12 @@ class Job:
     collector: Collector | None = None
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
+    held: Event | None = None         # tokens the stream interval holds back (engine thread)
+    shown: bool = False               # its first tokens have gone out
+
+
+def merged(a: Event, b: Event) -> Event:
+    """Two "tokens" events of one request as one, in order."""
+    cat = lambda x, y: None if x is None else x + y      # noqa: E731 - both or neither
+    return Event("tokens", a.tokens + b.tokens, cat(a.logprobs, b.logprobs),
+                 cat(a.top_logprobs, b.top_logprobs))

@@ -11,9 +11,11 @@ output tokens (from the stream's usage). Per run: request and output-token throu
 run's wall time, the mean / p50 / p99 of each latency, and the acceptance length from the
 server's /metrics counters (1 + accepted / drafts over the run; target-only: 1).
 
-``run()``'s reference (``Offline``: an engine in this process) is measured between the
-server's runs, in rounds, so each server figure has a reference taken beside it; the rows pool
-a contender's rounds at each concurrency.
+``run()``'s reference (``Offline``: an engine in this process) is taken beside each server
+figure, so the machine's drift hits both sides of a pair alike: at concurrency 1 the same
+request through ``run()`` right after the server has answered it (the server idles
+meanwhile), at the largest one static batch right after the run. Each contender runs in rounds;
+the rows pool a contender's rounds at each concurrency.
 """
 
 from __future__ import annotations
@@ -66,35 +68,48 @@ async def _one(client: SSEClient, path: str, body: dict) -> dict[str, Any]:
 
 
 async def drive(base: str, model: str, prompts: Sequence[str], concurrency: int,
-                requests: int, max_tokens: int, time_limit: float) -> dict[str, Any]:
+                requests: int, max_tokens: int, time_limit: float,
+                reference: Callable[[int], float] | None = None) -> dict[str, Any]:
     """``concurrency`` clients over ``prompts`` (round robin), greedy, ``max_tokens`` each
     (EOS ignored, so every request makes them all), bounded by ``requests`` and
-    ``time_limit`` → the run's figures."""
-    sent, results = 0, []
+    ``time_limit`` → the run's figures. ``reference`` (concurrency 1 only): called with the
+    prompt's index after each answer, while nothing else runs; its per-token seconds for the
+    same request land in the row's "paired" list as (server TPOT, reference) pairs, and its
+    time counts neither in the run's wall time nor against ``time_limit``."""
+    if reference is not None and concurrency != 1:
+        raise ValueError("a per-request reference needs concurrency 1")
+    sent, results, paired, held = 0, [], [], [0.0]     # held: seconds in ``reference``
     deadline = time.perf_counter() + time_limit
 
     async def client_loop() -> None:
         nonlocal sent
         async with SSEClient(base) as client:
-            while sent < requests and time.perf_counter() < deadline:
-                body = {"model": model, "prompt": prompts[sent % len(prompts)],
+            while sent < requests and time.perf_counter() - held[0] < deadline:
+                i = sent % len(prompts)
+                body = {"model": model, "prompt": prompts[i],
                         "stream": True, "max_tokens": max_tokens, "temperature": 0,
                         "ignore_eos": True, "stream_options": {"include_usage": True}}
                 sent += 1
-                results.append(await asyncio.wait_for(_one(client, "/v1/completions", body),
-                                                      max(time_limit, 60.0)))
+                r = await asyncio.wait_for(_one(client, "/v1/completions", body),
+                                           max(time_limit, 60.0))
+                results.append(r)
+                if reference is not None and r["tpot"] is not None:
+                    t = time.perf_counter()
+                    paired.append((r["tpot"], reference(i)))
+                    held[0] += time.perf_counter() - t
 
     before = _spec_counters(base)
     t0 = time.perf_counter()
     await asyncio.gather(*(client_loop() for _ in range(concurrency)))
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - t0 - held[0]
     after = _spec_counters(base)
     raw = {"ttft": [r["ttft"] for r in results],
            "tpot": [r["tpot"] for r in results if r["tpot"] is not None],
            "itl": [g for r in results for g in r["itl"]]}
-    return _figures(concurrency, len(results), wall, sum(r["tokens"] for r in results),
-                    after["drafts"] - before["drafts"],
-                    after["accepted_tokens"] - before["accepted_tokens"], raw)
+    row = _figures(concurrency, len(results), wall, sum(r["tokens"] for r in results),
+                   after["drafts"] - before["drafts"],
+                   after["accepted_tokens"] - before["accepted_tokens"], raw)
+    return {**row, "paired": paired} if reference is not None else row
 
 
 def _figures(concurrency: int, requests: int, wall: float, tokens: int, drafts: float,
@@ -125,14 +140,13 @@ def _spec_counters(base: str) -> dict[str, float]:
 class Offline:
     """``run()``'s figures for the same requests, in this process on an engine of its own
     (``with Offline(...) as off``): ``block`` as a server's (an int >= 2: that fixed block; 1:
-    target-only; None: adaptive over ``table``). ``alone()``: the per-token time of each of
-    the first ``singles`` prompts alone (its decode seconds over the tokens after the first,
-    as TPOT counts them; the median, in ms); ``static(batch)``: the output tokens per second
-    of one static batch of ``batch`` requests (the prompts in turn). ``warm(batch)`` runs
-    each shape once first."""
+    target-only; None: adaptive over ``table``). ``alone(i)``: the per-token seconds of
+    prompt i alone (its decode seconds over the tokens after the first, as TPOT counts them);
+    ``static(batch)``: the output tokens per second of one static batch of ``batch`` requests
+    (the prompts in turn). ``warm(batch)`` runs each shape once first."""
 
     def __init__(self, pair: Any, backend: Any, block: int | None, prompts: Sequence[str],
-                 max_tokens: int, singles: int = 4, table: Any = None) -> None:
+                 max_tokens: int, table: Any = None) -> None:
         from ..api import encode_prompts
         from ..engine.engine import Engine
         from ..engine.request import SamplingParams
@@ -140,7 +154,6 @@ class Offline:
         self.spec, self.block = block != 1, (None if block is None or block == 1 else block)
         self.params = SamplingParams(max_new_tokens=max_tokens, ignore_eos=True)
         self.ids = encode_prompts(pair, list(prompts))
-        self.singles = singles
         self.engine = Engine(pair, backend, table=table)
 
     def __enter__(self) -> "Offline":
@@ -161,14 +174,11 @@ class Offline:
         self._gen(self._batch(1))
         self._gen(self._batch(batch))
 
-    def alone(self) -> float:
+    def alone(self, i: int) -> float:
         from ..engine.request import Request
 
-        per_token = []
-        for i in self.ids[:self.singles]:
-            st = self._gen([Request(i, self.params)])
-            per_token.append((st.wall_s - st.time["prefill"]) / max(st.generated - 1, 1))
-        return 1e3 * statistics.median(per_token)
+        st = self._gen([Request(self.ids[i % len(self.ids)], self.params)])
+        return (st.wall_s - st.time["prefill"]) / max(st.generated - 1, 1)
 
     def static(self, batch: int) -> float:
         return self._gen(self._batch(batch)).tokens_per_s
@@ -182,10 +192,11 @@ def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
     """Each contender ("spec" at the draft's block, "adaptive", "target-only"; ``start(name)``:
     a context manager giving its server's ``base`` URL and ``model`` name; ``baseline(name)``:
     the ``Offline`` of its mode) in ``rounds`` rounds, each at every concurrency in turn, with
-    ``run()``'s reference measured right after the server's run it is set against, while the
-    server idles: at concurrency 1 ``alone()``, at the largest ``static(largest)``. The
-    machine's drift hits both sides of a pair alike; the targets are the medians of the
-    paired ratios. → {"rows": [one per contender and concurrency, its rounds pooled],
+    ``run()``'s reference measured beside the server's figure, while the server idles: at
+    concurrency 1 ``alone(i)`` after each request, for the same prompt (the round's ratio:
+    the server's mean TPOT over these requests to the references' mean), at the largest
+    ``static(largest)`` right after the run. The targets are the medians of the rounds'
+    ratios. → {"rows": [one per contender and concurrency, its rounds pooled],
     "offline": {name: references, paired ratios and their medians}}."""
     rows, base = [], {}
     top = max(concurrencies)
@@ -199,11 +210,14 @@ def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
             for _ in range(rounds):
                 for c in concurrencies:
                     row = asyncio.run(drive(server.base, server.model, prompts, c, requests,
-                                            max_tokens, time_limit))
+                                            max_tokens, time_limit,
+                                            off.alone if c == 1 else None))
                     runs[c].append(row)
                     if c == 1:
-                        ref["tpot_ms"].append(off.alone())
-                        ref["tpot_ratio"].append(row["tpot_ms"]["mean"] / ref["tpot_ms"][-1])
+                        mine, theirs = zip(*row.pop("paired"))
+                        ref["tpot_ms"].append(1e3 * statistics.fmean(theirs))
+                        ref["tpot_ratio"].append(statistics.fmean(mine)
+                                                 / statistics.fmean(theirs))
                     if c == top:
                         ref["tokens_per_s"].append(off.static(top))
                         ref["throughput_ratio"].append(row["output_tokens_per_s"]
@@ -211,8 +225,8 @@ def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
                     log(f"{name:12s} c={c:3d}: {row['output_tokens_per_s']:.1f} tok/s, TPOT "
                         f"mean {row['tpot_ms']['mean']:.2f} ms, acceptance length "
                         f"{row['acceptance_length']:.2f}"
-                        + (f"; run() alone {ref['tpot_ms'][-1]:.2f} ms/token" if c == 1
-                           else "")
+                        + (f"; run() alone {ref['tpot_ms'][-1]:.2f} ms/token, paired ratio "
+                           f"{ref['tpot_ratio'][-1]:.3f}" if c == 1 else "")
                         + (f"; run() static {ref['tokens_per_s'][-1]:.1f} tok/s" if c == top
                            else ""))
         rows += [{**pooled(runs[c]), "server": name} for c in concurrencies]
