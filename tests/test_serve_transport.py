@@ -87,6 +87,21 @@ def test_the_lean_client_raises_the_status_and_body_and_reads_sized_bodies():
         asyncio.run(go(400))
     assert info.value.status == 400 and b"max_tokens" in info.value.body
     assert asyncio.run(go(200)) == []            # a sized body without events: none
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "sized"])
+def test_the_lean_client_reads_events_alike_from_either_framing_and_drops_a_cut_one(chunked):
+    payload = b'data: {"a": 1}\n\n: a comment\n\ndata: [DONE]\n\ndata: {"cut'
+
+    async def go() -> list[str]:
+        body = _chunked(payload[:9], payload[9:]) if chunked else payload
+        srv = await asyncio.start_server(_canned(body, chunked=chunked), "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            return (await _events(f"http://127.0.0.1:{port}", [{}]))[0]
+        finally:
+            srv.close()
+    assert asyncio.run(go()) == ['{"a": 1}', "[DONE]"]
     with pytest.raises(ValueError, match="plain http"):
         SSEClient("https://127.0.0.1:1")
 

@@ -68,26 +68,21 @@ class SSEClient:
             headers[k.strip().lower()] = v.strip().lower()
         keep = headers.get("connection") != "close"
         chunked = headers.get("transfer-encoding") == "chunked"
-        if status != 200 or not chunked:
-            data = await r.readexactly(int(headers.get("content-length", "0"))) \
-                if not chunked else b"".join([c async for c in _chunks(r)])
+        if status != 200:
+            data = b"".join([c async for c in _chunks(r)]) if chunked else \
+                await r.readexactly(int(headers.get("content-length", "0")))
             if not keep:
                 await self.close()
-            if status != 200:
-                raise HTTPStatusError(status, data)
-            for event in data.split(b"\n\n"):
-                if event.startswith(b"data: "):
-                    yield event[6:].decode()
-            return
+            raise HTTPStatusError(status, data)
         buf = b""
-        async for chunk in _chunks(r):
+        async for chunk in (_chunks(r) if chunked else _sized(r, headers)):
             buf += chunk
-            *events, buf = buf.split(b"\n\n")
+            *events, buf = buf.split(b"\n\n")    # what follows the last blank line waits
             for event in events:
                 if event.startswith(b"data: "):
                     yield event[6:].decode()
-        if not keep:
-            await self.close()
+        if not keep:                               # (an event cut off at the end is dropped,
+            await self.close()                     # as the SSE standard says)
 
 
 async def _chunks(r: asyncio.StreamReader) -> AsyncIterator[bytes]:
@@ -98,3 +93,8 @@ async def _chunks(r: asyncio.StreamReader) -> AsyncIterator[bytes]:
         if size == 0:
             return
         yield data[:-2]
+
+
+async def _sized(r: asyncio.StreamReader, headers: dict[str, str]) -> AsyncIterator[bytes]:
+    """A Content-Length body, as one chunk."""
+    yield await r.readexactly(int(headers.get("content-length", "0")))
