@@ -262,12 +262,33 @@ def test_an_adaptive_server_is_calibrated_before_its_first_request():
         want = {(b, k, m) for b in blocks.candidates for k in (1, 2, 4)
                 for m in ("greedy", "sampled")}
         assert want <= {key for key, v in table.samples.items() if len(v) >= 3}
-        assert "finish_rule" in blocks.policy.without
+        assert {"finish_rule", "call_plan"} <= blocks.policy.without
         assert server.scheduler.stats.steps == 0 and server.scheduler.running == 0
         r = httpx.post(s.base + "/v1/completions", timeout=WAIT_S, json={
             "model": MODEL, "prompt": "import os\n", "max_tokens": 8, "temperature": 0,
             "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+
+
+def test_an_adaptive_server_never_plans_an_epoch_target_only():
+    """Whatever earlier epochs realized, each epoch decides step by step: with a pooled
+    acceptance and records saying speculative epochs realize a hundredth of their projection,
+    the engine's call plan would run the next epoch target-only; the server's does not plan."""
+    server = build_server(MODEL, "cpu", max_num_seqs=2, max_model_len=256, block_size="auto")
+    with LiveServer(server) as s:
+        policy = server.scheduler.blocks.policy
+        law, table = (0.0, 1.0, 0), policy.table
+        table.fold_accept("greedy", law, ([90.0] * 15, [100.0] * 15))
+        for bucket in (1, 2):
+            table.realized[("greedy", law, bucket, "spec")] = 0.01
+            table.realized[("greedy", law, bucket, "target-only")] = 1.0
+        policy.schedule.begin("greedy", law)
+        assert policy.schedule.project(1, [16]) is not None      # the plan would have decided
+        r = httpx.post(s.base + "/v1/completions", timeout=WAIT_S, json={
+            "model": MODEL, "prompt": "import os\n", "max_tokens": 16, "temperature": 0,
+            "ignore_eos": True})
+        assert r.status_code == 200 and server.scheduler.blocks.epochs >= 1
+        assert policy.call_plan.last == "" and not policy.target_only_call
 
 
 def test_an_idle_engine_loop_runs_a_signal_that_another_thread_received():

@@ -12,7 +12,13 @@ A server's adaptive policy decides by the rate rule: the tokens a step is expect
 over its cost. The engine's default, the finish rule, projects the time until the batch's
 slowest row is done, which is what a static batch costs; a server refills each row as it
 finishes, so the time to empty the current batch is not what its clients wait on, and the
-finish rule's price on a straggler row held speculation back where it paid. The table is
+finish rule's price on a straggler row held speculation back where it paid. Nor does it plan
+whole epochs target-only, as the engine's call plan plans whole calls: a call plan weighs
+speculation's fixed costs (the draft context a prefill builds) against what earlier calls
+realized, whole calls timed; a server's joins build that context whatever the epoch does, and
+an epoch's wall time holds what arrivals leave idle and the joins' prefills, so what it
+realizes is not the steps' rate and planned epochs went target-only where block 8 paid. The
+table is
 calibrated before the first request (``calibrate_ahead``) at every batch bucket the slots
 allow, greedy and sampled, so no request's steps wait on calibration. ``before_join`` settles
 the draft context the Runner defers over target-only steps before rows join
@@ -32,7 +38,7 @@ from ..engine.state import BatchState
 from ..engine.stats import RunStats
 
 EPOCH_ROWS = 1024         # rows an adaptive epoch takes before it ends at the next join
-RULE = frozenset({"finish_rule"})     # the schedule decides by the rate rule (docstring)
+RULE = frozenset({"finish_rule", "call_plan"})   # the rate rule, step by step (docstring)
 
 
 class Blocks:
