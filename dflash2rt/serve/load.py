@@ -14,8 +14,8 @@ server's /metrics counters (1 + accepted / drafts over the run; target-only: 1).
 ``run()``'s reference (``Offline``: an engine in this process) is taken beside each server
 figure, so the machine's drift hits both sides of a pair alike: at concurrency 1 the same
 request through ``run()`` right after the server has answered it (the server idles
-meanwhile), at the largest one static batch right after the run. Each contender runs in rounds;
-the rows pool a contender's rounds at each concurrency.
+meanwhile), at the largest one static batch right before and one right after the run. Each
+contender runs in rounds; the rows pool a contender's rounds at each concurrency.
 """
 
 from __future__ import annotations
@@ -195,8 +195,8 @@ def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
     ``run()``'s reference measured beside the server's figure, while the server idles: at
     concurrency 1 ``alone(i)`` after each request, for the same prompt (the round's ratio:
     the server's mean TPOT over these requests to the references' mean), at the largest
-    ``static(largest)`` right after the run. The targets are the medians of the rounds'
-    ratios. → {"rows": [one per contender and concurrency, its rounds pooled],
+    the mean of ``static(largest)`` right before and right after the run. The targets are the
+    medians of the rounds' ratios. → {"rows": [one per contender and concurrency, its rounds pooled],
     "offline": {name: references, paired ratios and their medians}}."""
     rows, base = [], {}
     top = max(concurrencies)
@@ -209,6 +209,7 @@ def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
             ref = {"tpot_ms": [], "tokens_per_s": [], "tpot_ratio": [], "throughput_ratio": []}
             for _ in range(rounds):
                 for c in concurrencies:
+                    before = off.static(top) if c == top else None
                     row = asyncio.run(drive(server.base, server.model, prompts, c, requests,
                                             max_tokens, time_limit,
                                             off.alone if c == 1 else None))
@@ -218,8 +219,8 @@ def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
                         ref["tpot_ms"].append(1e3 * statistics.fmean(theirs))
                         ref["tpot_ratio"].append(statistics.fmean(mine)
                                                  / statistics.fmean(theirs))
-                    if c == top:
-                        ref["tokens_per_s"].append(off.static(top))
+                    if c == top:              # bracketed: a linear drift cancels
+                        ref["tokens_per_s"].append((before + off.static(top)) / 2)
                         ref["throughput_ratio"].append(row["output_tokens_per_s"]
                                                        / ref["tokens_per_s"][-1])
                     log(f"{name:12s} c={c:3d}: {row['output_tokens_per_s']:.1f} tok/s, TPOT "
