@@ -148,7 +148,7 @@ def bench(args: argparse.Namespace) -> int:
                                 "--stream-interval must be positive")
     flags = {"spec": [], "adaptive": ["--block-size", "auto"], "target-only": ["--no-spec"]}
     servers = args.servers.split(",")
-    if not servers or not set(servers) <= set(flags) or len(set(servers)) < len(servers):
+    if not set(servers) <= set(flags) or len(set(servers)) < len(servers):
         raise InvalidInputError(f"--servers takes distinct names from {', '.join(flags)}, "
                                 f"comma-separated, got {args.servers!r}")
 

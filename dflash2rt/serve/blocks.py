@@ -18,10 +18,9 @@ speculation's fixed costs (the draft context a prefill builds) against what earl
 realized, whole calls timed; a server's joins build that context whatever the epoch does, and
 an epoch's wall time holds what arrivals leave idle and the joins' prefills, so what it
 realizes is not the steps' rate and planned epochs went target-only where block 8 paid. The
-table is
-calibrated before the first request (``calibrate_ahead``) at every batch bucket the slots
-allow, greedy and sampled, so no request's steps wait on calibration. ``before_join`` settles
-the draft context the Runner defers over target-only steps before rows join
+table is calibrated before the first request (``calibrate_ahead``) at every batch bucket the
+slots allow, greedy and sampled, so no request's steps wait on calibration. ``before_join``
+settles the draft context the Runner defers over target-only steps before rows join
 (``Runner.settle``)."""
 
 from __future__ import annotations

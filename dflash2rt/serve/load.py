@@ -78,13 +78,13 @@ async def drive(base: str, model: str, prompts: Sequence[str], concurrency: int,
     time counts neither in the run's wall time nor against ``time_limit``."""
     if reference is not None and concurrency != 1:
         raise ValueError("a per-request reference needs concurrency 1")
-    sent, results, paired, held = 0, [], [], [0.0]     # held: seconds in ``reference``
+    sent, results, paired, held = 0, [], [], 0.0       # held: seconds in ``reference``
     deadline = time.perf_counter() + time_limit
 
     async def client_loop() -> None:
-        nonlocal sent
+        nonlocal sent, held
         async with SSEClient(base) as client:
-            while sent < requests and time.perf_counter() - held[0] < deadline:
+            while sent < requests and time.perf_counter() - held < deadline:
                 i = sent % len(prompts)
                 body = {"model": model, "prompt": prompts[i],
                         "stream": True, "max_tokens": max_tokens, "temperature": 0,
@@ -96,12 +96,12 @@ async def drive(base: str, model: str, prompts: Sequence[str], concurrency: int,
                 if reference is not None and r["tpot"] is not None:
                     t = time.perf_counter()
                     paired.append((r["tpot"], reference(i)))
-                    held[0] += time.perf_counter() - t
+                    held += time.perf_counter() - t
 
     before = _spec_counters(base)
     t0 = time.perf_counter()
     await asyncio.gather(*(client_loop() for _ in range(concurrency)))
-    wall = time.perf_counter() - t0 - held[0]
+    wall = time.perf_counter() - t0 - held
     after = _spec_counters(base)
     raw = {"ttft": [r["ttft"] for r in results],
            "tpot": [r["tpot"] for r in results if r["tpot"] is not None],
@@ -196,8 +196,8 @@ def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
     concurrency 1 ``alone(i)`` after each request, for the same prompt (the round's ratio:
     the server's mean TPOT over these requests to the references' mean), at the largest
     the mean of ``static(largest)`` right before and right after the run. The targets are the
-    medians of the rounds' ratios. → {"rows": [one per contender and concurrency, its rounds pooled],
-    "offline": {name: references, paired ratios and their medians}}."""
+    medians of the rounds' ratios. → {"rows": [one per contender and concurrency, its rounds
+    pooled], "offline": {name: references, paired ratios and their medians}}."""
     rows, base = [], {}
     top = max(concurrencies)
     for name in contenders:

@@ -68,14 +68,14 @@ class SSEClient:
             headers[k.strip().lower()] = v.strip().lower()
         keep = headers.get("connection") != "close"
         chunked = headers.get("transfer-encoding") == "chunked"
+        body = _chunks(r) if chunked else _sized(r, headers)
         if status != 200:
-            data = b"".join([c async for c in _chunks(r)]) if chunked else \
-                await r.readexactly(int(headers.get("content-length", "0")))
+            data = b"".join([c async for c in body])
             if not keep:
                 await self.close()
             raise HTTPStatusError(status, data)
         buf = b""
-        async for chunk in (_chunks(r) if chunked else _sized(r, headers)):
+        async for chunk in body:
             buf += chunk
             *events, buf = buf.split(b"\n\n")    # what follows the last blank line waits
             for event in events:
