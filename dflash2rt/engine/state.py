@@ -98,6 +98,18 @@ class BatchState:
         return self.sampling.min_p is not None or any(not e.graphed for e in self.extensions)
 
 
+def fewest_moves(alive: Sequence[int]) -> list[int]:
+    """An order of the rows ``alive`` (ascending slot indices) for ``BatchState.keep`` that
+    moves the fewest cache slots: a kept row in slots [0, n) stays where it is, and the kept
+    rows past n fill the freed slots below n. A row's place in the batch carries nothing (its
+    state is its own: prompt, parameters, seed, key), so only the copies change: one slot per
+    freed one instead of every slot after the first freed."""
+    n = len(alive)
+    tail = iter([i for i in alive if i >= n])
+    kept = set(alive)
+    return [j if j in kept else next(tail) for j in range(n)]
+
+
 def new_state(requests: Sequence, target: KVCache, draft: KVCache | None,
               dev: torch.device, vocab: int | None = None,
               wm: WatermarkBatch | None = None) -> BatchState:
