@@ -51,7 +51,8 @@ class Section:
 
     def fail(self, why: str) -> None:
         self.status = "FAIL"
-        self.reason = "; ".join(filter(None, (self.reason, why)))
+        if why not in (self.reason or "").split("; "):     # said once, however many say it
+            self.reason = "; ".join(filter(None, (self.reason, why)))
 
 
 class Slots:
@@ -188,7 +189,10 @@ class Runner:
         except Interrupted as exc:
             self.kill_children()
             for t in threads.values():
-                if t.ident is not None:  # the signal may land inside t.start()
+                waited = time.monotonic() + 2    # a signal inside t.start() may come before
+                while t.ident is None and time.monotonic() < waited:   # or after the thread
+                    time.sleep(0.01)                                   # began
+                if t.ident is not None:
                     t.join(15)
             for sec, _ in items:         # started, but its thread never ran or never ended
                 t = threads.get(sec.name)

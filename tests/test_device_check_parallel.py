@@ -46,6 +46,15 @@ def test_parallel_sections_run_side_by_side(runner, tmp_path):
     assert a.status == b.status == "PASS"
 
 
+def test_a_section_says_each_reason_it_failed_for_once():
+    sec = Section("s", "S", 120)
+    sec.fail("interrupted by SIGTERM")
+    sec.fail("interrupted by SIGTERM")        # the section's thread and the main thread both
+    sec.fail("x: exit 1")
+    sec.fail("interrupted by SIGTERM")
+    assert sec.status == "FAIL" and sec.reason == "interrupted by SIGTERM; x: exit 1"
+
+
 def test_steps_of_one_section_share_the_slots(runner, tmp_path):
     r = runner(2)
     sec = Section("s", "S", 120)
