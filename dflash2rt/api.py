@@ -1,15 +1,15 @@
 """``dflash2rt.run``: the one-call API (load a model pair, decode prompts, return texts and stats),
 and what it shares with ``dflash2rt.LLM`` (:mod:`dflash2rt.llm`: the same, vLLM-shaped, load once
-and ``generate`` many times): model resolution, prompt encoding, the one decode path."""
+and ``generate`` many times): prompt encoding and the one decode path; model resolution is
+``dflash2rt.models.resolve``'s (re-exported here)."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -22,13 +22,12 @@ from .engine.policy.table import MeasuredTable
 from .engine.stats import RunStats
 from .errors import ConflictingArgumentsError, InvalidInputError
 from .metrics import check_metrics_path, write_metrics
-from .models import hub
-from .models.pair import ModelPair, load_pair, resolve_dtype
+from .models.pair import ModelPair
+from .models.resolve import ModelSpec, resolve_model
 from .registry import Registry
 from .watermark import WatermarkKey
 
 DEFAULT_MODEL = "stdlib-code"
-ModelSpec = Union[str, Path, tuple, ModelPair]
 
 
 @dataclass
@@ -47,55 +46,6 @@ class RunResult:
                                    [{str(k): v for k, v in t.items()} for t in o.top_logprobs]
                                    for o in self.outputs]
         return out
-
-
-def _files_identity(*dirs: str | None) -> tuple[tuple[str, int, int], ...]:
-    """(resolved path, size, mtime_ns) of every file under ``dirs``: a checkpoint replaced on
-    disk gets a new identity, so the cache below never hands back stale weights."""
-    out = []
-    for d in dirs:
-        if d is not None:
-            for f in sorted(Path(d).rglob("*")):
-                if f.is_file():
-                    st = f.stat()
-                    out.append((str(f.resolve()), st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=4)
-def _load_cached(target: str, draft: str | None, dtype: torch.dtype, device: str,
-                 name: str, files: tuple[tuple[str, int, int], ...]) -> ModelPair:
-    """``files`` (``_files_identity``) is part of the key only."""
-    return load_pair(target, draft, dtype, device, name)
-
-
-def _load(target: Path, draft: Path | None, dtype: torch.dtype | str, device: torch.device | str,
-          name: str) -> ModelPair:
-    t, d = str(target.resolve()), None if draft is None else str(draft.resolve())
-    dtype = resolve_dtype(dtype, t, device)
-    return _load_cached(t, d, dtype, str(device), name, _files_identity(t, d))
-
-
-def resolve_model(model: ModelSpec, device: torch.device | str = "cpu",
-                  dtype: torch.dtype | str = "auto", *, draft: str | Path | None = None,
-                  revision: str | None = None, draft_revision: str | None = None) -> ModelPair:
-    """A bundled name; a directory holding target/ and draft/, or one checkpoint (the target);
-    a Hugging Face hub id ``"ORG/NAME"`` (fetched into the hub's cache, safetensors only:
-    ``dflash2rt.models.hub``); a (target, draft) pair of directories or hub ids; or an already
-    loaded ModelPair. A string naming an existing local path is always that path.
-
-    ``draft``: a directory or hub id for the draft (it replaces a draft/ beside the target;
-    without one a lone checkpoint runs target-only). ``revision`` / ``draft_revision``: the
-    branch, tag or commit of the target's / the draft's hub id (None: main). ``dtype="auto"``:
-    float32 on the CPU, the checkpoint's dtype (bfloat16) on accelerators."""
-    if isinstance(model, ModelPair):
-        if draft is not None or revision or draft_revision:
-            raise InvalidInputError("a loaded ModelPair takes no draft, revision or "
-                                    "draft_revision")
-        return model
-    target, draft_loc, name = hub.locate_pair(model, draft, revision, draft_revision)
-    return _load(target.path, None if draft_loc is None else draft_loc.path, dtype, device,
-                 name)
 
 
 def encode_prompts(pair: ModelPair, prompts: str | Sequence[str] | Sequence[Sequence[int]]

@@ -11,6 +11,7 @@ from dflash2rt import api, llm as llm_mod
 from dflash2rt.engine.request import SamplingParams
 from dflash2rt.engine.policy.adaptive import AdaptivePolicy
 from dflash2rt.errors import ConflictingArgumentsError, DFlash2Error, InvalidInputError
+from dflash2rt.models import resolve
 from dflash2rt.watermark import WatermarkKey
 
 from tiny_models import save_pair_dir, tiny_pair
@@ -121,14 +122,14 @@ def test_regex_with_sampling_params(llm):
 def test_one_load_for_many_generate_calls(monkeypatch, tmp_path):
     root = save_pair_dir(tmp_path, tiny_pair(dtype=torch.float32))   # a fresh path: no cache
     loads, engines = [], []
-    real_load, real_engine = api.load_pair, llm_mod.Engine
+    real_load, real_engine = resolve.load_pair, llm_mod.Engine
 
     class CountingEngine(real_engine):
         def __init__(self, *args, **kwargs):
             engines.append(self)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(api, "load_pair", lambda *a: loads.append(a) or real_load(*a))
+    monkeypatch.setattr(resolve, "load_pair", lambda *a: loads.append(a) or real_load(*a))
     monkeypatch.setattr(llm_mod, "Engine", CountingEngine)
     llm = dflash2rt.LLM(root, "cpu")
     first = llm.generate(["abc"], SamplingParams(max_new_tokens=6), block_size=4)
