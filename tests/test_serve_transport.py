@@ -181,10 +181,10 @@ def _bare_server(stream_interval: int) -> Server:
     return server
 
 
-def _through(server: Server, events: list[Event]) -> list[Event]:
+def _through(server: Server, events: list[Event], streamed: bool = True) -> list[Event]:
     """``events`` of one request through ``_sink`` → what leaves at the turns' ends."""
     loop, q = _Loop(), asyncio.Queue()
-    job = Job(types.SimpleNamespace(prompt_ids=(1, 2)), None)
+    job = Job(types.SimpleNamespace(prompt_ids=(1, 2)), None, streamed=streamed)
     out = []
     for e in events:
         server._sink(loop, q, 0, job, e)
@@ -223,6 +223,40 @@ def test_the_stream_interval_gathers_tokens_in_order_never_holding_the_first_or_
                 assert all(e.logprobs is None and e.top_logprobs is None for e in out[:-1])
     plain = _through(_bare_server(1), _tokens(*runs) + [Event("done")])
     assert [e.tokens for e in plain[:-1]] == runs           # 1: every event as it came
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_a_whole_answer_hears_only_its_end(interval):
+    """A request that is not streamed gets no token events, whatever the interval: its end
+    carries every token, so the HTTP side wakes for it once."""
+    for end in (Event("done"), Event("aborted"), Event("error", error=ValueError("x"))):
+        out = _through(_bare_server(interval), _tokens([1], [2, 3], [4]) + [end],
+                       streamed=False)
+        assert out == [end]
+
+
+def test_a_served_whole_answer_posts_no_token_events():
+    """Through a live server: the streamed request's tokens reach the HTTP side as they come,
+    the whole answer's only with its end, and both say the same text."""
+    server = build_server(MODEL, "cpu", spec=False, max_num_seqs=2, max_model_len=128)
+    posted: list[tuple[int, str]] = []
+    real = server._post
+
+    def post(loop, queue, i, event):
+        posted.append((id(queue), event.kind))
+        real(loop, queue, i, event)
+    server._post = post
+    body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 9, "temperature": 0,
+            "ignore_eos": True}
+    with LiveServer(server) as s:
+        whole = httpx.post(s.base + "/v1/completions", json=body, timeout=WAIT_S).json()
+        kinds_whole = [k for _, k in posted]
+        posted.clear()
+        (events,) = asyncio.run(_events(s.base, [{**body, "stream": True}]))
+    assert kinds_whole == ["done"]
+    assert [k for _, k in posted].count("tokens") >= 2 and posted[-1][1] == "done"
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in events if e != "[DONE]")
+    assert text == whole["choices"][0]["text"]
 
 
 def test_a_stream_interval_below_one_is_refused():

@@ -42,6 +42,7 @@ class Job:
     first_token: float | None = None
     held: Event | None = None         # tokens the stream interval holds back (engine thread)
     shown: bool = False               # its first tokens have gone out
+    streamed: bool = True             # False: a whole answer, which waits for its end only
 
 
 def merged(a: Event, b: Event) -> Event:

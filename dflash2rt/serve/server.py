@@ -91,7 +91,8 @@ class Server:
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         jobs = []
         for i, prompt in enumerate(p.prompts):
-            job = Job(Request(prompt, p.params), lambda e: None, arrival=arrival)
+            job = Job(Request(prompt, p.params), lambda e: None, arrival=arrival,
+                      streamed=p.stream)
             job.sink = functools.partial(self._sink, loop, queue, i, job)
             try:
                 job.request.validate(self.limits.vocab)
@@ -114,7 +115,10 @@ class Server:
               event: Event) -> None:
         """On the engine thread: count a request's end; the event waits in the outbox for the
         loop's turn to end (``_flush``), tokens until ``stream_interval`` of them gather (held
-        ones go out before the request's end)."""
+        ones go out before the request's end). A whole answer's tokens stay here: its end
+        carries them all."""
+        if event.kind == "tokens" and not job.streamed:
+            return
         if event.kind == "tokens":
             if job.held is not None:
                 event, job.held = merged(job.held, event), None
