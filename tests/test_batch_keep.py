@@ -70,3 +70,10 @@ def test_keep_carries_every_kept_rows_state_to_its_new_slot(alive, ordering):
                 upto = int(before["lens"][src])
                 want = (src + torch.arange(upto) / 10.0).view(-1, 1, 1).expand_as(buf[j, :upto])
                 assert torch.equal(buf[j, :upto], want), f"slot {j} must hold row {src}'s cache"
+
+
+def test_retain_keeps_the_batch_when_no_row_leaves_and_moves_only_the_tail_otherwise():
+    st = _state()
+    assert st.retain(list(range(R))) is st
+    kept = _state().retain([0, 2, 4])               # slot 1 freed: row 4 moves into it
+    assert kept.rows == [200, 204, 202]

@@ -11,7 +11,7 @@ import numpy as np
 from ..constraints.host import ConstraintTracker, block_masks
 from ..models.tokenizer import TextTokenizer
 from .request import Request, RequestOutput, stop_at, stop_cut
-from .state import BatchState, fewest_moves
+from .state import BatchState
 from .stats import RunStats
 
 CONTEXT = 4    # prompt tokens an output is decoded after, for tokenizers whose text depends on it
@@ -115,7 +115,7 @@ class Collector:
 
 def drop_finished(st: BatchState, out: Collector) -> BatchState:
     alive = [i for i, row in enumerate(st.rows) if not out.done(row)]
-    return st if len(alive) == st.size else st.keep(fewest_moves(alive))
+    return st.retain(alive)
 
 
 def verify_masks(st: BatchState, out: Collector, stats: RunStats, block: int,

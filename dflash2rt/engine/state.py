@@ -90,6 +90,11 @@ class BatchState:
                           [self.host_lens[i] for i in idx], [self.rows[i] for i in idx],
                           tuple(e.take(idx) for e in self.extensions))
 
+    def retain(self, alive: list[int]) -> "BatchState":
+        """The batch with only rows ``alive`` (ascending): itself when every row stays, else
+        ``keep`` in the order that copies the fewest cache slots (``fewest_moves``)."""
+        return self if len(alive) == self.size else self.keep(fewest_moves(alive))
+
     @property
     def eager_only(self) -> bool:
         """Whether the batch needs what captured graphs do not take as inputs (min-p, or an

@@ -27,7 +27,6 @@ from ..engine.engine import Engine
 from ..engine.output import Collector
 from ..engine.policy.table import bucket_of
 from ..engine.request import Request, SamplingParams
-from ..engine.state import fewest_moves
 from ..engine.stats import RunStats
 from ..errors import InvalidInputError
 from ..ops.procs import unpack_logprobs
@@ -312,7 +311,7 @@ class Scheduler:
                 del self._live[row]
             else:
                 alive.append(i)
-        return st if len(alive) == st.size else st.keep(fewest_moves(alive))
+        return st.retain(alive)
 
     def _abort(self, job: Job) -> None:
         job.finished = True

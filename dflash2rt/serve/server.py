@@ -117,9 +117,9 @@ class Server:
         loop's turn to end (``_flush``), tokens until ``stream_interval`` of them gather (held
         ones go out before the request's end). A whole answer's tokens stay here: its end
         carries them all."""
-        if event.kind == "tokens" and not job.streamed:
-            return
         if event.kind == "tokens":
+            if not job.streamed:
+                return
             if job.held is not None:
                 event, job.held = merged(job.held, event), None
             if job.shown and len(event.tokens) < self.stream_interval:
