@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from dflash2rt.serve import build_server
-from dflash2rt.serve.jobs import Event, Job
+from dflash2rt.serve.jobs import Event, Job, Mailbox
 from dflash2rt.serve.live import LiveServer
 from dflash2rt.serve.server import Server
 from dflash2rt.serve.sse_client import HTTPStatusError, SSEClient
@@ -153,7 +153,7 @@ class _Loop:
 def test_a_turns_events_reach_each_event_loop_in_one_call_in_order():
     server = _bare_server(1)
     one, two, gone = _Loop(), _Loop(), _Loop(closed=True)
-    queues = [asyncio.Queue() for _ in range(3)]
+    queues = [Mailbox() for _ in range(3)]
     sent = [(one, queues[0], Event("tokens", [1])), (two, queues[1], Event("tokens", [2])),
             (one, queues[0], Event("tokens", [3])), (one, queues[2], Event("tokens", [4])),
             (gone, queues[1], Event("tokens", [5]))]
@@ -165,9 +165,9 @@ def test_a_turns_events_reach_each_event_loop_in_one_call_in_order():
     for loop in (one, two):
         fn, (items,) = loop.calls[0]
         fn(items)
-    got = [q.get_nowait() for q in (queues[0], queues[0], queues[1], queues[2])]
+    got = [q.items.popleft() for q in (queues[0], queues[0], queues[1], queues[2])]
     assert [(i, e.tokens) for i, e in got] == [(0, [1]), (2, [3]), (1, [2]), (3, [4])]
-    assert all(q.empty() for q in queues)            # the closed loop's event is dropped
+    assert not any(q.items for q in queues)            # the closed loop's event is dropped
     server._flush()
     assert len(one.calls) == 1                       # an empty turn calls nothing
 
@@ -183,7 +183,7 @@ def _bare_server(stream_interval: int) -> Server:
 
 def _through(server: Server, events: list[Event], streamed: bool = True) -> list[Event]:
     """``events`` of one request through ``_sink`` → what leaves at the turns' ends."""
-    loop, q = _Loop(), asyncio.Queue()
+    loop, q = _Loop(), Mailbox()
     job = Job(types.SimpleNamespace(prompt_ids=(1, 2)), None, streamed=streamed)
     out = []
     for e in events:
@@ -192,8 +192,8 @@ def _through(server: Server, events: list[Event], streamed: bool = True) -> list
         for fn, (items,) in loop.calls:
             fn(items)
         loop.calls.clear()
-        while not q.empty():
-            out.append(q.get_nowait()[1])
+        while q.items:
+            out.append(q.items.popleft()[1])
     return out
 
 

@@ -21,11 +21,23 @@ def output_text(tokenizer, prompt: Sequence[int], ids: Sequence[int]) -> str:
     """The text ``ids`` add after ``prompt``: decoded after the prompt's last ``CONTEXT``
     tokens, less their own text (a SentencePiece "▁" token decodes to a space only after
     another token); ``decode(ids)`` where the context's text is not a prefix of the whole."""
-    ctx = list(prompt[-CONTEXT:])
-    if not ctx:
-        return tokenizer.decode(list(ids))
-    head, full = tokenizer.decode(ctx), tokenizer.decode(ctx + list(ids))
-    return full[len(head):] if full.startswith(head) else tokenizer.decode(list(ids))
+    return OutputText(tokenizer, prompt)(ids)
+
+
+class OutputText:
+    """``output_text`` for one prompt, called again as its output grows: the context and its
+    text are worked out once, so each call decodes once."""
+
+    def __init__(self, tokenizer, prompt: Sequence[int]) -> None:
+        self.tokenizer, self.ctx = tokenizer, list(prompt[-CONTEXT:])
+        self.head = tokenizer.decode(self.ctx) if self.ctx else None
+
+    def __call__(self, ids: Sequence[int]) -> str:
+        if self.head is None:
+            return self.tokenizer.decode(list(ids))
+        full = self.tokenizer.decode(self.ctx + list(ids))
+        return (full[len(self.head):] if full.startswith(self.head) else
+                self.tokenizer.decode(list(ids)))
 
 
 class Collector:
@@ -95,8 +107,9 @@ class Collector:
         decoded, as target-only decoding (one token a step) does: a prefix's text need not be
         a prefix of the longer text (byte fallback: "\\ufffd" then "é"), so the whole block's
         text alone could miss a stop that one token at a time would have hit."""
+        text_of = OutputText(self.tokenizer, o.prompt_ids)
         for k in range(before + 1, len(o.token_ids) + 1):
-            text = output_text(self.tokenizer, o.prompt_ids, o.token_ids[:k])
+            text = text_of(o.token_ids[:k])
             if any(s in text for s in stops):
                 del o.token_ids[k:]
                 o.finish_reason = "stop_string"

@@ -1,9 +1,11 @@
 """What the engine loop and the HTTP side exchange: a ``Job`` (one request, where its events
-go, whether it was cancelled or has finished) and its ``Event``s; ``Overloaded`` when the
-queue cannot take more."""
+go, whether it was cancelled or has finished) and its ``Event``s; the ``Mailbox`` an answer
+reads them from; ``Overloaded`` when the queue cannot take more."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -50,3 +52,27 @@ def merged(a: Event, b: Event) -> Event:
     cat = lambda x, y: None if x is None else x + y      # noqa: E731 - both or neither
     return Event("tokens", a.tokens + b.tokens, cat(a.logprobs, b.logprobs),
                  cat(a.top_logprobs, b.top_logprobs))
+
+
+class Mailbox:
+    """One answer's events on its event loop, in order: ``put`` by the loop's delivery
+    callback, ``get`` awaited by the answer (one reader). An ``asyncio.Queue`` without what
+    one reader does not need (bounds, task counting, waiting putters)."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: collections.deque = collections.deque()
+        self.waiter: asyncio.Future | None = None
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self):
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        return self.items.popleft()

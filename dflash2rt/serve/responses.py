@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any, Sequence
 
-from ..engine.output import output_text
+from ..engine.output import OutputText
 from ..engine.request import RequestOutput, stop_cut
 
 FINISH = {"length": "length", "stop_token": "stop", "stop_string": "stop",
@@ -26,14 +26,14 @@ class TextStream:
 
     def __init__(self, tokenizer: Any, prompt: Sequence[int], stops: Sequence[str],
                  include_stop: bool) -> None:
-        self.tokenizer, self.prompt, self.stops = tokenizer, tuple(prompt), tuple(stops)
+        self.text_of, self.stops = OutputText(tokenizer, prompt), tuple(stops)
         self.include_stop = include_stop
         self.ids: list[int] = []
         self.sent = ""
 
     def push(self, ids: Sequence[int]) -> str:
         self.ids.extend(ids)
-        text = output_text(self.tokenizer, self.prompt, self.ids)
+        text = self.text_of(self.ids)
         cut = stop_cut(text, self.stops, self.include_stop)
         if cut is not None:
             text = text[:cut]
@@ -92,15 +92,28 @@ def chat_logprobs(tokenizer: Any, ids: Sequence[int], lps: Sequence[float],
 
 class Shape:
     """The response's envelope: its id, kind ("text_completion" / "chat.completion"), model
-    and creation time."""
+    and creation time. A stream's common chunk, text alone, is the envelope's text around
+    the index and the text's JSON (``chunk``): the same string ``body`` gives, built without
+    a dict a token."""
 
     def __init__(self, rid: str, chat: bool, model: str) -> None:
         self.id, self.chat, self.model = rid, chat, model
         self.created = int(time.time())
+        head = json.dumps({"id": rid, "object": self._object(True), "created": self.created,
+                           "model": model}, ensure_ascii=False)
+        self._head = f'data: {head[:-1]}, "choices": [{{"index": '
+        self._mid = ', "delta": {"content": ' if chat else ', "text": '
+        self._tail = ("}" if chat else "") + \
+            ', "logprobs": null, "finish_reason": null}], "usage": null}\n\n'
+
+    def _object(self, chunk: bool) -> str:
+        if self.chat:
+            return "chat.completion.chunk" if chunk else "chat.completion"
+        return "text_completion"
 
     def whole(self, choices: list[dict], use: dict) -> dict:
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, "usage": use}
+        return {"id": self.id, "object": self._object(False), "created": self.created,
+                "model": self.model, "choices": choices, "usage": use}
 
     def choice(self, index: int, text: str, reason: str | None, logprobs: Any) -> dict:
         if self.chat:
@@ -110,6 +123,18 @@ class Shape:
 
     def chunk(self, index: int, text: str | None, reason: str | None, logprobs: Any = None,
               first: bool = False, use: dict | None = None, choices: bool = True) -> str:
+        """One server-sent event: ``body``'s, as a string."""
+        if text is not None and reason is None and logprobs is None and use is None \
+                and choices and not first:
+            return f"{self._head}{index}{self._mid}{json.dumps(text, ensure_ascii=False)}" \
+                   f"{self._tail}"
+        return sse(self.body(index, text, reason, logprobs, first, use, choices))
+
+    def body(self, index: int, text: str | None, reason: str | None, logprobs: Any = None,
+             first: bool = False, use: dict | None = None, choices: bool = True) -> dict:
+        """A chunk: choice ``index``'s ``text`` (None: none), ``reason`` it finished for,
+        ``logprobs``; ``first``: the chat's opening chunk (its role); ``use``: usage;
+        ``choices=False``: none (the usage chunk)."""
         if not choices:
             body_choices = []
         elif self.chat:
@@ -120,11 +145,8 @@ class Shape:
         else:
             body_choices = [{"index": index, "text": text or "", "logprobs": logprobs,
                              "finish_reason": reason}]
-        body = {"id": self.id,
-                "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": body_choices,
-                "usage": use}
-        return sse(body)
+        return {"id": self.id, "object": self._object(True), "created": self.created,
+                "model": self.model, "choices": body_choices, "usage": use}
 
 
 def sse(body: Any) -> str:

@@ -20,7 +20,7 @@ from .errors import APIError, bad, overloaded
 from .metrics import ServerMetrics
 from .protocol import Limits, Parsed
 from .responses import DONE, Shape, TextStream, finish_reason, sse, usage
-from .jobs import Event, Job, Overloaded, merged
+from .jobs import Event, Job, Mailbox, Overloaded, merged
 from .scheduler import Scheduler
 
 RETRY_AFTER = 1           # seconds a refused client is told to wait
@@ -88,7 +88,7 @@ class Server:
         """Queue one job per prompt → the whole answer (a dict), or an async iterator of
         server-sent events for a streamed one. ``arrival``: when the body was read (the
         latencies in /metrics count from there)."""
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        loop, queue = asyncio.get_running_loop(), Mailbox()
         jobs = []
         for i, prompt in enumerate(p.prompts):
             job = Job(Request(prompt, p.params), lambda e: None, arrival=arrival,
@@ -111,7 +111,7 @@ class Server:
         finally:
             self._cancel_unfinished(jobs)
 
-    def _sink(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, i: int, job: Job,
+    def _sink(self, loop: asyncio.AbstractEventLoop, queue: Mailbox, i: int, job: Job,
               event: Event) -> None:
         """On the engine thread: count a request's end; the event waits in the outbox for the
         loop's turn to end (``_flush``), tokens until ``stream_interval`` of them gather (held
@@ -139,7 +139,7 @@ class Server:
                                   time.monotonic() - job.arrival)
         self._post(loop, queue, i, event)
 
-    def _post(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, i: int,
+    def _post(self, loop: asyncio.AbstractEventLoop, queue: Mailbox, i: int,
               event: Event) -> None:
         with self._outbox_lock:
             self._outbox.setdefault(loop, []).append((queue, (i, event)))
@@ -160,7 +160,7 @@ class Server:
             if not job.finished:
                 self.scheduler.cancel(job)
 
-    async def _next(self, queue: asyncio.Queue) -> tuple[int, Event]:
+    async def _next(self, queue: Mailbox) -> tuple[int, Event]:
         i, event = await queue.get()
         if event.kind == "error":
             raise APIError(500, f"decoding failed: {type(event.error).__name__}: "
@@ -170,7 +170,7 @@ class Server:
                            "aborted", {"Retry-After": str(RETRY_AFTER)})
         return i, event
 
-    async def _whole(self, p: Parsed, jobs: list[Job], queue: asyncio.Queue, shape: Shape,
+    async def _whole(self, p: Parsed, jobs: list[Job], queue: Mailbox, shape: Shape,
                      disconnected) -> dict:
         outs: list[Any] = [None] * len(jobs)
         while any(o is None for o in outs):
@@ -196,7 +196,7 @@ class Server:
         return shape.whole(choices, usage(sum(len(o.prompt_ids) for o in outs),
                                           sum(len(o.token_ids) for o in outs)))
 
-    async def _stream(self, p: Parsed, jobs: list[Job], queue: asyncio.Queue,
+    async def _stream(self, p: Parsed, jobs: list[Job], queue: Mailbox,
                       shape: Shape) -> AsyncIterator[str]:
         tok = self.pair.tokenizer
         streams = [TextStream(tok, j.request.prompt_ids, p.params.stop,
@@ -233,6 +233,6 @@ class Server:
             self._cancel_unfinished(jobs)
 
 
-def _deliver(items: list[tuple[asyncio.Queue, Any]]) -> None:
+def _deliver(items: list[tuple[Mailbox, Any]]) -> None:
     for queue, item in items:
-        queue.put_nowait(item)
+        queue.put(item)
