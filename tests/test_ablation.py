@@ -28,8 +28,8 @@ def _choices(without, make, drive):
 
 
 def test_every_mechanism_is_named_and_unknown_names_are_refused():
-    assert ABLATIONS == {"row_alpha", "pooled_prior", "cost_table", "drift", "finish_rule",
-                         "call_plan", "probes", "calibration"}
+    assert ABLATIONS == {"row_alpha", "row_scale", "pooled_prior", "cost_table", "drift",
+                         "finish_rule", "call_plan", "probes", "calibration"}
     with pytest.raises(InvalidInputError, match="unknown mechanisms"):
         AdaptivePolicy((1, 8), CHEAP, without={"prior"})
 
@@ -42,6 +42,23 @@ def test_without_row_alpha_a_row_is_judged_by_the_prior_alone():
         return p.choose(_live([0]))
     assert _choices("row_alpha", lambda w: AdaptivePolicy((1, 2, 4, 8), CHEAP, without=w),
                     drive) == (1, 8)
+
+
+def test_without_row_scale_one_rejection_weighs_on_its_slot_alone():
+    """A pool says every slot accepts 0.9; a batch of 4 rows on block 8's costs each had one
+    step, one of them rejecting slot 1. With the row scale that row is a little below the
+    pool on every slot and the batch keeps speculating; without, its slot 1 is halved and the
+    finish rule, which prices the batch by its slowest row, steps target-only."""
+    costs = {1: 1.0, 2: 1.6, 4: 2.2, 8: 3.4}
+
+    def drive(p):
+        p.table.fold_accept("greedy", "L", ([90.0] * 7, [100.0] * 7))
+        p.start("greedy", "L", 4, [40] * 4)
+        p.observe([0, 1, 2, 3], 8, [0, 7, 7, 7])
+        return p.choose(_live([0, 1, 2, 3], [40] * 4))
+    got, without = _choices("row_scale", lambda w: AdaptivePolicy(
+        (1, 2, 4, 8), costs, without=w | {"call_plan"}), drive)
+    assert got > 1 and without == 1
 
 
 def test_without_pooled_prior_a_new_row_starts_from_the_fixed_prior():

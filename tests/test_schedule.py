@@ -13,7 +13,8 @@ from dflash2rt import get_backend
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.engine.policy.adaptive import AdaptivePolicy
-from dflash2rt.engine.policy.schedule import (AdaptiveSchedule, add_measured_begin_listener,
+from dflash2rt.engine.policy.schedule import (ALPHA_CAP, ROW_WEIGHT, AdaptiveSchedule,
+                                              add_measured_begin_listener,
                                               default_candidates)
 from dflash2rt.engine.policy.table import MIN_STEPS, POOL_MIN, bucket_of
 from dflash2rt.errors import InvalidInputError
@@ -356,15 +357,73 @@ def test_pooled_acceptance_is_the_prior_of_the_next_calls_requests():
         s.end()
         s.begin("greedy")
         assert s.alphas("new", 7) != before or track == 0
+        assert s.alphas("new", 7) == ([ALPHA_CAP] * 7 if track else before)   # the pool, capped
         s.observe(["new"], 8, [1], None)             # slot 2 rejected at the first step
         return s
 
     pooled, plain = run(0.5), run(0.0)
-    assert pooled.alphas("new", 7)[2:] == [1.0] * 5             # the pool: all accepted
+    deep = pooled.alphas("new", 7)
+    assert deep == [deep[0]] * 7 and 0.9 < deep[0] < 1.0       # every slot a little lower
     assert plain.alphas("new", 7)[2] == plain.alphas("new", 7)[1] < 0.5   # the chain
     assert pooled.choose(["new"]) == 8 and plain.choose(["new"]) < 8
     pooled.begin("sampled")                         # the greedy pool is not the sampled one
     assert pooled.alphas("x", 3) == AdaptiveSchedule(CANDS, COSTS).alphas("x", 3)
+
+
+def _pooled(profile, cands=CANDS, costs=COSTS, mode="greedy"):
+    """A schedule whose pool holds ``profile`` (per slot, reached by every step) exactly."""
+    s = AdaptiveSchedule(cands, costs, track=0.5)
+    s.begin(mode)
+    n = 64 * POOL_MIN
+    s._counts = ([p * n for p in profile], [float(n)] * len(profile))
+    s.end()
+    s.begin(mode)
+    return s
+
+
+@pytest.mark.parametrize("profile", [[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3], [0.95] * 3,
+                                     [0.5, 0.99, 0.2]])
+def test_a_row_scales_the_pooled_profile_by_its_own_evidence(profile):
+    """With a pool, a row's α is the pooled profile (chained past its last slot) times one
+    factor: its accepted drafts over what the profile expected of the slots it reached, each
+    with ``ROW_WEIGHT`` of prior. Rejections lower it, acceptances raise it (never to 1), the
+    profile's shape stays, and a long run at half the profile's rates moves the factor well
+    below 1 (not all the way: counts are forgotten step by step, and the prior stays)."""
+    s = _pooled(profile)
+    fresh = s.alphas("fresh", 7)
+    assert fresh == pytest.approx(profile + [profile[-1]] * (7 - len(profile)))
+    s.observe(["bad"], 8, [0])                       # slot 1 rejected
+    s.observe(["good"], 8, [7])                      # every draft accepted
+    bad, good = s.alphas("bad", 7), s.alphas("good", 7)
+    want = ROW_WEIGHT / (profile[0] + ROW_WEIGHT)
+    assert bad == pytest.approx([min(a * want, ALPHA_CAP) for a in fresh])
+    assert all(g >= f for g, f in zip(good, fresh)) and max(good) <= ALPHA_CAP < 1.0
+    assert all(b < f for b, f in zip(bad, fresh))
+    rng = random.Random(0)
+    for _ in range(400):                             # a row that accepts at half the profile
+        k = 0
+        while k < 7 and rng.random() < fresh[k] / 2:
+            k += 1
+        s.observe(["half"], 8, [k])
+    ratio = [h / f for h, f in zip(s.alphas("half", 7), fresh)]
+    assert ratio == pytest.approx([ratio[0]] * 7) and 0.4 < ratio[0] < 0.8
+
+
+def test_a_chance_rejection_does_not_drive_a_batch_to_target_only_steps():
+    """The finish rule prices a batch by its slowest rows. With a pool that says block 8 pays,
+    a batch of 16 whose rows each met one early rejection in a step keeps speculating; the
+    per-slot chain (no pool), whose one rejection halves a slot, gives up on it."""
+    cands, costs = (1, 2, 4, 8), {1: 1.0, 2: 1.6, 4: 2.2, 8: 3.4}   # a batch of 16's steps
+    rows = list(range(16))
+    outcomes = [7 if r % 4 else r % 3 for r in rows]  # a quarter of the rows reject early
+    pooled = _pooled([0.9] * 7, cands, costs)
+    chain = AdaptiveSchedule(cands, costs, prior=0.9, without={"pooled_prior"})
+    chain.begin("greedy")
+    assert pooled.choose(rows, [40] * 16) > 1
+    for s in (pooled, chain):
+        s.observe(rows, 8, outcomes)
+    assert pooled.choose(rows, [40] * 16) > 1
+    assert chain.choose(rows, [40] * 16) == 1
 
 
 def test_replica_decides_as_the_call_did_and_learns_nothing():

@@ -27,8 +27,8 @@ from .rows import paired_ratio
 
 ADAPTIVE = "adaptive"
 # The mechanisms in the order docs/adaptive.md lists them.
-MECHANISMS = ("row_alpha", "pooled_prior", "cost_table", "drift", "finish_rule", "call_plan",
-              "probes", "calibration")
+MECHANISMS = ("row_alpha", "row_scale", "pooled_prior", "cost_table", "drift", "finish_rule",
+              "call_plan", "probes", "calibration")
 FIXED_BLOCKS = (4, 8)
 BATCHES = (1, 8)
 # --quick: a smoke run of every contender and row (figures meaningless)

@@ -27,8 +27,8 @@ from .table import TRACK, MeasuredTable, bucket_of
 MODES = ("greedy", "sampled")
 # The mechanisms an ablation may switch off (``without``; docs/adaptive.md says what replaces
 # each one). The policy's own: "call_plan" (adaptive.py, call_plan.py).
-ABLATIONS = frozenset({"row_alpha", "pooled_prior", "cost_table", "drift", "finish_rule",
-                       "call_plan", "probes", "calibration"})
+ABLATIONS = frozenset({"row_alpha", "row_scale", "pooled_prior", "cost_table", "drift",
+                       "finish_rule", "call_plan", "probes", "calibration"})
 UNIT_COST = 1.0     # "cost_table" off: every step of every block costs this
 # Pseudo-observations of the prior per mode. Greedy acceptance is a function of the context, so
 # a request's own recent outcomes say where it is predictable (runs of boilerplate): a light
@@ -36,6 +36,15 @@ UNIT_COST = 1.0     # "cost_table" off: every step of every block costs this
 # mostly that noise: the pooled law weighs more (with a light prior a sampled request falls back
 # to target-only steps after chance rejections). Evidence: docs/benchmarks/adaptive.md.
 PRIOR_WEIGHT = {"greedy": 1.0, "sampled": 4.0}
+# Once a pool exists, a request's α is the pooled per-slot profile times one factor of its own:
+# its accepted drafts over those the profile expected of the slots it reached, both counted
+# with ``ROW_WEIGHT`` expected acceptances of prior (a factor of 1). A rejection then lowers
+# every slot a little instead of one slot a lot: a greedy rejection says where the text is
+# hard, not which slot is weak, and the finish rule prices a batch by its slowest rows, so
+# per-slot estimates halved by one chance rejection drove batches to target-only steps.
+# Evidence: docs/benchmarks/adaptive.md.
+ROW_WEIGHT = 12.0
+ALPHA_CAP = 0.99    # a scaled α stays below 1 (a row that accepts everything keeps some doubt)
 
 
 # Listeners called with the schedule whenever one over a measured table begins a call
@@ -165,16 +174,26 @@ class AdaptiveSchedule:
         return made[0], made[1]
 
     def alphas(self, row: Hashable, slots: int) -> list[float]:
-        """α_1 .. α_slots for ``row``: each slot's counts over ``prior_weight`` (this mode's)
-        pseudo-observations at a prior. The prior of slot j is the pooled acceptance of slot j
-        over earlier calls with this mode and law (``end``; once it has ``POOL_MIN``
-        observations: what requests on this pair did before), else the previous slot's
-        estimate (slot 1: ``prior``): a chain that keeps breaking early never reaches the deep
-        slots, so a fixed prior would keep them optimistic; chained, an unreached slot is
-        expected to do as the last slot seen did. Without the pool one early rejection would
-        make a new request's deep slots look hopeless and shrink its first blocks."""
+        """α_1 .. α_slots for ``row``. With a pool for this mode and law (``end``: the
+        acceptance of each slot over earlier calls, once slot 1 has ``POOL_MIN``
+        observations; past its last pooled slot each slot takes the previous one's): that
+        profile times the row's factor (``ROW_WEIGHT``; capped at ``ALPHA_CAP``). Without one
+        (the first call, or the "pooled_prior" ablation), or in the "row_scale" ablation: each
+        slot's own counts over ``prior_weight`` (this mode's) pseudo-observations at a prior,
+        the pooled slot's acceptance where there is one, else the previous slot's estimate
+        (slot 1: ``prior``): a chain that keeps breaking early never reaches the deep slots,
+        so a fixed prior would keep them optimistic; chained, an unreached slot is expected to
+        do as the last slot seen did."""
         acc, seen = ((), ()) if "row_alpha" in self.without else self._rows.get(row, ((), ()))
         pool = () if "pooled_prior" in self.without else self._pool
+        if pool and pool[0] is not None and "row_scale" not in self.without:
+            profile, a = [], self.prior
+            for j in range(max(slots, len(seen))):
+                a = pool[j] if j < len(pool) and pool[j] is not None else a
+                profile.append(a)
+            factor = (sum(acc) + ROW_WEIGHT) / (
+                sum(n * p for n, p in zip(seen, profile)) + ROW_WEIGHT)
+            return [min(p * factor, ALPHA_CAP) for p in profile[:slots]]
         out, a = [], self.prior
         for j in range(slots):
             hit, n = (acc[j], seen[j]) if j < len(acc) else (0.0, 0.0)
