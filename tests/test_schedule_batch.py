@@ -249,74 +249,91 @@ def test_plan_needs_speculation_to_win_by_its_margin():
     assert best_spec > sc[1] and want_plan          # wins per step, not by the margin
 
 
-def _call(s: AdaptivePolicy, spec_share: float, only_share: float = 1.0) -> str:
-    """A sampled call of 8 requests under law "L": its plan, then (speculative) one step of
-    block 4, then ``end`` with wall seconds at which the call made ``spec_share`` of the
-    rate ``project`` gave speculation (a planned target-only call: ``only_share`` of the
-    target-only rate)."""
+def _call(s: AdaptivePolicy, spec_extra: float, only_extra: float = 0.0) -> str:
+    """A sampled call of 8 requests under law "L", 128 tokens each: its plan, then
+    (speculative) one step of block 4, then ``end`` with wall seconds of its tokens at the
+    rate ``project`` gave its kind plus ``spec_extra`` (a planned target-only call:
+    ``only_extra``) seconds."""
     plan = _plan(s, 8, "L")
     _, rate, tonly = s.schedule.project(8, [128] * 8)
     if not plan:
         s.observe(list(range(8)), 4, [1] * 8, 0.001)
-    share, base = (only_share, tonly) if plan else (spec_share, rate)
-    s.end(8 * 128, 8 * 128 / base / share)
+    extra, base = (only_extra, tonly) if plan else (spec_extra, rate)
+    s.end(8 * 128, 8 * 128 / base + extra)
     return plan
 
 
-def test_plan_scales_projections_by_what_planned_calls_realized():
-    """Planned calls teach the plan what each mode realizes against its projection (whole
-    calls timed): a call of that (mode, law, bucket) runs target-only once speculation's
-    scaled projection falls under the margin over target-only's scaled one (the message
-    says both shares), with probes after 2, 4, ... target-only calls; calls that make their
-    projection keep speculating; target-only calls that realize less bring speculation back;
-    other laws and buckets are not touched."""
+def _call_rates(s: AdaptivePolicy) -> tuple[float, float]:
+    """Speculation's and target-only's projected rates over the next whole call of 8 × 128
+    tokens, with the overheads the table holds (a kind without one: the other's)."""
+    s.schedule.begin("sampled", "L")
+    _, rate, tonly = s.schedule.project(8, [128] * 8)
+    key, only = ("sampled", "L", 8, "spec"), ("sampled", "L", 8, "target-only")
+    o_spec = s.table.overhead.get(key, s.table.overhead.get(only, 0.0))
+    o_only = s.table.overhead.get(only, s.table.overhead.get(key, 0.0))
+    return 1024 / (1024 / rate + o_spec), 1024 / (1024 / tonly + o_only)
+
+
+def test_plan_adds_what_planned_calls_took_beyond_their_steps():
+    """Planned calls teach the plan the seconds each kind takes beyond its projected steps
+    (whole calls timed: the prefill above all). Both kinds pay them, so a large one shrinks
+    speculation's lead over a whole call: under the margin, calls run target-only (the message
+    says both rates and both overheads), with probes after 2, 4, ... of them; a kind not timed
+    yet takes the other's (a first speculative call's prefill is not counted against
+    speculation alone); target-only calls that take longer bring speculation back; other laws
+    and buckets are not touched."""
     s = _planning_schedule(0.8)
     s.schedule.begin("sampled", "L")
     spec, rate, tonly = s.schedule.project(8, [128] * 8)
     assert spec > 1 and rate > 1.2 * tonly              # speculation projects a clear win
     key, only = ("sampled", "L", 8, "spec"), ("sampled", "L", 8, "target-only")
-    assert _call(s, 1.0) == "" and s.table.realized[key] == pytest.approx(1.0)
-    assert _call(s, 1.0) == ""
+    assert _call(s, 60.0) == "" and s.table.overhead == {key: pytest.approx(60.0)}
+    assert _call(s, 60.0) == ""                         # small against the call: speculate
+    big = _planning_schedule(0.8)
+    assert _call(big, 900.0) == ""                      # no record yet: speculate, learn
     decisions = []
     for _ in range(8):
-        shares = s.table.realized[key], s.table.realized.get(only, 1.0)
-        pays = shares[0] * rate > PLAN_MARGIN * shares[1] * tonly
-        plan = _call(s, 0.5, 0.95)
-        decisions.append((pays, plan))
-        if pays:
-            assert plan == ""
-        elif plan:
-            assert "target-only call" in plan and \
-                f"x{shares[1]:.3g} and x{shares[0]:.3g} of their projections" in plan
-    assert s.table.realized[key] < 0.7                  # folded halfway per speculative call
-    assert s.table.realized[only] == pytest.approx(0.95)
-    assert decisions[0] == (True, "") and not any(pays for pays, _ in decisions[1:])
-    assert [bool(p) for _, p in decisions[1:]] == [True, True, False, True, True, True, True]
-    assert set(s.table.realized) == {key, only}
-    for _ in range(4):                                  # target-only calls realize a third
-        _call(s, 0.5, 0.3)
-    shares = s.table.realized[key], s.table.realized[only]
-    assert shares[1] < 0.5 and shares[0] * rate > PLAN_MARGIN * shares[1] * tonly
-    assert _plan(s, 8, "L") == ""
-    fresh = _planning_schedule(0.8)                     # no realized record: speculates
+        call_spec, call_only = _call_rates(big)
+        plan = _call(big, 900.0, 900.0)
+        decisions.append((call_spec > PLAN_MARGIN * call_only, plan))
+        if plan:
+            assert plan.startswith("target-only call") and \
+                f"project {call_only:.4g} tokens/s target-only against {call_spec:.4g}" in plan
+    assert not any(pays for pays, _ in decisions)       # 900 s for both: x1.04, not x1.05
+    assert [bool(p) for _, p in decisions] == [True, True, False, True, True, True, True, False]
+    assert big.table.overhead == {key: pytest.approx(900.0), only: pytest.approx(900.0)}
+    for _ in range(4):                                  # target-only calls take far longer
+        _call(big, 900.0, 5000.0)
+    call_spec, call_only = _call_rates(big)
+    assert call_spec > PLAN_MARGIN * call_only and _plan(big, 8, "L") == ""
+    fresh = _planning_schedule(0.8)                     # no record: speculates
     assert _plan(fresh, 8, "L") == ""
+    for seconds, speculates in ((300.0, True), (900.0, False)):
+        shared = _planning_schedule(0.8)                # a speculative call's record only:
+        shared.table.fold_overhead(key, seconds, 0.5)   # target-only pays it too (x1.07, x1.04)
+        assert (_plan(shared, 8, "L") == "") == speculates
 
 
-def test_realized_rate_needs_a_projection_and_track():
-    """Nothing is folded before a projection exists (nothing pooled), for target-only calls,
-    or under track=0; a non-finite ratio is ignored."""
+def test_overhead_needs_a_projection_and_track():
+    """Nothing is folded before a projection exists (nothing pooled), or under track=0; a
+    non-finite overhead is ignored, and a call that beat its projection (a negative one) is
+    kept, its projected call rate bounded (``MIN_SHARE``)."""
     s = AdaptivePolicy(CANDS, reps=1)
     assert _plan(s, 8, "L") == ""                      # nothing pooled or timed
     s.observe(list(range(8)), 1, [0] * 8, 0.01)
     s.end(8)
-    assert s.table.realized == {}
+    assert s.table.overhead == {}
     frozen = _planning_schedule(0.8, track=0.0)
     _plan(frozen, 8, "L")
     frozen.end(8, 1.0)
-    assert frozen.table.realized == {}
-    s.table.fold_realized(("k",), float("nan"), 0.5)
-    s.table.fold_realized(("k",), 0.0, 0.5)
-    assert s.table.realized == {}
+    assert frozen.table.overhead == {}
+    s.table.fold_overhead(("k",), float("nan"), 0.5)
+    assert s.table.overhead == {}
+    s.table.fold_overhead(("k",), -5.0, 0.5)
+    assert s.table.overhead == {("k",): -5.0}
+    beat = _planning_schedule(0.8)
+    beat.table.fold_overhead(("sampled", "L", 8, "spec"), -1e6, 0.5)
+    assert _plan(beat, 8, "L") == ""                   # finite: the steps' tenth at least
 
 
 def _law_by_definition(alphas, b):

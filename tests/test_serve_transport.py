@@ -305,17 +305,18 @@ def test_an_adaptive_server_is_calibrated_before_its_first_request():
 
 
 def test_an_adaptive_server_never_plans_an_epoch_target_only():
-    """Whatever earlier epochs realized, each epoch decides step by step: with a pooled
-    acceptance and records saying speculative epochs realize a hundredth of their projection,
-    the engine's call plan would run the next epoch target-only; the server's does not plan."""
+    """Whatever earlier epochs took, each epoch decides step by step: with a pooled
+    acceptance and records saying speculative epochs take a million seconds beyond their
+    steps, the engine's call plan would run the next epoch target-only; the server's does not
+    plan."""
     server = build_server(MODEL, "cpu", max_num_seqs=2, max_model_len=256, block_size="auto")
     with LiveServer(server) as s:
         policy = server.scheduler.blocks.policy
         law, table = (0.0, 1.0, 0), policy.table
         table.fold_accept("greedy", law, ([90.0] * 15, [100.0] * 15))
         for bucket in (1, 2):
-            table.realized[("greedy", law, bucket, "spec")] = 0.01
-            table.realized[("greedy", law, bucket, "target-only")] = 1.0
+            table.overhead[("greedy", law, bucket, "spec")] = 1e6
+            table.overhead[("greedy", law, bucket, "target-only")] = 0.0
         policy.schedule.begin("greedy", law)
         assert policy.schedule.project(1, [16]) is not None      # the plan would have decided
         r = httpx.post(s.base + "/v1/completions", timeout=WAIT_S, json={

@@ -14,10 +14,10 @@ slowest row is done, which is what a static batch costs; a server refills each r
 finishes, so the time to empty the current batch is not what its clients wait on, and the
 finish rule's price on a straggler row held speculation back where it paid. Nor does it plan
 whole epochs target-only, as the engine's call plan plans whole calls: a call plan weighs
-speculation's fixed costs (the draft context a prefill builds) against what earlier calls
-realized, whole calls timed; a server's joins build that context whatever the epoch does, and
-an epoch's wall time holds what arrivals leave idle and the joins' prefills, so what it
-realizes is not the steps' rate and planned epochs went target-only where block 8 paid. The
+speculation's fixed costs (the draft context a prefill builds) by what earlier calls took
+beyond their steps, whole calls timed; a server's joins build that context whatever the epoch
+does, and an epoch's wall time holds what arrivals leave idle and the joins' prefills, so it
+is not a call's, and planned epochs went target-only where block 8 paid. The
 table is calibrated before the first request (``calibrate_ahead``) at every batch bucket the
 slots allow, greedy and sampled, so no request's steps wait on calibration. ``before_join``
 settles the draft context the Runner defers over target-only steps before rows join

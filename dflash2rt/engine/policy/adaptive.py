@@ -117,7 +117,7 @@ class AdaptivePolicy(Policy):
 
     def end(self, tokens: int | None = None, seconds: float | None = None) -> None:
         """Fold the call into the table (``AdaptiveSchedule.end``) and the call plan's
-        realized rate: ``tokens`` over wall ``seconds`` (prefill and host work included,
+        overheads: ``tokens`` in wall ``seconds`` (prefill and host work included,
         calibration excluded; None: what the observed decode steps made)."""
         if seconds is not None and self.noise is not None:
             seconds = self.noise.call(seconds)

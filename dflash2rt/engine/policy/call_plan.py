@@ -2,9 +2,9 @@
 
 ``CallPlan`` is an object the adaptive policy holds (adaptive.py) over the policy's table
 (``calls``: target-only calls since the last speculative one per (mode, law, bucket);
-``realized``: what planned calls realized against their projection). Its interface is
+``overhead``: the seconds planned calls took beyond their projected steps). Its interface is
 explicit: ``plan`` gets the call's key and a projection function (the schedule's ``project``,
-over the table and pool the call decides with), ``fold`` gets the call's realized rate, and
+over the table and pool the call decides with), ``fold`` gets the call's tokens and seconds, and
 ``replica`` gives a plan that repeats the last call's decision.
 """
 
@@ -14,12 +14,15 @@ from typing import Callable, Hashable, Sequence
 
 from .table import FIRST_CALL_GAP, MAX_CALL_GAP, MeasuredTable
 
-# ``plan``: a call speculates only if its first step projects this × the target-only rate, both
-# projections scaled by what planned calls realized (``fold``). First set for the costs a
-# speculative call pays besides its steps (a call projected slightly faster than target-only
-# can run slower), which the realized scaling now measures; kept because timed rounds on a
-# shared machine spread by more than 5 % (docs/benchmarks/adaptive.md).
+# ``plan``: a call speculates only if its projected rate over the whole call is this × the
+# target-only call's. First set for the costs a speculative call pays besides its steps (a call
+# projected slightly faster than target-only can run slower), which the overheads now measure;
+# kept because timed rounds on a shared machine spread by more than 5 %
+# (docs/benchmarks/adaptive.md).
 PLAN_MARGIN = 1.05
+# A call's projected seconds are at least this share of its steps' (an overhead folded from
+# calls that beat their projection can be negative).
+MIN_SHARE = 0.1
 
 # (rows, remaining) → (best speculative block, its tokens/s, the target-only tokens/s) or None
 Project = Callable[[int, Sequence[int]], "tuple[int, float, float] | None"]
@@ -42,16 +45,21 @@ class CallPlan:
         ``learning``: the policy learns between calls (a measured table, ``track`` > 0).
         Speculation has fixed costs a call pays even if every step it takes is target-only:
         the prefill builds the draft's context of every prompt, target-only steps keep that
-        context, and each probe re-scores every row. So a learning policy whose projection
-        (``project``: the first step's finish scores of fresh requests from the pooled
-        acceptance and the cost table, each kind's rate scaled by what earlier planned calls of
-        this key realized against their projection, whole calls timed: ``fold``) does not give
-        speculation ``PLAN_MARGIN`` × the target-only rate runs the call target-only; every
-        (gap+1)-th such call speculates anyway, so the pool keeps learning (the gap starts at
-        ``FIRST_CALL_GAP`` and doubles up to ``MAX_CALL_GAP`` while speculation keeps losing;
-        it resets once it wins). Like vLLM's speculative_disable_by_batch_size, a decision
-        about whole calls, made from earlier calls only: every step stays lossless. Fixed
-        tables and ``track=0`` never plan (their calls must repeat exactly)."""
+        context, and each probe re-scores every row. So a learning policy projects each kind's
+        whole call: its tokens (the budgets) at the first step's projected rate (``project``:
+        the finish scores of fresh requests from the pooled acceptance and the cost table), plus
+        the seconds earlier planned calls of this key and kind took beyond their projected
+        steps (``fold``; a kind with no record yet takes the other kind's: both prefill the
+        same prompts). Where speculation's call does not project ``PLAN_MARGIN`` × the
+        target-only call's rate, the call runs target-only; every (gap+1)-th such call
+        speculates anyway, so the pool keeps learning (the gap starts at ``FIRST_CALL_GAP``
+        and doubles up to ``MAX_CALL_GAP`` while speculation keeps losing; it resets once it
+        wins). The overheads are added seconds, not rates scaled: the prefill costs both kinds
+        alike and is a larger share of the faster kind's call, so scaling each kind's rate by
+        what its calls realized counted the prefill against speculation. Like vLLM's
+        speculative_disable_by_batch_size, a decision about whole calls, made from earlier
+        calls only: every step stays lossless. Fixed tables and ``track=0`` never plan (their
+        calls must repeat exactly)."""
         self._planned = None
         if self.replay is not None:          # a replica: the plan of the call it copies
             return self.replay
@@ -67,9 +75,14 @@ class CallPlan:
         if projected is None:
             return ""                        # nothing pooled or timed yet: speculate, learn
         spec, rate, target_only = projected
-        real_spec = self.table.realized.get((*key, "spec"), 1.0)
-        real_only = self.table.realized.get((*key, "target-only"), 1.0)
-        if real_spec * rate > PLAN_MARGIN * real_only * target_only:
+        tokens = float(sum(max(int(n), 1) for n in remaining))
+        mine = self.table.overhead.get((*key, "spec"))
+        theirs = self.table.overhead.get((*key, "target-only"))
+        over_spec = mine if mine is not None else theirs or 0.0
+        over_only = theirs if theirs is not None else mine or 0.0
+        call_spec = _call_rate(tokens, rate, over_spec)
+        call_only = _call_rate(tokens, target_only, over_only)
+        if call_spec > PLAN_MARGIN * call_only:
             self.table.calls.pop(key, None)
             return ""
         skipped, gap = self.table.calls.get(key, (0, FIRST_CALL_GAP))
@@ -80,14 +93,15 @@ class CallPlan:
         self._planned = (key, rows, list(remaining), False)
         mode, _, k = key
         return (f"target-only call: at bucket {k} ({mode}) the pooled acceptance and measured "
-                f"costs project {target_only:.4g} tokens/s target-only against {rate:.4g} "
-                f"at block {spec}, calls realizing x{real_only:.3g} and x{real_spec:.3g} of "
-                f"their projections; a speculative call after {gap - skipped - 1} more")
+                f"costs project {call_only:.4g} tokens/s target-only against {call_spec:.4g} "
+                f"at block {spec} over the call (steps at {target_only:.4g} and {rate:.4g} "
+                f"tokens/s, plus {over_only:.3g} s and {over_spec:.3g} s as earlier calls took); "
+                f"a speculative call after {gap - skipped - 1} more")
 
     def fold(self, tokens: float, seconds: float, project: Project, track: float) -> None:
-        """The planned call's realized rate (``tokens`` / ``seconds``) over the rate
-        ``project`` gives its kind now that every cost it needed is timed, into
-        ``table.realized`` (``track`` of the way)."""
+        """The planned call's ``seconds`` beyond its ``tokens`` at the rate ``project`` gives
+        its kind now that every cost it needed is timed, into ``table.overhead`` (``track``
+        of the way)."""
         planned, self._planned = self._planned, None
         if planned is None or seconds <= 0:
             return
@@ -95,8 +109,8 @@ class CallPlan:
         projected = project(rows, remaining)
         if projected is not None:
             kind = "spec" if speculated else "target-only"
-            self.table.fold_realized((*key, kind), tokens / seconds
-                                     / projected[1 if speculated else 2], track)
+            rate = projected[1 if speculated else 2]
+            self.table.fold_overhead((*key, kind), seconds - tokens / max(rate, 1e-12), track)
 
     def forget(self) -> None:
         """Drop the current call's record (a call that learns nothing)."""
@@ -105,3 +119,10 @@ class CallPlan:
     def replica(self, table: MeasuredTable) -> "CallPlan":
         """A plan that answers every call as the current (last) call was planned."""
         return CallPlan(table, enabled=self.enabled, replay=self.last)
+
+
+def _call_rate(tokens: float, rate: float, overhead: float) -> float:
+    """Tokens per second of a call of ``tokens`` at ``rate`` a step plus ``overhead`` seconds
+    (at least ``MIN_SHARE`` of the steps' seconds)."""
+    steps = tokens / max(rate, 1e-12)
+    return tokens / max(steps + overhead, MIN_SHARE * steps)

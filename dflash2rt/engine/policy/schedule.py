@@ -161,7 +161,7 @@ class AdaptiveSchedule:
         """The batch is done: fold its decode steps' seconds and its per-slot acceptance
         counts into the table (module docstring; ``track=0``: neither); choices of the next
         ``begin`` see them, this call's never did. → the tokens its observed decode steps
-        committed and their seconds (the call plan's default realized rate)."""
+        committed and their seconds (what the call plan folds by default)."""
         steps, self._steps = self._steps, {}
         counts, self._counts = self._counts, ([], [])
         made, self._made = self._made, [0.0, 0.0]

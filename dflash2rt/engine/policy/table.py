@@ -3,7 +3,7 @@
 Keyed (block, bucket, mode): ``samples`` are the calibration steps' seconds, ``observed`` the
 costs folded in from decode steps after each call (``fold_costs``), ``accept`` the per-slot
 acceptance counts pooled per (mode, law) over calls (``fold_accept``), ``calls`` and
-``realized`` the call plan's records (call_plan.py). Its owner is the Engine (``Engine.table``),
+``overhead`` the call plan's records (call_plan.py). Its owner is the Engine (``Engine.table``),
 or whoever passes one to several engines (the api keeps one per model pair and device). A
 schedule reads it once per call (``costs_now``, ``pool``), so choices within a call never
 follow it. ``CostNoise``: the seeded distortion of every measured time, for tests.
@@ -80,9 +80,10 @@ class MeasuredTable:
         self.accept: dict[tuple, tuple[list[float], list[float]]] = {}   # (mode, law) → counts
         # (mode, law, bucket) → (target-only calls since the last speculative one, the gap)
         self.calls: dict[tuple, tuple[int, int]] = {}
-        # (mode, law, bucket, "spec" | "target-only") → planned calls' realized rate over
-        # the rate projected for them, tracked over calls (``fold_realized``)
-        self.realized: dict[tuple, float] = {}
+        # (mode, law, bucket, "spec" | "target-only") → the seconds planned calls of that kind
+        # took beyond their tokens at the rate projected for them (the prefill, host work,
+        # the projection's error), tracked over calls (``fold_overhead``)
+        self.overhead: dict[tuple, float] = {}
 
     def calibrated(self, key: Key) -> float | None:
         """The median of ``key``'s calibration samples (None: not calibrated)."""
@@ -119,13 +120,13 @@ class MeasuredTable:
                 continue
             self.observed[key] = base + track * (statistics.median(secs) - base)
 
-    def fold_realized(self, key: tuple, ratio: float, track: float) -> None:
-        """A speculative call's realized / projected decode rate: ``key``'s entry moves
-        ``track`` of the way to it (the first call sets it)."""
-        if not (math.isfinite(ratio) and ratio > 0):
+    def fold_overhead(self, key: tuple, seconds: float, track: float) -> None:
+        """A planned call's seconds beyond its projected steps: ``key``'s entry moves
+        ``track`` of the way to it (the first call sets it); a non-finite value is ignored."""
+        if not math.isfinite(seconds):
             return
-        was = self.realized.get(key)
-        self.realized[key] = ratio if was is None else was + track * (ratio - was)
+        was = self.overhead.get(key)
+        self.overhead[key] = seconds if was is None else was + track * (seconds - was)
 
     def pool(self, mode: str, law: Hashable) -> list[float | None]:
         """The pooled acceptance per slot for (mode, law); None where a slot has fewer than
