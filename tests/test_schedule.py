@@ -13,8 +13,8 @@ from dflash2rt import get_backend
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.engine.policy.adaptive import AdaptivePolicy
-from dflash2rt.engine.policy.schedule import (ALPHA_CAP, ROW_WEIGHT, AdaptiveSchedule,
-                                              add_measured_begin_listener,
+from dflash2rt.engine.policy.acceptance import ALPHA_CAP, ROW_WEIGHT
+from dflash2rt.engine.policy.schedule import (AdaptiveSchedule, add_measured_begin_listener,
                                               default_candidates)
 from dflash2rt.engine.policy.table import MIN_STEPS, POOL_MIN, bucket_of
 from dflash2rt.errors import InvalidInputError

@@ -20,6 +20,8 @@ from __future__ import annotations
 from typing import Callable, Hashable, Iterable, Mapping, Sequence
 
 from ...errors import InvalidInputError
+from . import acceptance
+from .acceptance import PRIOR_WEIGHT
 from .finish import BlockLaw, expected_of, finish_steps, order_z
 from .table import TRACK, MeasuredTable, bucket_of
 
@@ -30,21 +32,6 @@ MODES = ("greedy", "sampled")
 ABLATIONS = frozenset({"row_alpha", "row_scale", "pooled_prior", "cost_table", "drift",
                        "finish_rule", "call_plan", "probes", "calibration"})
 UNIT_COST = 1.0     # "cost_table" off: every step of every block costs this
-# Pseudo-observations of the prior per mode. Greedy acceptance is a function of the context, so
-# a request's own recent outcomes say where it is predictable (runs of boilerplate): a light
-# prior. A sampled slot is accepted by a coin as well, so a request's last few outcomes are
-# mostly that noise: the pooled law weighs more (with a light prior a sampled request falls back
-# to target-only steps after chance rejections). Evidence: docs/benchmarks/adaptive.md.
-PRIOR_WEIGHT = {"greedy": 1.0, "sampled": 4.0}
-# Once a pool exists, a request's α is the pooled per-slot profile times one factor of its own:
-# its accepted drafts over those the profile expected of the slots it reached, both counted
-# with ``ROW_WEIGHT`` expected acceptances of prior (a factor of 1). A rejection then lowers
-# every slot a little instead of one slot a lot: a greedy rejection says where the text is
-# hard, not which slot is weak, and the finish rule prices a batch by its slowest rows, so
-# per-slot estimates halved by one chance rejection drove batches to target-only steps.
-# Evidence: docs/benchmarks/adaptive.md.
-ROW_WEIGHT = 12.0
-ALPHA_CAP = 0.99    # a scaled α stays below 1 (a row that accepts everything keeps some doubt)
 
 
 # Listeners called with the schedule whenever one over a measured table begins a call
@@ -174,33 +161,17 @@ class AdaptiveSchedule:
         return made[0], made[1]
 
     def alphas(self, row: Hashable, slots: int) -> list[float]:
-        """α_1 .. α_slots for ``row``. With a pool for this mode and law (``end``: the
-        acceptance of each slot over earlier calls, once slot 1 has ``POOL_MIN``
-        observations; past its last pooled slot each slot takes the previous one's): that
-        profile times the row's factor (``ROW_WEIGHT``; capped at ``ALPHA_CAP``). Without one
-        (the first call, or the "pooled_prior" ablation), or in the "row_scale" ablation: each
-        slot's own counts over ``prior_weight`` (this mode's) pseudo-observations at a prior,
-        the pooled slot's acceptance where there is one, else the previous slot's estimate
-        (slot 1: ``prior``): a chain that keeps breaking early never reaches the deep slots,
-        so a fixed prior would keep them optimistic; chained, an unreached slot is expected to
-        do as the last slot seen did."""
+        """α_1 .. α_slots for ``row`` from its counts (``observe``) and the pool of this mode
+        and law (``end``: each slot's acceptance over earlier calls, once it has ``POOL_MIN``
+        observations). With a pool whose slot 1 is known: the pooled profile times the row's
+        factor (``acceptance.scaled``). Without one (the first call, or the "pooled_prior"
+        ablation), or in the "row_scale" ablation: per-slot counts over ``prior_weight``
+        (this mode's) pseudo-observations of a chained prior (``acceptance.chained``)."""
         acc, seen = ((), ()) if "row_alpha" in self.without else self._rows.get(row, ((), ()))
         pool = () if "pooled_prior" in self.without else self._pool
         if pool and pool[0] is not None and "row_scale" not in self.without:
-            profile, a = [], self.prior
-            for j in range(max(slots, len(seen))):
-                a = pool[j] if j < len(pool) and pool[j] is not None else a
-                profile.append(a)
-            factor = (sum(acc) + ROW_WEIGHT) / (
-                sum(n * p for n, p in zip(seen, profile)) + ROW_WEIGHT)
-            return [min(p * factor, ALPHA_CAP) for p in profile[:slots]]
-        out, a = [], self.prior
-        for j in range(slots):
-            hit, n = (acc[j], seen[j]) if j < len(acc) else (0.0, 0.0)
-            pooled = pool[j] if j < len(pool) else None
-            a = (hit + (a if pooled is None else pooled) * self._pw) / (n + self._pw)
-            out.append(a)
-        return out
+            return acceptance.scaled(acc, seen, pool, slots, self.prior)
+        return acceptance.chained(acc, seen, pool, slots, self.prior, self._pw)
 
     def alpha(self, row: Hashable, slot: int) -> float:
         """P(slot accepted | reached) for ``row`` (slots count from 1; see ``alphas``)."""
