@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -86,7 +88,8 @@ def params(draw, max_new: int) -> SamplingParams:
         presence_penalty=draw(_one_of(0.0, -0.5)),
         logit_bias=draw(_one_of({}, {5: 3.0}, {EOS: -100.0, 20: 1.5})),
         logprobs=draw(_one_of(None, 0, 1, 3)), logprobs_mode=draw(_one_of("raw", "processed")),
-        constraint=draw(st.sampled_from(CONSTRAINTS)))
+        constraint=draw(st.sampled_from(CONSTRAINTS)),
+        num_candidates=draw(_one_of(None, 1, 2, 9, VOCAB)))     # the draft's trained K is 4
 
 
 @st.composite
@@ -120,7 +123,11 @@ def _same(got, want, where: str) -> None:
 
 
 def check_batch(engine: Engine, reqs: list[Request], watermarked: bool, spec: bool) -> None:
-    """Each request of ``reqs`` run in the batch and alone (same key, same mode)."""
+    """Each request of ``reqs`` run in the batch and alone (same key, same mode; target-only
+    requests without a candidate count, which only drafts take)."""
+    if not spec:
+        reqs = [dataclasses.replace(q, params=dataclasses.replace(q.params, num_candidates=None))
+                for q in reqs]
     kw = dict(spec=spec, block_size=BLOCK if spec else None, watermark=KEY if watermarked else None)
     batch, _ = engine.generate(reqs, **kw)
     for i, q in enumerate(reqs):

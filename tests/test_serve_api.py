@@ -72,6 +72,20 @@ def test_completion_matches_the_library(client):
     assert got.choices[0].text == ref.texts[0]
 
 
+def test_a_request_s_candidate_count_reaches_the_engine(client, live):
+    """``num_candidates`` (extra_body) gives run()'s tokens at that count, counted in the
+    server's stats."""
+    stats = live.server.scheduler.stats
+    before = stats.candidates.get(48, 0)
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=1.0,
+                                    seed=5, extra_body={"num_candidates": 48})
+    ref = dflash2rt.run(MODEL, "cpu", prompts=[PROMPT], block_size=8,
+                        sampling_params=dflash2rt.SamplingParams(
+                            max_tokens=16, temperature=1.0, seed=5, num_candidates=48))
+    assert got.choices[0].text == ref.texts[0] and ref.stats.candidates == {48: 1}
+    assert stats.candidates.get(48, 0) == before + 1
+
+
 def test_chat_streamed_equals_whole_with_logprobs(client):
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "write a loop"}],
               max_tokens=16, temperature=1.0, seed=5, logprobs=True, top_logprobs=2)
@@ -122,6 +136,9 @@ ERRORS = [
     (dict(logit_bias={"99999": 1}), 400, "logit_bias"),
     (dict(extra_body={"min_p": 2}), 400, "min_p"),
     (dict(extra_body={"block_size": 3}), 400, "block_size"),
+    (dict(extra_body={"num_candidates": 0}), 400, "num_candidates"),
+    (dict(extra_body={"num_candidates": 2049}), 400, "num_candidates"),
+    (dict(extra_body={"num_candidates": "8"}), 400, "num_candidates"),
     (dict(extra_body={"tools": []}), 400, "tools"),
     (dict(extra_body={"structured_outputs": {"regex": "("}}), 400, "structured_outputs"),
     (dict(prompt=[5000]), 400, "prompt"),

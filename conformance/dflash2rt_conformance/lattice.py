@@ -169,14 +169,16 @@ def target_logits(p_fn, ctx: tuple, draft: np.ndarray, v: int, raw_fn=None) -> n
 def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int,
                       dtype: torch.dtype, temperature: float = 1.0, dedup: bool = False,
                       key_first_accept: bool = False, raw_fn=None, process=None,
-                      min_p: float = 0.0, draft_side=None) -> dict:
+                      min_p: float = 0.0, draft_side=None, limit=None) -> dict:
     """The backend's exact law of one round's emitted tokens from ``ctx`` (select + verify).
 
     Logit processors (``lattice_procs``): ``raw_fn(ctx)`` gives each verify row's raw logits,
     ``process(ctx, logits, draft)`` the runtime's processing of them before verify, ``min_p``
     the requests' min-p. ``draft_side(ctx, logits)`` → (draft logits, walk mask): the engine's
     draft side under a constraint, whose select is ``ops.selector.select`` with that mask (as
-    ``engine.stages.select_block`` runs it on every backend).
+    ``engine.stages.select_block`` runs it on every backend). ``limit(logits)`` → (select
+    width, logits): the engine's limit of each row to its own candidate count
+    (``engine.candidates.limit``) before the backend's select at that width.
 
     ``key_first_accept``: the law of (index k of slot 0's acceptance coin (2k+1)/(2·M_ACCEPT),
     emitted tokens) instead, so that a schedule that (wrongly) reads the current step's first
@@ -194,7 +196,7 @@ def round_law_backend(backend, ctx: tuple, p_fn, sel: SelectorTables, gamma: int
     r = len(walks)
     u_walk = midpoints(m_walk)[walks]
     t = _to_device(backend.device, dtype)
-    out = _select(backend, ctx, sel, gamma, temperature, u_walk, t, draft_side)
+    out = _select(backend, ctx, sel, gamma, temperature, u_walk, t, draft_side, limit)
     rows, count, total = np.arange(r), np.ones(r, np.int64), r    # row weight = count / total
     if dedup:                                  # one coin block per distinct select output
         rows, count, total, coins = _distinct_selects(out, r, coins)
@@ -217,9 +219,10 @@ def _to_device(dev, dtype: torch.dtype):
 
 
 def _select(backend, ctx: tuple, sel: SelectorTables, gamma: int, temperature: float,
-            u_walk: np.ndarray, t, draft_side):
+            u_walk: np.ndarray, t, draft_side, limit=None):
     """The backend's select on every walk row (``draft_side``: the engine's constrained draft
-    side, then ``ops.selector.select`` with its walk mask)."""
+    side, then ``ops.selector.select`` with its walk mask; ``limit``: the rows' candidate
+    counts, then the backend's select at their width)."""
     dev, v, r = backend.device, sel.v, len(u_walk)
     logits, proj = sel.inputs(ctx, gamma)
     args = (t(np.broadcast_to(logits, (r, gamma, v))),
@@ -228,6 +231,9 @@ def _select(backend, ctx: tuple, sel: SelectorTables, gamma: int, temperature: f
             t(sel.a), t(sel.b), SelectorParams(sel.k),
             SamplingBatch.build([temperature] * r, [0] * r, [1.0] * r, dev),
             t(u_walk, torch.float32))
+    if limit is not None:
+        width, x = limit(args[0])
+        return backend.select(x, *args[1:5], SelectorParams(width), *args[6:])
     if draft_side is None:
         return backend.select(*args)
     x, mask = draft_side(ctx, args[0])

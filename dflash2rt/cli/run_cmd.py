@@ -28,6 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-candidates", type=int, default=None, metavar="K",
+                   help="candidates per draft slot the selector offers (default: the draft's "
+                        "trained count; any K keeps decoding lossless)")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="over prompt + output tokens: a positive logit / r, else × r (1 = off)")
     p.add_argument("--frequency-penalty", type=float, default=0.0,
@@ -204,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
                   presence_penalty=args.presence_penalty, min_p=args.min_p,
                   logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs,
                   logprobs_mode=args.logprobs_mode,
-                  regex=args.regex, metrics=args.metrics, watermark=key)
+                  regex=args.regex, metrics=args.metrics, watermark=key,
+                  num_candidates=args.num_candidates)
     if args.json:
         print(file=sys.stderr)
         print(json.dumps({**res.as_dict(), "load": loaded}, indent=2))
@@ -252,6 +256,8 @@ def _stats_line(s) -> str:
         split += f", {s.cost_noise}"
     blocks = f"block {s.block_size}" if not s.adaptive else "adaptive blocks " + ", ".join(
         f"{b}x{n}" for b, n in sorted(s.block_sizes.items()))
+    if s.candidates:
+        blocks += ", candidates " + ", ".join(f"{k}x{n}" for k, n in s.candidates.items())
     return (f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "
             f"{s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f} ({blocks}), "
             f"accept histogram {s.accept_hist}; {_spec_summary(s)}; {split}; "
@@ -277,7 +283,8 @@ def _run_tp(args: argparse.Namespace, prompts: list) -> int:
                   presence_penalty=args.presence_penalty, min_p=args.min_p,
                   logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs,
                   logprobs_mode=args.logprobs_mode, regex=args.regex, metrics=args.metrics,
-                  watermark=key, tp=args.tp, tp_check=args.tp_check)
+                  watermark=key, tp=args.tp, tp_check=args.tp_check,
+                  num_candidates=args.num_candidates)
     if res is None:                      # a rank other than 0 (torchrun)
         return 0
     if args.json:

@@ -24,6 +24,7 @@ from ..models.pair import ModelPair
 from ..ops.procs import unpack_logprobs
 from ..watermark import WatermarkKey
 from ..watermark.sampler import require_fp64
+from .candidates import check_no_counts, counts as candidate_counts
 from .output import Collector, drop_finished, host_masks, verify_masks
 from .precompile import CompileAhead
 from .policy import Call, Live, Policy
@@ -32,6 +33,7 @@ from .policy.fixed import FixedPolicy
 from .policy.table import MeasuredTable, bucket_of
 from .request import Request, RequestOutput, block_size_or_default
 from .runner import Runner, Step
+from .stages import selector_params
 from .state import BatchState
 from .stats import RunStats
 
@@ -147,6 +149,8 @@ class Engine:
             policy = FixedPolicy(block, spec)
         for q in requests:
             q.validate(pair.target.cfg.vocab_size)
+        if not spec:
+            check_no_counts(requests)
         return policy
 
     def _new_run(self, requests: Sequence[Request], call: Call, on_tokens: OnTokens | None,
@@ -158,6 +162,8 @@ class Engine:
                          model_pass=self.model_pass, watermarked=watermark is not None)
         stats.cost_noise = call.cost_noise
         pair = self.pair
+        if call.spec:
+            stats.candidates = candidate_counts(requests, selector_params(pair).top_k)
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens,
                         pair.target.cfg.vocab_size)
         return stats, out, Fallbacks(self._standing_fallbacks.reported)

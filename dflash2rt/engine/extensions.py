@@ -2,7 +2,8 @@
 watermark) as one interface a decode step loops over. A batch holds the list of its active
 extensions (``BatchState.extensions``: an empty list is plain decoding, and costs nothing), in
 the order their hooks run: ``Procs`` (logit bias and penalties, ``ops.procs``), ``Watermark``
-(``watermark.generate``), ``Constraint`` (``constraints.device``). Each hook defaults to
+(``watermark.generate``), ``Constraint`` (``constraints.device``), ``Candidates`` (requests'
+own candidate counts, ``candidates.py``, which the selector stage applies last). Each hook defaults to
 leaving the step as it is; an implementation wraps its feature's device state and says, per
 hook, what the feature does there: shape the draft logits, mask the selector's walk, give the
 block's draws (a draw source, ``ops.draws``), process verify row j with the state after
@@ -19,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..backend import TORCH_OPS
+from . import candidates as counts
 from ..constraints.device import ConstraintBatch
 from ..ops.batch import BlockNoise
 from ..ops.draws import DrawSource, EmitDraw
@@ -27,7 +29,8 @@ from ..ops.selector import WalkMask
 from ..watermark import generate as wm_generate
 from ..watermark.generate import KeyedDraws, WatermarkBatch
 
-EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs or constraints run "
+EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs, constraints or a "
+               "candidate count of their own run "
                "eagerly (graphs do not take their state as inputs)")
 CONSTRAINT_WALK_OPS = ("constrained steps walk the selector with torch ops (the walk's "
                        "constraint mask has no kernel)")
@@ -203,6 +206,33 @@ class Constraint(RowExtension):
             and implementation.get("select") != TORCH_OPS else []
 
 
+@dataclass(frozen=True)
+class Candidates(RowExtension):
+    """Requests' own candidate counts (``candidates.py``): ``requested`` per row on the host
+    (None: the draft's trained count), ``per_row`` the same on the device (0 for None). The
+    selector stage asks it for the batch's width and each row's logits limited to its count
+    (``limit``), after every other extension has shaped them."""
+
+    requested: tuple[int | None, ...]
+    per_row: torch.Tensor
+
+    @classmethod
+    def build(cls, requested: Sequence[int | None], device: torch.device
+              ) -> "Candidates | None":
+        """None when no row asks for a count of its own."""
+        if all(k is None for k in requested):
+            return None
+        return cls(tuple(requested), torch.tensor([k or 0 for k in requested],
+                                                   dtype=torch.int64, device=device))
+
+    def take(self, idx):
+        t = torch.tensor(list(idx), dtype=torch.int64, device=self.per_row.device)
+        return Candidates(tuple(self.requested[i] for i in idx), self.per_row[t])
+
+    def limit(self, logits: torch.Tensor, trained: int) -> tuple[int, torch.Tensor]:
+        return counts.limit(logits, self.requested, self.per_row, trained)
+
+
 def build(requests: Sequence, vocab: int | None, device: torch.device,
           watermark: WatermarkBatch | None = None) -> tuple[RowExtension, ...]:
     """The active extensions of a batch of engine Requests, in hook order: those its requests
@@ -217,7 +247,9 @@ def build(requests: Sequence, vocab: int | None, device: torch.device,
                                 vocab, device)
         constraint = ConstraintBatch.build([q.params.constraint for q in requests], vocab,
                                            device)
+    candidates = Candidates.build([q.params.num_candidates for q in requests], device)
     return tuple(e for e in (None if procs is None else Procs(procs),
                              None if watermark is None else Watermark(watermark),
-                             None if constraint is None else Constraint(constraint))
+                             None if constraint is None else Constraint(constraint),
+                             candidates)
                  if e is not None)

@@ -40,6 +40,10 @@ class SamplingParams:
     state allows no token finishes there: finish_reason "constraint" where the output is a
     complete match (the hook's ``accepting(state)``), else "constraint_unsatisfiable".
 
+    ``num_candidates``: how many candidates per draft slot the selector offers this request
+    (None: the draft's trained ``selector_top_k``; 1 to the vocabulary size otherwise): a
+    proposal setting, so any value keeps verification lossless (``engine.candidates``).
+
     vLLM's field names are accepted as well: ``max_tokens`` is ``max_new_tokens`` and ``stop``
     (a string or a list of strings; None: none) is ``stop_strings``, given to the constructor
     (one of the two names, not both) and read back as properties; ``top_k=-1`` (vLLM's "off")
@@ -63,6 +67,7 @@ class SamplingParams:
     logprobs: int | None = None
     logprobs_mode: str = "raw"
     constraint: Any = field(default=None, hash=False)
+    num_candidates: int | None = None
 
     def __post_init__(self) -> None:
         if not is_int(self.max_new_tokens) or not 1 <= self.max_new_tokens < 2**63:
@@ -103,6 +108,12 @@ class SamplingParams:
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise SamplingParamsError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got "
                                       f"{self.logprobs_mode!r}")
+        if self.num_candidates is not None:
+            if not is_int(self.num_candidates) or not 1 <= self.num_candidates < 2**31:
+                raise SamplingParamsError(f"num_candidates must be None (the draft's trained "
+                                          f"count) or an integer >= 1, got "
+                                          f"{self.num_candidates!r}")
+            object.__setattr__(self, "num_candidates", int(self.num_candidates))
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise SamplingParamsError(
                 f"constraint must be None or a hook with initial(), allowed(state) and "
@@ -207,6 +218,10 @@ class Request:
             raise ConstraintError(f"the constraint's token automaton has {c.vocab_size} "
                                   f"columns but the target's vocabulary has {vocab_size} "
                                   "tokens: build it with vocab_size=" + str(vocab_size))
+        k = self.params.num_candidates
+        if k is not None and k > vocab_size:
+            raise InvalidInputError(f"num_candidates={k} asks for more candidates per draft slot "
+                                    f"than the vocabulary has ({vocab_size})")
         if self.params.logprobs is not None and self.params.logprobs > vocab_size:
             raise InvalidInputError(f"logprobs={self.params.logprobs} asks for more "
                                     f"alternatives than the vocabulary has ({vocab_size})")

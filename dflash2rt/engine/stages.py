@@ -19,6 +19,7 @@ log-probabilities under the final law (``ops.procs.token_logprobs``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -146,8 +147,13 @@ def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.T
                  noise: BlockNoise) -> SelectorOut:
     """Draft logits (``draft_logits``), then the candidate selector's walk with the block's
     draws (an extension's draw source, else the walk uniforms); an extension's walk mask (a
-    constraint) walks with the torch ops (``ops.selector``)."""
+    constraint) walks with the torch ops (``ops.selector``). Rows with candidate counts of
+    their own select at the batch's width, each limited to its count (``candidates.py``)."""
     logits = draft_logits(pair, st, h_e)                                 # [R, γ, V]
+    params = selector_params(pair)
+    if st.candidates is not None:                                        # rows' own counts
+        k, logits = st.candidates.limit(logits, params.top_k)
+        params = dataclasses.replace(params, top_k=k)
     sel = pair.draft.candidate_selector
     if sel is None:                                                      # DFlash v1: no lattice
         zero = logits.new_zeros(logits.shape[-1], 0)
@@ -158,9 +164,9 @@ def select_block(pair: ModelPair, st: BatchState, backend: Backend, h_e: torch.T
     draws = _only((e.draws(noise) for e in st.extensions), "block's draws") or noise.walk
     mask = _only((e.walk_mask() for e in st.extensions), "walk's mask")
     if mask is not None:                                                 # masked walk: torch ops
-        return ops_selector.select(*args, selector_params(pair), st.sampling, draws,
-                                   backend.has_fp64, mask=mask)
-    return backend.select(*args, selector_params(pair), st.sampling, draws)
+        return ops_selector.select(*args, params, st.sampling, draws, backend.has_fp64,
+                                   mask=mask)
+    return backend.select(*args, params, st.sampling, draws)
 
 
 def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: SelectorOut,

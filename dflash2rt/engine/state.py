@@ -47,8 +47,12 @@ class BatchState:
             self._live = torch.ones(self.size, dtype=torch.bool, device=self.lens.device)
         return self._live
 
+    def _extension(self, kind: type) -> Any:
+        return next((e for e in self.extensions if isinstance(e, kind)), None)
+
     def _state_of(self, kind: type) -> Any:
-        return next((e.batch for e in self.extensions if isinstance(e, kind)), None)
+        ext = self._extension(kind)
+        return None if ext is None else ext.batch
 
     @property
     def procs(self) -> ProcBatch | None:
@@ -64,6 +68,12 @@ class BatchState:
     def constraint(self) -> ConstraintBatch | None:
         """The constraints' tables and states (``constraints.device``), or None."""
         return self._state_of(extensions.Constraint)
+
+    @property
+    def candidates(self) -> extensions.Candidates | None:
+        """The rows' own candidate counts (``candidates.py``), or None: every row takes the
+        draft's trained count."""
+        return self._extension(extensions.Candidates)
 
     @property
     def size(self) -> int:

@@ -20,6 +20,8 @@ class RunStats:
     # adaptive: set when the schedule learned from distorted timings ($DFLASH2RT_PERTURB_COSTS)
     cost_noise: str = ""
     block_sizes: dict[int, int] = field(default_factory=dict)  # block → steps (1: target-only)
+    candidates: dict[int, int] = field(default_factory=dict)   # candidates per draft slot →
+                                   # requests selecting at that count (spec runs; engine.candidates)
     costs: dict[int, dict[int, float]] = field(default_factory=dict)  # block → bucket → seconds
     # block → bucket → [steps, seconds] of this run's real decode steps (capture excluded):
     # what the steps cost, beside ``costs`` (what the schedule's table predicted)

@@ -21,8 +21,9 @@ draws there by Gumbel-max keyed by the path so far. q stays the law the draw is 
 slot e the walk reads its lattice row with the candidates the constraint forbids after the path
 so far at −inf, and draws (argmax, inverse CDF or ``walk``) from that masked row; q is the
 masked row's law, the law the draft token is drawn from, so verification stays lossless. A row
-whose candidates are all forbidden is read unmasked (its draft is rejected by the masked
-verify rows).
+in which every candidate is forbidden or scores −inf (a reduced draft vocabulary, candidates
+past a request's own count) is read unmasked (its draft is rejected by the masked verify
+rows).
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ def _masked_walk(score: torch.Tensor, cand: torch.Tensor, sampling: SamplingBatc
                  u_walk: torch.Tensor, has_fp64: bool | None, walk: WalkDraw | None,
                  mask: WalkMask, bad: torch.Tensor) -> SelectorOut:
     """The walk under a constraint: slot by slot, the row read with the forbidden candidates
-    at −inf (all allowed when none is), drawn from that row's law."""
+    at −inf (all allowed when no allowed candidate scores above −inf), drawn from that row's
+    law."""
     r, gamma, k, _ = score.shape
     prev = torch.zeros(r, dtype=torch.int64, device=score.device)
     picks, qs = [], []
@@ -192,7 +194,7 @@ def _masked_walk(score: torch.Tensor, cand: torch.Tensor, sampling: SamplingBatc
     greedy = sampling.greedy
     for e in range(gamma):
         row = score[:, e].gather(1, prev.view(r, 1, 1).expand(r, 1, k)).squeeze(1)  # [R, K]
-        ok = mask.allowed(e, cand[:, e])
+        ok = mask.allowed(e, cand[:, e]) & ~torch.isneginf(row)         # allowed, with mass
         ok = ok | ~ok.any(-1, keepdim=True)
         masked = row.masked_fill(~ok, float("-inf"))
         row_bad = bad_rows(row) | bad_rows(masked)

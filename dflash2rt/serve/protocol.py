@@ -5,7 +5,8 @@ vLLM's extra parameters (sent by OpenAI's clients in ``extra_body``, so at the t
 body) are taken the way vLLM takes them: ``top_k``, ``min_p``, ``repetition_penalty``,
 ``ignore_eos``, ``stop_token_ids``, ``include_stop_str_in_output``, a regex constraint as
 ``structured_outputs={"regex": ...}`` (or the older ``guided_regex``); dflash2rt's own:
-``block_size`` (the server's fixed block; another value is refused). Fields the server does
+``block_size`` (the server's fixed block; another value is refused) and ``num_candidates``
+(candidates per draft slot, ``SamplingParams.num_candidates``). Fields the server does
 not implement are refused by name (400), never ignored, except the metadata ``user``.
 """
 
@@ -23,7 +24,8 @@ from .errors import APIError, bad
 COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
           "stop", "presence_penalty", "frequency_penalty", "logit_bias", "seed", "user",
           "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids",
-          "include_stop_str_in_output", "structured_outputs", "guided_regex", "block_size"}
+          "include_stop_str_in_output", "structured_outputs", "guided_regex", "block_size",
+          "num_candidates"}
 COMPLETION = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 CHAT = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens",
                  "response_format", "add_generation_prompt"}
@@ -170,6 +172,14 @@ def sampling_params(body: dict, limits: Limits, max_tokens: int | None,
         raise bad("block_size", f"block_size={block} is not this server's: it decodes every "
                                 f"request with block {limits.block} (restart it with "
                                 f"--block-size {block}, or omit block_size)")
+    candidates = integer(body, "num_candidates", None)
+    if candidates is not None and limits.block == 1:
+        raise bad("num_candidates", "this server decodes target-only (started with --no-spec): "
+                                    "there are no drafts to offer candidates to; omit "
+                                    "num_candidates")
+    if candidates is not None and not 1 <= candidates <= limits.vocab:
+        raise bad("num_candidates", f"num_candidates must lie in [1, {limits.vocab}] (the "
+                                    f"vocabulary), got {candidates}")
     temperature = _number(body, "temperature", 1.0)
     seed = integer(body, "seed", None)
     if seed is None:
@@ -191,7 +201,7 @@ def sampling_params(body: dict, limits: Limits, max_tokens: int | None,
             frequency_penalty=_number(body, "frequency_penalty", 0.0),
             repetition_penalty=_number(body, "repetition_penalty", 1.0),
             logit_bias=_logit_bias(body, limits.vocab), logprobs=logprobs,
-            constraint=_regex(body, limits))
+            constraint=_regex(body, limits), num_candidates=candidates)
     except DFlash2Error as exc:
         name = re.match(r"[a-z_]+", str(exc))          # the messages begin with the field
         param = None if name is None else OURS.get(name.group(), name.group())

@@ -23,10 +23,12 @@ from typing import Any, Callable
 import torch
 
 from ..backend import Fallbacks
+from ..engine.candidates import counts as candidate_counts
 from ..engine.engine import Engine
 from ..engine.output import Collector
 from ..engine.policy.table import bucket_of
 from ..engine.request import Request, SamplingParams
+from ..engine.stages import selector_params
 from ..engine.stats import RunStats
 from ..errors import InvalidInputError
 from ..ops.procs import unpack_logprobs
@@ -61,6 +63,7 @@ class Scheduler:
         self.engine, self.block, self.slots = engine, block, slots
         self.max_model_len, self.max_queue = max_model_len, max_queue
         self.vocab = pair.target.cfg.vocab_size
+        self.trained_k = selector_params(pair).top_k if pair.draft is not None else 1
         self.stats = RunStats("spec" if block is None or block > 1 else "target-only",
                               engine.backend.name, str(engine.backend.device), 1,
                               adaptive=block is None)
@@ -244,6 +247,9 @@ class Scheduler:
         t0 = time.perf_counter()
         host = self.engine.runner.prefill(c, [j.request.prompt_ids for j in jobs])
         self.stats.time["prefill"] += time.perf_counter() - t0
+        if self.blocks.spec:
+            for k, n in candidate_counts([j.request for j in jobs], self.trained_k).items():
+                self.stats.candidates[k] = self.stats.candidates.get(k, 0) + n
         for i, (job, h) in enumerate(zip(jobs, host)):
             job.collector = Collector([job.request], pair.tokenizer, pair.eos_token_ids, None,
                                       self.vocab)

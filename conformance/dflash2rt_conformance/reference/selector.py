@@ -21,9 +21,9 @@ from .sampling import argmax_lowest, bad_rows, inverse_cdf, softmax
 
 def _masked(row: np.ndarray, cand: np.ndarray, table: np.ndarray, state: int) -> np.ndarray:
     """A lattice row [K] with the candidates ``state`` forbids at −inf (unmasked when it
-    forbids them all)."""
+    forbids every candidate that scores above −inf)."""
     full = np.zeros(table.shape[1])
-    ok = np.isfinite(mask_row(full, table, state))[cand]
+    ok = np.isfinite(mask_row(full, table, state))[cand] & (row > -np.inf)
     return row if not ok.any() else np.where(ok, row, -np.inf)
 
 
@@ -85,7 +85,8 @@ def select(logits, proj, anchor, pred_codebook, succ_codebook, top_k: int,
     ``table`` [S, V] / ``state`` [R] (a token automaton and each request's committed state):
     the walk under the constraint — slot e reads its lattice row with the candidates that the
     state after the path so far forbids at −inf (``reference.constraints.mask_row``: nothing
-    masked at a dead end or after a forbidden token, nor where every candidate is forbidden),
+    masked at a dead end or after a forbidden token, nor where every candidate that scores above
+    −inf is forbidden),
     and q is that masked row's law. (The candidate sets come from ``logits`` as given: the
     runtime masks the draft logits first, ``constraints.draft_logits``.)"""
     logits = np.asarray(logits, dtype=np.float64)

@@ -1,6 +1,8 @@
 """L3: the joint law of the first L tokens over several rounds of the backend's select + verify,
 with context-dependent tables, equals the target's law (TV ≤ 1e-12; exact on the lattice).
-An off-by-one verify row shows TV ≈ 0.9 here and is invisible with identical rows.
+An off-by-one verify row shows TV ≈ 0.9 here and is invisible with identical rows. A request's
+own candidate count (``SamplingParams.num_candidates``): each row limited to its count, then
+the backend's select at a wider batch width (candidates past the count at −inf, q = 0).
 ``--dflash2rt-small`` (sizes.py): γ = 2, L = 2, verify once per distinct draft. Block sizes that
 change from step to step (adaptive speculation): ``test_l3_adaptive.py``."""
 
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from dflash2rt.engine import candidates
 from dflash2rt.errors import DFlash2Error
 from dflash2rt_conformance import lattice
 from dflash2rt_conformance.compare import ConformanceFailure
@@ -30,8 +33,16 @@ def _tables(salt: str):
     return lattice.context_tables(salt, V, K)
 
 
-def _joint(backend, sizes, salt, dtype, temperature=1.0):
-    p_fn, sel = _tables(salt)
+def _joint(backend, sizes, salt, dtype, temperature=1.0, own=None, width=None):
+    """``own``, ``width``: tables of ``own`` candidates per slot, selected at ``width``
+    through the engine's limit of every row to ``own`` (default: K candidates, no limit)."""
+    p_fn, sel = _tables(salt) if own is None else lattice.context_tables(salt, V, own)
+    def limit(x):
+        r = x.shape[0]
+        return candidates.limit(x, [own] * r, torch.full((r,), own, device=x.device), width)
+
+    if own is not None:
+        sel = lattice.SelectorTables(V, width, sel.q_fn, sel.cand_fn)
     memo: dict = {}
     case = _case(sizes, salt)
 
@@ -40,7 +51,7 @@ def _joint(backend, sizes, salt, dtype, temperature=1.0):
             try:
                 memo[(ctx[-1], len(ctx))] = lattice.round_law_backend(
                     backend, ctx, p_fn, sel, sizes.l3_gamma, dtype, temperature,
-                    dedup=sizes.l3_dedup)
+                    dedup=sizes.l3_dedup, limit=None if own is None else limit)
             except DFlash2Error as exc:
                 raise ConformanceFailure(
                     f"[L3 joint law case={case} dtype={dtype}] the backend raised "
@@ -81,3 +92,22 @@ def test_joint_law_greedy(backend, results, sizes):
     assert law == {chain: 1.0}, f"[L3 greedy case=V{V}-g{sizes.l3_gamma}-L" \
                                 f"{sizes.l3_length}] law {law} ≠ {chain}"
     results.metric("L3", "greedy chain", str(chain))
+
+
+@pytest.mark.parametrize("own,width,salt", [
+    pytest.param(2, 4, "c1", id="own2-width4"),
+    pytest.param(2, 3, "c2", id="own2-width3"),
+    pytest.param(3, 4, "c3", id="own3-width4", marks=pytest.mark.dflash2rt_exhaustive)])
+def test_joint_law_at_a_request_s_own_candidate_count(own, width, salt, backend, results,
+                                                     sizes):
+    """Rows limited to ``own`` candidates and selected at ``width`` > ``own`` (|S| < K): the
+    joint law is still the target's, with no mass on p = 0 sequences."""
+    law, p_fn = _joint(backend, sizes, salt, torch.float32, own=own, width=width)
+    target = laws.target_law(p_fn, PROMPT, sizes.l3_length)
+    tv = float(laws.tv(law, target))
+    case = f"V{V}-g{sizes.l3_gamma}-own{own}-width{width}-L{sizes.l3_length}-{salt}"
+    results.metric("L3", f"TV sampled {case}", tv)
+    zero = [s for s in law if s not in target and law[s] > 0]
+    assert not zero, f"[L3 candidate count case={case}] mass on p = 0 sequences: {zero[:5]}"
+    assert tv <= 1e-12, f"[L3 candidate count case={case}] TV = {tv:.4g} > 1e-12; worst: " \
+                        f"{lattice.worst(law, target)}"

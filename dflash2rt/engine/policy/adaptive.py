@@ -21,14 +21,24 @@ from .table import CostNoise, MeasuredTable, bucket_of, cost_noise
 
 def law_of(requests: Sequence) -> Hashable:
     """What a batch's acceptance depends on besides the pair: its requests' shared
-    (temperature, top_p, top_k), else "mixed" (the acceptance pool's key)."""
-    laws = {(q.params.temperature, q.params.top_p, q.params.top_k) for q in requests}
+    (temperature, top_p, top_k), with their candidate count where they set one
+    (``SamplingParams.num_candidates``), else "mixed" (the acceptance pool's key)."""
+    laws = {(q.params.temperature, q.params.top_p, q.params.top_k)
+            + (() if q.params.num_candidates is None else (q.params.num_candidates,))
+            for q in requests}
     return laws.pop() if len(laws) == 1 else "mixed"
 
 
 def mode_of(requests: Sequence) -> str:
-    """"sampled" if any request samples, else "greedy" (as SamplingBatch.any_sampled)."""
-    return "sampled" if any(q.params.temperature > 0 for q in requests) else "greedy"
+    """"sampled" if any request samples, else "greedy" (as SamplingBatch.any_sampled); where
+    requests set candidate counts, the counts too ("sampled, candidates 32, trained"), since
+    the select width they make costs a step more or less (the measured table's key)."""
+    mode = "sampled" if any(q.params.temperature > 0 for q in requests) else "greedy"
+    asked = {q.params.num_candidates for q in requests}
+    if asked == {None}:
+        return mode
+    named = [str(k) for k in sorted(asked - {None})] + (["trained"] if None in asked else [])
+    return f"{mode}, candidates {' '.join(named)}"
 
 
 class AdaptivePolicy(Policy):

@@ -109,13 +109,16 @@ class AdaptiveSchedule:
     def begin(self, mode: str = "greedy", law: Hashable = None) -> None:
         """A new batch of requests: drop per-request estimates and the probe state (the cost
         table is kept); ``mode``: "sampled" if any request samples, else "greedy" (the part of
-        a measured table that its costs come from); ``law``: what the batch's acceptance
+        a measured table that its costs come from), either followed by ", " and what else
+        sets a step's cost (``adaptive.mode_of``: the requests' candidate counts); ``law``: what the batch's acceptance
         depends on besides the pair (the engine passes its requests' sampling settings when
         they share them): the acceptance pool is kept per (mode, law)."""
-        if mode not in MODES:
-            raise InvalidInputError(f"schedule mode must be one of {MODES}, got {mode!r}")
+        base = mode.split(", ", 1)[0]
+        if base not in MODES:
+            raise InvalidInputError(f"schedule mode must be one of {MODES} (then ', ' and "
+                                    f"more), got {mode!r}")
         self.mode, self.law = mode, law
-        self._pw = self._weights[mode]                   # this call's prior weight
+        self._pw = self._weights[base]                   # this call's prior weight
         self._rows: dict[Hashable, tuple[list[float], list[float]]] = {}   # accepted, reached
         self._law_cache: dict[Hashable, dict[int, BlockLaw]] = {}          # per row (_laws)
         self._only, self._gap = 0, self.probe          # target-only steps in a row, probe gap

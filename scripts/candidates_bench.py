@@ -1,0 +1,84 @@
+"""Throughput and τ at each candidate count (``SamplingParams.num_candidates``) side by side,
+× target-only, at batch 1 and 8 and T = 0, 0.7 / top-p 0.95 and 1 on the pair's held-out
+prompts (docs/benchmarks/k-curve.md): what the default (the draft's trained count) gives against
+wider candidate sets, fixed block and adaptive.
+
+    .venv/bin/python scripts/candidates_bench.py [--model stdlib-code] [--counts 32,64]
+        [--batches 1,8] [--prompts 8] [--max-new-tokens 48] [--repeats 3] [--block 8]
+
+Every contender decodes on its own Engine (its own measured table), warmed up before any is
+timed, then timed in interleaved rounds (``bench.measure.measure``); × target-only is the median
+of the rounds' paired ratios. Batch 1 decodes the first ``--prompts`` prompts one at a time;
+batch 8, one batch of the first 8. Run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+
+from dflash2rt import get_backend
+from dflash2rt.bench.ablation import batch_prompts
+from dflash2rt.bench.measure import (TEMPERATURES, Temperature, engine_contender, measure,
+                                     seeded_requests)
+from dflash2rt.bench.rows import paired_ratio
+from dflash2rt.engine.engine import Engine
+from dflash2rt.engine.stages import selector_params
+from dflash2rt.train.k_curve import load_heldout
+
+
+def with_count(reqs, count):
+    return [dataclasses.replace(q, params=dataclasses.replace(q.params, num_candidates=count))
+            for q in reqs]
+
+
+def row(pair, backend, prompts, batch: int, t: Temperature, counts, block: int, max_new: int,
+        repeats: int) -> list[tuple[str, float | None, float]]:
+    """→ [(contender, × target-only, τ)] for one batch size and temperature."""
+    reqs = seeded_requests(batch_prompts(prompts, batch, len(prompts)), max_new, t)
+    batches = [reqs] if batch > 1 else [[q] for q in reqs]
+    trained = selector_params(pair).top_k
+    specs = [("target-only", False, None, None)]
+    for k in (None, *counts):
+        name = f"K={trained} (default)" if k is None else f"K={k}"
+        specs.append((f"block {block}, {name}", True, block, k))
+    specs.append((f"adaptive, K={trained} (default)", True, None, None))
+    contenders = [engine_contender(name, Engine(pair, backend),
+                                   [with_count(b, k) for b in batches], spec, blk)
+                  for name, spec, blk, k in specs]
+    res = measure(contenders, repeats)
+    base = res[specs[0][0]].rates
+    out = []
+    for name, *_ in specs:
+        m = res[name]
+        tau = statistics.fmean(s.tau for s in m.stats) if m.stats else 1.0
+        out.append((name, paired_ratio(m.rates, base), tau))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="stdlib-code")
+    ap.add_argument("--counts", default="32,64", help="counts beside the trained one")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--block", type=int, default=8)
+    a = ap.parse_args()
+    pair, prompts, _ = load_heldout(a.model, a.prompts)
+    backend = get_backend("cpu")
+    counts = [int(x) for x in a.counts.split(",") if x]
+    print("| batch | T | contender | × target-only | τ |")
+    print("| ---: | --- | --- | ---: | ---: |")
+    for batch in (int(x) for x in a.batches.split(",")):
+        for t in TEMPERATURES:
+            for name, ratio, tau in row(pair, backend, prompts, batch, t, counts, a.block,
+                                        a.max_new_tokens, a.repeats):
+                shown = "–" if ratio is None else f"{ratio:.2f}"
+                print(f"| {batch} | {t.label} | {name} | {shown} | {tau:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
