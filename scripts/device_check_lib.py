@@ -175,12 +175,13 @@ class Runner:
         share the process slots. Returns when all have ended; a signal kills every child and
         fails every section still running."""
         threads: dict[str, threading.Thread] = {}
-        start = time.monotonic()
+        ran: set[str] = set()            # sections whose body returned (a thread a signal
+        start = time.monotonic()         # hit inside t.start() may die before its body)
         try:
             for sec, body in items:
                 if self._start(sec):
                     threads[sec.name] = t = threading.Thread(
-                        target=self._thread_body, args=(sec, body, time.monotonic()),
+                        target=self._thread_body, args=(sec, body, time.monotonic(), ran),
                         name=sec.name, daemon=True)
                     t.start()
             for t in threads.values():
@@ -194,16 +195,16 @@ class Runner:
                     time.sleep(0.01)                                   # began
                 if t.ident is not None:
                     t.join(15)
-            for sec, _ in items:         # started, but its thread never ran or never ended
-                t = threads.get(sec.name)
-                if sec.status == "PASS" and (t is None or t.ident is None or t.is_alive()):
+            for sec, _ in items:         # started, but its body never ran or never ended
+                if sec.status == "PASS" and sec.name not in ran:
                     sec.fail(f"interrupted by {exc}")
                     self._ended(sec, start)
             raise
 
-    def _thread_body(self, sec: Section, body, start: float) -> None:
+    def _thread_body(self, sec: Section, body, start: float, ran: set[str]) -> None:
         try:
             self._body(sec, body, start)
+            ran.add(sec.name)
         except Interrupted:
             pass                        # the main thread raises it too
 

@@ -115,7 +115,7 @@ def test_small_sizes_pass_on_cpu_and_are_reported(suite, tmp_path):
     # 4 constraints (unmasked / masked draft side × sampled / greedy), 4 reduced draft
     # vocabularies (2 joint laws × sampled / greedy); L2: 3, and 2 reduced-vocabulary
     # proposal laws
-    assert rep["levels"]["L2"]["passed"] == 5 and rep["levels"]["L3"]["passed"] == 26
+    assert rep["levels"]["L2"]["passed"] == 5 and rep["levels"]["L3"]["passed"] == 28
     assert "TV sampled V4-g2-K3-L2-s1 float32" in rep["levels"]["L3"]["metrics"]
     assert "L2-L4 sizes: small (" in md.read_text()
 

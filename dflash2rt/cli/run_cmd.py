@@ -256,11 +256,11 @@ def _stats_line(s) -> str:
         split += f", {s.cost_noise}"
     blocks = f"block {s.block_size}" if not s.adaptive else "adaptive blocks " + ", ".join(
         f"{b}x{n}" for b, n in sorted(s.block_sizes.items()))
-    if s.candidates:
-        blocks += ", candidates " + ", ".join(f"{k}x{n}" for k, n in s.candidates.items())
     return (f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "
             f"{s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f} ({blocks}), "
-            f"accept histogram {s.accept_hist}; {_spec_summary(s)}; {split}; "
+            + ("candidates " + ", ".join(f"{k}x{n}" for k, n in s.candidates.items()) + ", "
+               if s.candidates else "")
+            + f"accept histogram {s.accept_hist}; {_spec_summary(s)}; {split}; "
             f"fallbacks: {s.fallbacks or 'none'}"
             + (f"; {s.model_pass}" if s.model_pass else ""))
 
