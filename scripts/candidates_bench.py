@@ -5,6 +5,12 @@ wider candidate sets, fixed block and adaptive.
 
     .venv/bin/python scripts/candidates_bench.py [--model stdlib-code] [--counts 32,64]
         [--batches 1,8] [--prompts 8] [--max-new-tokens 48] [--repeats 3] [--block 8]
+    .venv/bin/python scripts/candidates_bench.py --paired-tau 1,2,3,4,5,6 [--counts 32,64]
+
+``--paired-tau SEEDS`` (e.g. ``1,2,3,4,5,6``) instead: τ of every held-out prompt decoded alone
+at each count, T = 0.7 / top-p 0.95 and T = 1, block 8, 64 tokens, under each seed (prompt i,
+seed s: 1000 s + i), and each count's mean paired difference to the trained count with its
+standard error: whether a count's τ lead is more than the spread of sampling.
 
 Every contender decodes on its own Engine (its own measured table), warmed up before any is
 timed, then timed in interleaved rounds (``bench.measure.measure``); × target-only is the median
@@ -24,6 +30,7 @@ from dflash2rt.bench.measure import (TEMPERATURES, Temperature, engine_contender
                                      seeded_requests)
 from dflash2rt.bench.rows import paired_ratio
 from dflash2rt.engine.engine import Engine
+from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.engine.stages import selector_params
 from dflash2rt.train.k_curve import load_heldout
 
@@ -57,6 +64,29 @@ def row(pair, backend, prompts, batch: int, t: Temperature, counts, block: int, 
     return out
 
 
+def paired_tau(pair, backend, prompts, seeds, counts, block: int) -> None:
+    engine = Engine(pair, backend)
+    trained = selector_params(pair).top_k
+    print("| T | K | τ | τ at K = %d | paired difference ± standard error | pairs |" % trained)
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for t in TEMPERATURES[1:]:
+        taus: dict = {k: [] for k in (None, *counts)}
+        for seed in seeds:
+            for k in taus:
+                for i, p in enumerate(prompts):
+                    q = Request(tuple(p), SamplingParams(
+                        max_new_tokens=64, temperature=t.temperature, top_p=t.top_p,
+                        seed=1000 * seed + i, ignore_eos=True, num_candidates=k), key=i)
+                    taus[k].append(engine.generate([q], block_size=block)[1].tau)
+        base = taus[None]
+        for k in counts:
+            d = [a - b for a, b in zip(taus[k], base)]
+            se = statistics.stdev(d) / len(d) ** 0.5
+            print(f"| {t.label} | {k} | {statistics.fmean(taus[k]):.2f} | "
+                  f"{statistics.fmean(base):.2f} | {statistics.fmean(d):+.2f} ± {se:.2f} | "
+                  f"{len(d)} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="stdlib-code")
@@ -66,10 +96,17 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--paired-tau", default=None, metavar="SEEDS",
+                    help="τ per prompt and seed, paired against the trained count, instead")
     a = ap.parse_args()
-    pair, prompts, _ = load_heldout(a.model, a.prompts)
     backend = get_backend("cpu")
     counts = [int(x) for x in a.counts.split(",") if x]
+    if a.paired_tau:
+        pair, prompts, _ = load_heldout(a.model)
+        paired_tau(pair, backend, prompts, [int(x) for x in a.paired_tau.split(",")], counts,
+                   a.block)
+        return
+    pair, prompts, _ = load_heldout(a.model, a.prompts)
     print("| batch | T | contender | × target-only | τ |")
     print("| ---: | --- | --- | ---: | ---: |")
     for batch in (int(x) for x in a.batches.split(",")):
