@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import zlib
@@ -42,13 +44,29 @@ const pre = document.createElement('pre'); pre.id = 'layout-probe';
 pre.textContent = JSON.stringify(out); document.body.appendChild(pre); })();</script>"""
 
 
+ATTEMPTS, ATTEMPT_S = 3, 120
+
+
 def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-           "--no-first-run", "--disable-extensions", "--disable-dev-shm-usage",
-           f"--user-data-dir={tmp / 'profile'}",
-           f"--window-size={VIEW_W},{VIEW_H}", "--run-all-compositor-stages-before-draw",
-           "--virtual-time-budget=3000", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    """Chromium with ``args``. Headless Chromium now and then never exits: an attempt that
+    outlives ``ATTEMPT_S`` is killed with every process it started, and the next one begins
+    with a fresh profile; the test fails only if every attempt hangs."""
+    for attempt in range(ATTEMPTS):
+        cmd = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               "--no-first-run", "--disable-extensions", "--disable-dev-shm-usage",
+               f"--user-data-dir={tmp / f'profile-{attempt}'}",
+               f"--window-size={VIEW_W},{VIEW_H}", "--run-all-compositor-stages-before-draw",
+               "--virtual-time-budget=3000", *args]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=ATTEMPT_S)
+            return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)      # its renderer and GPU processes too
+            proc.communicate()
+    pytest.fail(f"headless Chromium did not finish in {ATTEMPTS} attempts of {ATTEMPT_S} s: "
+                f"{' '.join(args)}")
 
 
 def layout(page: Path, tmp: Path) -> dict:
