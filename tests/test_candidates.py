@@ -114,6 +114,20 @@ def test_the_count_changes_the_proposal(engine):
     assert accepted(1) != accepted(VOCAB)
 
 
+def test_rows_keep_their_counts_when_others_finish(engine):
+    """Rows that end early leave the batch (compacted): every row left keeps its own count, so
+    each sampled request's tokens stay its own."""
+    counts_ = (1, VOCAB, 2, None, 9)
+    reqs = [Request((1 + i, 2, 3), SamplingParams(max_new_tokens=3 if i in (0, 2) else 30,
+                                                  temperature=1.0, seed=7 + i,
+                                                  num_candidates=k), key=i)
+            for i, k in enumerate(counts_)]
+    batch, _ = engine.generate(reqs, block_size=4)
+    for i, q in enumerate(reqs):
+        alone, _ = engine.generate([q], block_size=4)
+        assert batch[i].token_ids == alone[0].token_ids, f"request {i} (K={counts_[i]})"
+
+
 def test_stats_report_each_request_s_count(engine):
     reqs = [_greedy(None), _greedy(9), _greedy(9), _greedy(1)]
     _, stats = engine.generate(reqs, block_size=4)

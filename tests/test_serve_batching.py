@@ -30,7 +30,8 @@ WAIT_S = 120.0
 
 
 def mixed(i: int) -> dict:
-    """Request i's parameters: greedy and seeded sampling under every processor."""
+    """Request i's parameters: greedy and seeded sampling under every processor, some with a
+    candidate count of their own."""
     kw: dict = {"model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 6 + i % 11}
     extra: dict = {}
     if i % 4 == 0:
@@ -55,6 +56,8 @@ def mixed(i: int) -> dict:
         kw["logprobs"] = 2
     if i % 13 == 8:
         extra["structured_outputs"] = {"regex": "[a-z_ ]{1,20}"}
+    if i % 5 == 3:
+        extra["num_candidates"] = (4, 32, 128)[i % 3]
     if extra:
         kw["extra_body"] = extra
     return kw
