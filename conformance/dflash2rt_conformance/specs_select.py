@@ -64,6 +64,11 @@ SELECT_CASES = [
                tier="exhaustive"),
     SelectCase(name="v97_k97_full", r=1, gamma=11, v=97, k=97, rank=4, softcap=5.0, temps=[1.0],
                tier="exhaustive"),
+    # Candidate counts past the trained one (a request's own count, engine/candidates.py):
+    # K = 128 sampled; K = 64 over a row with 10 finite logits (|S| < K: the rest −inf, q = 0).
+    SelectCase(name="v160_k128_sampled", r=2, gamma=3, v=160, k=128, rank=3, temps=[1.0, 0.7]),
+    SelectCase(name="few_finite_k64", r=2, gamma=3, v=80, k=64, rank=3, temps=[1.0, 0.0],
+               tail=70),
     SelectCase(name="nan_codebook_lattice_flagged", r=3, gamma=3, v=43, k=4, rank=3,
                temps=[1.0, 1.0, 0.0], nan_codebook=1),
     SelectCase(name="tiny_temperatures_no_overflow", r=3, gamma=4, v=31, k=5, rank=3,
