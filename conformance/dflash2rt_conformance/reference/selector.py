@@ -27,6 +27,19 @@ def _masked(row: np.ndarray, cand: np.ndarray, table: np.ndarray, state: int) ->
     return row if not ok.any() else np.where(ok, row, -np.inf)
 
 
+def limit(logits: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+    """Draft logits [R, γ, V] with every entry outside row r's top ``counts[r]`` (lowest id on
+    ties) at −inf: a request's own candidate count (``engine.candidates``); rows holding NaN or
+    +inf are left as they are."""
+    x = np.array(logits, dtype=np.float64)
+    out = np.full_like(x, -np.inf)
+    for i, k in enumerate(counts):
+        _, cand = topk_lowest_index(x[i], int(k))
+        np.put_along_axis(out[i], cand, np.take_along_axis(x[i], cand, -1), -1)
+    bad = bad_rows(x)
+    return np.where(bad[..., None], x, out)
+
+
 def draft_logits(logits: np.ndarray, table: np.ndarray, state: Sequence[int]) -> np.ndarray:
     """Draft logits [R, γ, V] → the candidate sets' logits under a token automaton: slot 0
     masked with each request's committed state, later slots with the tokens the automaton

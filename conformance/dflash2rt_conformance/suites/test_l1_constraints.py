@@ -105,6 +105,22 @@ def test_draft_walk_follows_the_constraint(backend, results):
     is the q it returns. A walk that masks with another slot's state, draws from the unmasked
     row, or returns the unmasked law as q differs from the reference (greedy and sampled
     rows)."""
+    _draft_walk(backend, results, None)
+
+
+def test_draft_walk_with_rows_limited_to_their_own_count(backend, results):
+    """The same with requests' own candidate counts (``engine.candidates.limit`` after the
+    constraint's masks): a row's candidates past its count are −inf, and where every allowed
+    candidate is one of those the walk reads its row unmasked, as where all are forbidden."""
+    unmasked = _draft_walk(backend, results, (2, None, 1, 3))
+    assert unmasked >= 1, "the case never leaves a slot whose allowed candidates are all −inf"
+
+
+def _draft_walk(backend, results, counts) -> int:
+    """The draft walk vs the reference (``counts``: the rows' own candidate counts, None: the
+    selector's K) → the slots where the walk read its row unmasked with allowed candidates
+    there (all of them −inf)."""
+    from dflash2rt.engine import candidates
     from dflash2rt.ops import selector as ops_selector
     from dflash2rt.ops.selector import SelectorParams
     from dflash2rt_conformance.reference import selector as ref_sel
@@ -121,26 +137,34 @@ def test_draft_walk_follows_the_constraint(backend, results):
     def t(x, dt=torch.float32):
         return torch.tensor(np.asarray(x), dtype=torch.float64).to(dt).to(dev)
     x = cb.draft_logits(t(logits))
+    want_x = ref_sel.draft_logits(logits, table, state)
+    k = WALK_K
+    if counts is not None:
+        per_row = torch.tensor([c or 0 for c in counts], dtype=torch.int64, device=dev)
+        k, x = candidates.limit(x, counts, per_row, WALK_K)
+        want_x = ref_sel.limit(want_x, [c or WALK_K for c in counts])
     sampling = SamplingBatch.build(list(WALK_TEMPS), [0] * WALK_R, [1.0] * WALK_R, dev)
-    args = (t(proj), t(anchor, torch.int64), t(a), t(b), SelectorParams(WALK_K), sampling, t(u))
+    args = (t(proj), t(anchor, torch.int64), t(a), t(b), SelectorParams(k), sampling, t(u))
     with backend.run_context():
         out = ops_selector.select(x, *args, backend.has_fp64, mask=cb.walk())
-    want_x = ref_sel.draft_logits(logits, table, state)
-    want = ref_sel.select(want_x, proj, anchor, a, b, WALK_K, 1.0, None, list(WALK_TEMPS),
+    want = ref_sel.select(want_x, proj, anchor, a, b, k, 1.0, None, list(WALK_TEMPS),
                           [tt == 0 for tt in WALK_TEMPS], u, table=table, state=state)
     got_q = out.q.double().cpu().numpy()
     err = float(np.max(np.abs(got_q - want["q"])))
-    results.metric("L1", "constraint draft walk max |q err|", err)
+    case = "draft_walk" if counts is None else "draft_walk_own_counts"
+    results.metric("L1", f"constraint {case} max |q err|", err)
     assert (out.candidates.cpu().numpy() == want["candidates"]).all(), \
-        "[L1 constraint case=draft_walk] candidate sets differ from the reference (slot 0 " \
+        f"[L1 constraint case={case}] candidate sets differ from the reference (slot 0 " \
         "from the committed state's allowed tokens, later slots from the automaton's)"
     assert (out.draft.cpu().numpy() == want["draft"]).all() and err <= 1e-5, \
-        f"[L1 constraint case=draft_walk] drafts {out.draft.cpu().tolist()} vs reference " \
+        f"[L1 constraint case={case}] drafts {out.draft.cpu().tolist()} vs reference " \
         f"{want['draft'].tolist()}, max |q err| {err:.3g}: the walk must draw from the row " \
         "masked with the state after the path so far, and return that law as q"
-    assert not out.bad_lattice.any() and not want["bad_lattice"].any()
-    forbidden = _forbidden_slots(table, state, want)
+    assert not out.bad_lattice.any() and not want["bad_lattice"].any(), \
+        f"[L1 constraint case={case}] a walked row flagged as not a law"
+    forbidden, unmasked = _forbidden_slots(table, state, want, want_x)
     assert forbidden >= WALK_R * WALK_GAMMA // 2, "the case masks too little to test the walk"
+    return unmasked
 
 
 def _committed_batch(table: np.ndarray, g: np.random.Generator, dev) -> tuple:
@@ -164,18 +188,23 @@ def _committed_batch(table: np.ndarray, g: np.random.Generator, dev) -> tuple:
     return cb, state
 
 
-def _forbidden_slots(table: np.ndarray, state: list[int], want: dict) -> int:
-    """How many (row, slot) pairs of the reference walk offer a forbidden candidate; a draft
-    never takes a forbidden candidate while an allowed one is there."""
-    forbidden = 0
+def _forbidden_slots(table: np.ndarray, state: list[int], want: dict,
+                    x: np.ndarray) -> tuple[int, int]:
+    """How many (row, slot) pairs of the reference walk offer a forbidden candidate, and at how
+    many every allowed candidate is −inf in the draft logits ``x``; a draft never takes a
+    forbidden candidate while an allowed one above −inf is there."""
+    forbidden = unmasked = 0
     for i in range(WALK_R):                # the case reaches forbidden candidates on most slots
         s = state[i]
         for e in range(WALK_GAMMA):
             if s < 0:                      # past a slot whose candidates were all forbidden
                 break
-            ok = table[s][want["candidates"][i, e]] >= 0
+            cand = want["candidates"][i, e]
+            ok = table[s][cand] >= 0
+            live = ok & (x[i, e, cand] > -np.inf)
             forbidden += int(not ok.all())
+            unmasked += int(ok.any() and not live.any())
             s = ref.walk(table, s, (int(want["draft"][i, e]),))
-            assert s >= 0 or not ok.any(), f"[L1 constraint case=draft_walk] draft " \
+            assert s >= 0 or not live.any(), f"[L1 constraint case=draft_walk] draft " \
                 f"{want['draft'][i]} takes a forbidden candidate at slot {e} beside allowed ones"
-    return forbidden
+    return forbidden, unmasked
