@@ -126,10 +126,10 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     "z-lab/Qwen3-8B-DFlash-b16"``, a (target, draft) tuple, or a loaded ModelPair).
 
     The sampling keywords (``max_new_tokens`` to ``logprobs_mode``, ``stop`` being
-    ``stop_strings``, ``constraint`` and ``num_candidates``) are ``SamplingParams``'s fields, one set for every
-    prompt. ``sampling_params`` instead: a ``dflash2rt.SamplingParams`` for every prompt, or a
-    list of them, one per prompt (as vLLM's ``LLM.generate``); giving it with any sampling
-    keyword is a ``ConflictingArgumentsError``, a list of the wrong length an
+    ``stop_strings``, ``constraint`` and ``num_candidates``) are ``SamplingParams``'s fields,
+    one set for every prompt. ``sampling_params`` instead: a ``dflash2rt.SamplingParams`` for
+    every prompt, or a list of them, one per prompt (as vLLM's ``LLM.generate``); giving it
+    with any sampling keyword is a ``ConflictingArgumentsError``, a list of the wrong length an
     ``InvalidInputError``.
 
     The penalties, ``min_p``, ``logit_bias`` and ``logprobs`` are ``SamplingParams``'s (their

@@ -44,10 +44,10 @@ def batches(draw):
     trained = draw(st.integers(1, v))
     temps = [draw(st.sampled_from([0.0, 1.0, 0.6])) for _ in range(r)]
     rank = 3
-    return (torch.tensor(logits), torch.tensor(g.normal(0, 1, (r, gamma, rank)), dtype=torch.float32),
-            torch.tensor(g.integers(0, v, r)), torch.tensor(g.normal(0, 1, (v, rank)), dtype=torch.float32),
-            torch.tensor(g.normal(0, 1, (v, rank)), dtype=torch.float32), asked, trained, temps,
-            torch.tensor(g.random((r, gamma)), dtype=torch.float32))
+    f32 = lambda x: torch.tensor(x, dtype=torch.float32)      # noqa: E731
+    return (torch.tensor(logits), f32(g.normal(0, 1, (r, gamma, rank))),
+            torch.tensor(g.integers(0, v, r)), f32(g.normal(0, 1, (v, rank))),
+            f32(g.normal(0, 1, (v, rank))), asked, trained, temps, f32(g.random((r, gamma))))
 
 
 @settings(max_examples=150, deadline=None, database=None, derandomize=True,

@@ -3,13 +3,13 @@ watermark) as one interface a decode step loops over. A batch holds the list of 
 extensions (``BatchState.extensions``: an empty list is plain decoding, and costs nothing), in
 the order their hooks run: ``Procs`` (logit bias and penalties, ``ops.procs``), ``Watermark``
 (``watermark.generate``), ``Constraint`` (``constraints.device``), ``Candidates`` (requests'
-own candidate counts, ``candidates.py``, which the selector stage applies last). Each hook defaults to
-leaving the step as it is; an implementation wraps its feature's device state and says, per
-hook, what the feature does there: shape the draft logits, mask the selector's walk, give the
-block's draws (a draw source, ``ops.draws``), process verify row j with the state after
-d_1..d_j, advance its state by the committed tokens, and, for a feature whose state graphs take
-as static inputs, what a capture needs. The stages (``stages.py``) call the hooks in list order;
-the device work is the features' own ops, unchanged.
+own candidate counts, ``candidates.py``, which the selector stage applies last). Each hook
+defaults to leaving the step as it is; an implementation wraps its feature's device state and
+says, per hook, what the feature does there: shape the draft logits, mask the selector's walk,
+give the block's draws (a draw source, ``ops.draws``), process verify row j with the state
+after d_1..d_j, advance its state by the committed tokens, and, for a feature whose state
+graphs take as static inputs, what a capture needs. The stages (``stages.py``) call the hooks
+in list order; the device work is the features' own ops, unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..backend import TORCH_OPS
-from . import candidates as counts
 from ..constraints.device import ConstraintBatch
 from ..ops.batch import BlockNoise
 from ..ops.draws import DrawSource, EmitDraw
@@ -28,6 +27,7 @@ from ..ops.procs import ProcBatch
 from ..ops.selector import WalkMask
 from ..watermark import generate as wm_generate
 from ..watermark.generate import KeyedDraws, WatermarkBatch
+from . import candidates
 
 EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs, constraints or a "
                "candidate count of their own run "
@@ -230,7 +230,7 @@ class Candidates(RowExtension):
         return Candidates(tuple(self.requested[i] for i in idx), self.per_row[t])
 
     def limit(self, logits: torch.Tensor, trained: int) -> tuple[int, torch.Tensor]:
-        return counts.limit(logits, self.requested, self.per_row, trained)
+        return candidates.limit(logits, self.requested, self.per_row, trained)
 
 
 def build(requests: Sequence, vocab: int | None, device: torch.device,
@@ -247,9 +247,8 @@ def build(requests: Sequence, vocab: int | None, device: torch.device,
                                 vocab, device)
         constraint = ConstraintBatch.build([q.params.constraint for q in requests], vocab,
                                            device)
-    candidates = Candidates.build([q.params.num_candidates for q in requests], device)
+    own = Candidates.build([q.params.num_candidates for q in requests], device)
     return tuple(e for e in (None if procs is None else Procs(procs),
                              None if watermark is None else Watermark(watermark),
-                             None if constraint is None else Constraint(constraint),
-                             candidates)
+                             None if constraint is None else Constraint(constraint), own)
                  if e is not None)

@@ -31,7 +31,7 @@ def law_of(requests: Sequence) -> Hashable:
 
 def mode_of(requests: Sequence) -> str:
     """"sampled" if any request samples, else "greedy" (as SamplingBatch.any_sampled); where
-    requests set candidate counts, the counts too ("sampled, candidates 32, trained"), since
+    requests set candidate counts, the counts too ("sampled, candidates 32 trained"), since
     the select width they make costs a step more or less (the measured table's key)."""
     mode = "sampled" if any(q.params.temperature > 0 for q in requests) else "greedy"
     asked = {q.params.num_candidates for q in requests}

@@ -110,9 +110,10 @@ class AdaptiveSchedule:
         """A new batch of requests: drop per-request estimates and the probe state (the cost
         table is kept); ``mode``: "sampled" if any request samples, else "greedy" (the part of
         a measured table that its costs come from), either followed by ", " and what else
-        sets a step's cost (``adaptive.mode_of``: the requests' candidate counts); ``law``: what the batch's acceptance
-        depends on besides the pair (the engine passes its requests' sampling settings when
-        they share them): the acceptance pool is kept per (mode, law)."""
+        sets a step's cost (``adaptive.mode_of``: the requests' candidate counts); ``law``:
+        what the batch's acceptance depends on besides the pair (the engine passes its
+        requests' sampling settings when they share them): the acceptance pool is kept per
+        (mode, law)."""
         base = mode.split(", ", 1)[0]
         if base not in MODES:
             raise InvalidInputError(f"schedule mode must be one of {MODES} (then ', ' and "
