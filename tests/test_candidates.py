@@ -5,6 +5,8 @@ Mixed counts in batches with every other option: ``test_batch_independence.py``.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dflash2rt import get_backend
+from dflash2rt.cli.run_cmd import _counts, _stats_line
 from dflash2rt.engine.candidates import counts, limit
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.extensions import EAGER_PROCS, Candidates
@@ -22,7 +25,9 @@ from dflash2rt.errors import DFlash2Error, InvalidInputError, SamplingParamsErro
 from dflash2rt.ops.batch import SamplingBatch
 from dflash2rt.ops.selector import SelectorParams, select
 from dflash2rt.serve.errors import APIError
+from dflash2rt.serve.jobs import Job
 from dflash2rt.serve.protocol import Limits, sampling_params
+from dflash2rt.serve.scheduler import Scheduler
 
 from tiny_models import VOCAB, tiny_pair
 
@@ -135,8 +140,11 @@ def test_stats_report_each_request_s_count(engine):
     assert EAGER_PROCS not in stats.fallbacks                  # the CPU backend has no graphs
     _, stats = engine.generate([_greedy(None)], block_size=4)
     assert stats.candidates == {TRAINED: 1}
+    line = _stats_line(stats)
+    assert "(block 4), candidates 4x1, accept histogram" in line, line
     _, stats = engine.generate([Request((1, 2), SamplingParams(max_new_tokens=3))], spec=False)
-    assert stats.candidates == {}
+    assert stats.candidates == {} and "candidates" not in _stats_line(stats)
+    assert _counts(SimpleNamespace(candidates={1: 1, 9: 2})) == "candidates 1x1, 9x2, "
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "4", 2**31])
@@ -151,6 +159,20 @@ def test_counts_past_the_vocabulary_and_target_only_runs_are_refused(engine):
     with pytest.raises(InvalidInputError, match="target-only"):
         engine.generate([_greedy(3)], spec=False)
     assert SamplingParams(num_candidates=np.int64(7)).num_candidates == 7
+
+
+def test_an_in_process_target_only_loop_refuses_a_count_and_queues_nothing(engine):
+    """The HTTP side refuses first; ``Scheduler.submit`` must too, for in-process callers."""
+    sched = Scheduler(engine, 1, slots=2, max_model_len=64, max_queue=4)
+    plain = Job(_greedy(None), lambda e: None)
+    for bad in (_greedy(3), Request((1, VOCAB), SamplingParams())):
+        with pytest.raises(InvalidInputError, match="target-only|outside the vocabulary"):
+            sched.submit([plain, Job(bad, lambda e: None)])
+        assert sched.waiting == 0
+    sched.submit([plain])
+    assert sched.waiting == 1
+    Scheduler(engine, 4, slots=2, max_model_len=64, max_queue=4).submit(
+        [Job(_greedy(3), lambda e: None)])
 
 
 def test_adaptive_keys_costs_and_acceptance_by_count():

@@ -246,6 +246,13 @@ def _load(args: argparse.Namespace, device, dtype) -> tuple:
     return pair, loaded
 
 
+def _counts(s) -> str:
+    """The requests at each candidate count ("candidates 16x2, 64x1, "; "" when none)."""
+    if not s.candidates:
+        return ""
+    return "candidates " + ", ".join(f"{k}x{n}" for k, n in s.candidates.items()) + ", "
+
+
 def _stats_line(s) -> str:
     """A run's stats in one line: throughput, τ, block sizes, speculation metrics, where the
     time went, fallbacks."""
@@ -258,9 +265,7 @@ def _stats_line(s) -> str:
         f"{b}x{n}" for b, n in sorted(s.block_sizes.items()))
     return (f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "
             f"{s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f} ({blocks}), "
-            + ("candidates " + ", ".join(f"{k}x{n}" for k, n in s.candidates.items()) + ", "
-               if s.candidates else "")
-            + f"accept histogram {s.accept_hist}; {_spec_summary(s)}; {split}; "
+            + _counts(s) + f"accept histogram {s.accept_hist}; {_spec_summary(s)}; {split}; "
             f"fallbacks: {s.fallbacks or 'none'}"
             + (f"; {s.model_pass}" if s.model_pass else ""))
 
@@ -294,7 +299,8 @@ def _run_tp(args: argparse.Namespace, prompts: list) -> int:
         print(f"--- [{i}] {res.outputs[i].finish_reason}\n{prompts[i]}{text}")
     s = res.stats
     print(f"[{s.mode} on {s.backend}, {s.tensor_parallel}] {s.generated} tokens in "
-          f"{s.wall_s:.2f}s = {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}; {_spec_summary(s)}; "
+          f"{s.wall_s:.2f}s = {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}; {_counts(s)}"
+          f"{_spec_summary(s)}; "
           f"fallbacks: {s.fallbacks or 'none'}", file=sys.stderr)
     return 0
 

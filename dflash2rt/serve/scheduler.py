@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..backend import Fallbacks
-from ..engine.candidates import counts as candidate_counts
+from ..engine.candidates import check_no_counts, counts as candidate_counts
 from ..engine.engine import Engine
 from ..engine.output import Collector
 from ..engine.policy.table import bucket_of
@@ -94,7 +94,13 @@ class Scheduler:
             raise self._error
 
     def submit(self, jobs: list[Job]) -> None:
-        """Queue ``jobs`` (all or none): ``Overloaded`` when the queue cannot take them."""
+        """Queue ``jobs`` (all or none): ``Overloaded`` when the queue cannot take them;
+        ``InvalidInputError`` for a request this loop cannot decode as asked (``validate``'s
+        checks, a candidate count on a target-only loop: no drafts to shape)."""
+        for j in jobs:
+            j.request.validate(self.vocab)
+        if self.block == 1:
+            check_no_counts([j.request for j in jobs])
         with self._cv:
             if self._error is not None:
                 raise Overloaded(f"the engine loop stopped: {self._error}")
