@@ -8,7 +8,7 @@ import torch
 from dflash2rt.errors import InvalidInputError, NonFiniteLogitsError
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
 from dflash2rt.ops.sampling import inverse_cdf, target_probs
-from dflash2rt.ops.verify import verify
+from dflash2rt.ops.verify import sample_next, verify
 
 
 def _noise(r, gamma, accept=0.5, residual=0.5, bonus=0.5):
@@ -149,3 +149,96 @@ def test_mixed_batch_rows_equal_solo_runs():
         solo = verify(logits[r:r + 1], draft[r:r + 1], cand[r:r + 1], q[r:r + 1],
                       SamplingBatch.build(temps[r:r + 1], topk[r:r + 1], topp[r:r + 1]), one)
         assert torch.equal(solo.tokens[0], both.tokens[r])
+
+
+@pytest.mark.parametrize("has_fp64", [True, False])
+def test_the_bonus_is_drawn_from_p_whatever_the_last_slot_s_candidates(has_fp64):
+    """After a fully accepted block the bonus comes from p of the last row: the last slot's q
+    (here on 2 of 6 tokens) takes nothing off it."""
+    logits = torch.randn(1, 3, 6, generator=torch.Generator().manual_seed(2))
+    sampling = _sampled()
+    p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    draft = torch.tensor([[1, 4]])
+    cand = torch.tensor([[[1, 3], [4, 0]]])
+    q = torch.tensor([[[1.0, 0.0], [0.75, 0.25]]])
+    seen = set()
+    for i in range(64):
+        u = (2 * i + 1) / 128
+        out = verify(logits, draft, cand, q, sampling, _noise(1, 2, accept=2.0 ** -24, bonus=u),
+                     has_fp64=has_fp64)
+        assert out.accept_len.tolist() == [2]
+        want = int(inverse_cdf(p[0, 2].double(), torch.tensor(u)))
+        assert int(out.tokens[0, 2]) == want, (u, has_fp64)
+        seen.add(want)
+    assert {4, 0} & seen                   # the sweep reaches the last slot's candidates
+
+
+def _special(kind: str, v: int, seed: int) -> torch.Tensor:
+    row = torch.randn(v, generator=torch.Generator().manual_seed(seed))
+    if kind == "nan":
+        row[1] = float("nan")
+    elif kind == "+inf":
+        row[2] = float("inf")
+    elif kind == "no finite":
+        row[:] = float("-inf")
+    return row
+
+
+KINDS = ("finite", "nan", "+inf", "no finite")
+
+
+@pytest.mark.parametrize("has_fp64", [True, False])
+@pytest.mark.parametrize("order", [0, 1, 2])
+def test_a_row_s_flags_and_tokens_do_not_depend_on_the_other_rows(has_fp64, order):
+    """Every mix of greedy / sampled rows with finite, NaN, +inf and all −inf target logits, in
+    one batch in several orders: each row's bad / bad_q flags (verify and sample_next), and a
+    good row's tokens, are what it gets alone."""
+    combos = [(g, k) for g in (True, False) for k in KINDS]
+    perm = torch.randperm(len(combos), generator=torch.Generator().manual_seed(order)).tolist()
+    combos = [combos[i] for i in perm]
+    r, gamma, v = len(combos), 2, 7
+    logits = torch.stack([torch.stack([_special(k if j == order % 3 else "finite", v,
+                                                10 * i + j) for j in range(gamma + 1)])
+                          for i, (_, k) in enumerate(combos)])
+    draft = torch.tensor([[i % v, (i + 3) % v] for i in range(r)])
+    cand, q = _onehot_draft(draft)
+    temps = [0.0 if g else 0.8 for g, _ in combos]
+
+    def batch(rows):
+        return SamplingBatch.build([temps[i] for i in rows], [0] * len(rows),
+                                   [1.0] * len(rows))
+
+    noise = _noise(r, gamma, accept=0.3, residual=0.6, bonus=0.4)
+    both = verify(logits, draft, cand, q, batch(range(r)), noise, check=False,
+                  has_fp64=has_fp64)
+    u = torch.full((r,), 0.4)
+    nxt, nxt_bad = sample_next(logits[:, 0], batch(range(r)), u, has_fp64=has_fp64)
+    for i in range(r):
+        solo = verify(logits[i:i + 1], draft[i:i + 1], cand[i:i + 1], q[i:i + 1], batch([i]),
+                      _noise(1, gamma, accept=0.3, residual=0.6, bonus=0.4), check=False,
+                      has_fp64=has_fp64)
+        assert (bool(both.bad[i]), bool(both.bad_q[i])) == \
+            (bool(solo.bad[0]), bool(solo.bad_q[0])), combos[i]
+        if not bool(solo.bad[0]):
+            assert torch.equal(both.tokens[i], solo.tokens[0]), combos[i]
+        t1, b1 = sample_next(logits[i:i + 1, 0], batch([i]), u[:1], has_fp64=has_fp64)
+        assert bool(nxt_bad[i]) == bool(b1[0]), combos[i]
+        if not bool(b1[0]):
+            assert int(nxt[i]) == int(t1[0]), combos[i]
+    row_bad = [k != "finite" and order % 3 <= gamma for _, k in combos]
+    assert both.bad.tolist() == row_bad                      # NaN, +inf, no finite entry
+    assert nxt_bad.tolist() == [k != "finite" and order % 3 == 0 for _, k in combos]
+
+
+@pytest.mark.parametrize("bad", ["draft", "candidates", "q"])
+def test_each_shape_mismatch_alone_is_refused(bad):
+    logits = torch.zeros(2, 3, 5)
+    draft = torch.zeros(2, 2, dtype=torch.long)
+    cand, q = _onehot_draft(draft)
+    args = {"draft": draft, "candidates": cand, "q": q}
+    args[bad] = {"draft": torch.zeros(2, 3, dtype=torch.long),
+                 "candidates": torch.zeros(1, 2, 3, dtype=torch.long),
+                 "q": torch.zeros(2, 2, 2)}[bad]
+    with pytest.raises(InvalidInputError, match="verify shapes disagree"):
+        verify(logits, args["draft"], args["candidates"], args["q"],
+               SamplingBatch.greedy_batch(2), _noise(2, 2))
