@@ -86,7 +86,8 @@ def test_p_equal_q_always_accepts_and_samples_the_bonus_from_p():
         assert int(out.tokens[0, 2]) == int(inverse_cdf(p[0, 2].double(), torch.tensor(u)))
 
 
-def test_zero_residual_falls_back_to_sampling_from_p():
+@pytest.mark.parametrize("has_fp64", [True, False])
+def test_zero_residual_falls_back_to_sampling_from_p(has_fp64):
     logits = torch.randn(1, 2, 6, generator=torch.Generator().manual_seed(4))
     sampling = _sampled()
     p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
@@ -96,7 +97,7 @@ def test_zero_residual_falls_back_to_sampling_from_p():
     q[0, 0, 2] = torch.nextafter(p[0, 0, 2], torch.tensor(1.0)) * 1.001  # q ≥ p everywhere
     for u_res in (0.1, 0.6, 0.95):
         out = verify(logits, draft, cand, q, sampling,
-                     _noise(1, 1, accept=1 - 2.0 ** -24, residual=u_res))
+                     _noise(1, 1, accept=1 - 2.0 ** -24, residual=u_res), has_fp64=has_fp64)
         assert out.accept_len.tolist() == [0]
         want = int(inverse_cdf(p[0, 0].double(), torch.tensor(u_res)))
         assert int(out.tokens[0, 0]) == want
