@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dflash2rt.bundled import bundled_path
 from dflash2rt.engine.request import SamplingParams
+from dflash2rt.errors import InvalidInputError
 from dflash2rt.models.tokenizer import load_tokenizer
 from dflash2rt.serve import parse
 from dflash2rt.serve.chat import ChatTemplate
@@ -22,8 +23,27 @@ from dflash2rt.serve.protocol import CHAT, COMPLETION, OURS, Limits
 
 VOCAB, CONTEXT = 2048, 12                  # a short context: bodies reach its bound often
 TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-LIMITS = {block: Limits(("m", "n"), CONTEXT, block, VOCAB, lambda p: None)
-          for block in (None, 1, 8)}
+
+
+class Pattern:
+    """A stand-in constraint that remembers the regex it was built from (a constraint hook)."""
+
+    def __init__(self, pattern: str) -> None:
+        if pattern == "(":
+            raise InvalidInputError("the regex does not compile: missing )")
+        self.pattern = pattern
+
+    def initial(self):
+        return 0
+
+    def allowed(self, state):
+        return None
+
+    def advance(self, state, token):
+        return state
+
+
+LIMITS = {block: Limits(("m", "n"), CONTEXT, block, VOCAB, Pattern) for block in (None, 1, 8)}
 
 scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70)
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
@@ -137,6 +157,16 @@ def test_any_body_parses_to_a_checked_request_or_a_4xx_naming_its_field(tokenize
         assert body["block_size"] == block
     if got.logprobs is not None:
         assert 0 <= got.logprobs <= 20
+    regex = [body[k] for k in ("structured_outputs", "guided_regex") if body.get(k) is not None]
+    assert (p.constraint is None) == (not regex)
+
+
+def test_two_regex_fields_at_once_are_refused(tokenizer):
+    body = {"prompt": [1], "max_tokens": 2, "structured_outputs": {"regex": "a"},
+            "guided_regex": "a"}
+    with pytest.raises(APIError) as info:
+        parse.completion(body, LIMITS[8], tokenizer)
+    assert info.value.status == 400 and info.value.param == "structured_outputs"
 
 
 # Each field's domain, written out here from the API's documentation (OpenAI's and vLLM's
@@ -166,7 +196,7 @@ EDGES = {
     "logprobs": [(0, True), (20, True), (5, True), (21, False), (-1, False), (True, False),
                  (1.0, False)],
     "stop": [("x", True), (["a", "bc"], True), ([], True), ("", False), ([""], False),
-             (["a", 1], False), (3, False), ({"a": 1}, False)],
+             (["a", 1], False), (3, False), ({"a": 1}, False), (["\ud800"], False)],
     "stop_token_ids": [([0, VOCAB - 1], True), ([], True), ([VOCAB], False), ([-1], False),
                        ([1.0], False), ([True], False), (5, False)],
     "logit_bias": [({"0": 100}, True), ({str(VOCAB - 1): -100}, True), ({}, True),
@@ -183,6 +213,11 @@ EDGES = {
     "best_of": [(1, True), (2, False)],
     "echo": [(False, True), (True, False)],
     "model": [("m", True), ("n", True), ("other", False), (1, False)],
+    "structured_outputs": [({"regex": "a+"}, True), ({"regex": ""}, False),
+                           ({"regex": 1}, False), ({"pattern": "a"}, False),
+                           ({"regex": "a", "x": 1}, False), ("a+", False),
+                           ({"regex": "("}, False)],
+    "guided_regex": [("a+", True), ("", False), (3, False), (["a"], False), ("(", False)],
     "prompt": [([0], True), ([VOCAB - 1], True), ([1] * 8, True), ([[1, 2], [3]], True),
                ("x = 1", True), ([VOCAB], False), ([-1], False), ([1] * 9, False), ([], False),
                ("", False), ([[1], ""], False), ([True], False), ([1.0], False), (None, False),
@@ -229,6 +264,29 @@ def test_each_field_is_taken_exactly_inside_its_domain(tokenizer, name, value, v
         assert got.stream is value
     elif name == "model":
         assert got.model == value
+    elif name in ("structured_outputs", "guided_regex"):
+        assert p.constraint.pattern == (value["regex"] if isinstance(value, dict) else value)
     elif name == "prompt" and not isinstance(value, str):
         want = value if isinstance(value[0], list) else [value]
         assert got.prompts == [tuple(x) for x in want]
+
+
+def test_a_bare_body_takes_openai_s_defaults(tokenizer):
+    """What a field left out means (OpenAI's and vLLM's defaults)."""
+    roomy = Limits(("m",), 64, 8, VOCAB, Pattern)
+    got = parse.completion({"prompt": [1, 2]}, roomy, tokenizer)
+    p = got.params
+    assert (got.model, got.stream, got.include_usage, got.logprobs) == ("m", False, False, None)
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p) == (16, 1.0, 1.0, 0, 0.0)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert (p.ignore_eos, p.include_stop_str_in_output, p.logprobs) == (False, False, None)
+    assert (p.stop_strings, p.stop_token_ids, p.logit_bias) == ((), (), {})
+    assert p.constraint is None and p.num_candidates is None
+    assert 0 <= p.seed < 2**63
+    greedy = parse.completion({"prompt": [1, 2], "temperature": 0}, roomy, tokenizer).params
+    assert greedy.seed == 0
+    chat = parse.chat({"messages": [{"role": "user", "content": "hi"}]}, roomy, tokenizer,
+                      ChatTemplate("{{ messages[0].content }}"
+                                   "{% if add_generation_prompt %}!{% endif %}", {}))
+    assert tokenizer.decode(chat.prompts[0]) == "hi!"          # a generation prompt by default
+    assert chat.params.max_tokens == 64 - len(chat.prompts[0])  # what the context leaves

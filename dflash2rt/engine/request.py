@@ -88,8 +88,9 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             raise SamplingParamsError("stop_strings must be non-empty strings")
         if any(unicode_problem(s) for s in self.stop_strings):
-            raise SamplingParamsError("a stop string is not valid Unicode text (a lone "
-                                      "surrogate): it could never match the decoded text")
+            raise SamplingParamsError("stop_strings holds a string that is not valid Unicode "
+                                      "text (a lone surrogate): it could never match the "
+                                      "decoded text")
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise SamplingParamsError(f"{name} must be True or False, got "

@@ -1,0 +1,73 @@
+"""``SamplingParams``'s domains, each field edge by edge on both sides, written out here from
+docs/sampling.md independently of the checks: inside, the value is kept (as the documented
+type); outside, a SamplingParamsError whose message names the field. The HTTP side's own edges:
+test_serve_parse_fuzz.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dflash2rt.engine.request import SamplingParams
+from dflash2rt.errors import SamplingParamsError
+
+I31, I63 = 2**31, 2**63
+EDGES = {
+    "max_new_tokens": [(1, True), (I63 - 1, True), (np.int64(3), True), (0, False),
+                       (I63, False), (2.0, False), (True, False)],
+    "temperature": [(0, True), (1e-30, True), (3e38, True), (-1e-12, False), (1e-50, False),
+                    (3.5e38, False), (math.nan, False), (math.inf, False), (True, False)],
+    "top_k": [(0, True), (-1, True), (I63 - 1, True), (-2, False), (I63, False),
+              (1.0, False), (True, False)],
+    "top_p": [(1.0, True), (1e-9, True), (0.0, False), (1.0000001, False), (math.nan, False)],
+    "seed": [(0, True), (I63 - 1, True), (-1, False), (I63, False), (1.0, False)],
+    "min_p": [(0.0, True), (1.0, True), (-1e-9, False), (1.0000001, False),
+              (math.inf, False), (False, False)],
+    "repetition_penalty": [(1e-6, True), (1e6, True), (9.99e-7, False), (1.000001e6, False),
+                           (math.nan, False)],
+    "frequency_penalty": [(-2.0, True), (2.0, True), (-2.000001, False), (2.000001, False)],
+    "presence_penalty": [(-2, True), (2, True), (-2.1, False), (math.inf, False)],
+    "logit_bias": [({0: 100.0}, True), ({I31 - 1: -100}, True), ({I31: 1.0}, False),
+                   ({-1: 1.0}, False), ({1: 100.01}, False), ({1: -100.01}, False),
+                   ({1: math.nan}, False), ({True: 1.0}, False), ({1.0: 1.0}, False),
+                   ([1], False)],
+    "logprobs": [(None, True), (0, True), (20, True), (21, False), (-1, False),
+                 (True, False), (1.0, False)],
+    "logprobs_mode": [("raw", True), ("processed", True), ("RAW", False), (None, False)],
+    "num_candidates": [(None, True), (1, True), (I31 - 1, True), (0, False), (I31, False),
+                       (2.0, False), (True, False)],
+    "stop_token_ids": [((0, I63 - 1), True), ([], True), ((-1,), False), ((I63,), False),
+                       ((1.0,), False), (5, False)],
+    "stop_strings": [(("a", "bc"), True), ([], True), (("",), False), ("ab", False),
+                     ((1,), False), (("\ud800",), False)],
+    "ignore_eos": [(True, True), (False, True), (1, False), ("yes", False)],
+    "include_stop_str_in_output": [(False, True), (0, False)],
+}
+KEPT_AS = {"temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
+           "frequency_penalty": float, "presence_penalty": float, "max_new_tokens": int,
+           "top_k": int, "seed": int}
+
+
+@pytest.mark.parametrize("name,value,valid", [(n, v, ok) for n, cases in EDGES.items()
+                                              for v, ok in cases],
+                         ids=lambda x: repr(x)[:24])
+def test_each_field_is_kept_exactly_inside_its_domain(name, value, valid):
+    if not valid:
+        with pytest.raises(SamplingParamsError, match=name.split("_mode")[0]):
+            SamplingParams(**{name: value})
+        return
+    got = getattr(SamplingParams(**{name: value}), name)
+    if name == "top_k" and value == -1:
+        assert got == 0                                     # vLLM's "off" is ours, 0
+    elif isinstance(value, (list, tuple)):
+        assert got == tuple(value)
+    elif name == "logit_bias":
+        assert got == {int(k): float(b) for k, b in value.items()}
+        assert all(type(k) is int and type(b) is float for k, b in got.items())
+    else:
+        assert got == value
+    if name in KEPT_AS:
+        assert type(getattr(SamplingParams(**{name: value}), name)) in (KEPT_AS[name], int) \
+            if KEPT_AS[name] is float else type(got) is int
