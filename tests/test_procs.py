@@ -134,3 +134,31 @@ def test_logprobs_mode_raw_is_the_models_law_and_processed_the_final_one():
     assert raw.logprobs != pytest.approx(proc.logprobs, abs=1e-3)
     with pytest.raises(SamplingParamsError, match="logprobs_mode"):
         SamplingParams(logprobs=1, logprobs_mode="logits")
+
+
+@pytest.mark.parametrize("r,t,v,n,keep", [(1, 1, 5, 1, 1), (2, 3, 7, 4, 2), (3, 4, 9, 3, 3),
+                                          (2, 2, 6, 2, None)])
+def test_packed_logprobs_unpack_to_each_token_s_own_and_top(r, t, v, n, keep):
+    """``token_logprobs`` → ``unpack_logprobs`` round trip, for every token of a block and
+    every row: the token's log-probability and the top-``keep`` alternatives, against
+    log_softmax computed here."""
+    from dflash2rt.ops.batch import SamplingBatch
+    from dflash2rt.ops.procs import token_logprobs, unpack_logprobs
+
+    g = torch.Generator().manual_seed(r * 100 + t * 10 + v)
+    logits = torch.randn(r, t, v, generator=g)
+    tokens = torch.randint(0, v, (r, t), generator=g)
+    packed = token_logprobs(logits, SamplingBatch.build([1.0] * r, [0] * r, [1.0] * r),
+                            tokens, n)
+    want = torch.log_softmax(logits, -1)
+    for i in range(r):
+        got = unpack_logprobs(packed[i].tolist(), t, n, keep)
+        if keep is None:
+            assert got == []
+            continue
+        assert len(got) == t
+        for j, (lp, top) in enumerate(got):
+            assert lp == pytest.approx(want[i, j, tokens[i, j]].item(), abs=1e-6)
+            ids = torch.topk(want[i, j], keep).indices.tolist()
+            assert list(top) == ids
+            assert all(top[k] == pytest.approx(want[i, j, k].item(), abs=1e-6) for k in ids)
