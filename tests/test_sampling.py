@@ -126,3 +126,40 @@ def test_inverse_cdf32_bad_laws():
     u = torch.full((5,), 0.5)
     assert exact32.inverse_cdf32(w, u).tolist() == inverse_cdf(w.double(), u).tolist() \
         == [1, -1, -1, -1, -1]
+
+
+MIXES = [(1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.0), (1.3, 0, 0.6, 0.0), (0.9, 2, 0.8, 0.0),
+         (1.0, 0, 1.0, 0.2), (0.5, 4, 0.9, 0.1), (0.0, 0, 1.0, 0.0), (2.0, 1, 1.0, 0.0),
+         (1.0, 0, 1.0, 1.0)]                      # min-p 1: the most likely tokens only
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mixed_batches_match_the_float64_reference_row_by_row(seed):
+    """Batches mixing rows with and without top-k / top-p / min-p (so that the host facts send
+    some rows down the sorted path and others not), logits with ties and −inf: target_probs
+    and target_logprobs of each row equal the float64 reference's law of that row."""
+    from dflash2rt_conformance.reference import sampling as ref
+
+    from dflash2rt.ops.sampling import target_logprobs
+
+    g = torch.Generator().manual_seed(seed)
+    rows = [MIXES[i] for i in torch.randperm(len(MIXES), generator=g)[:2 + seed % 5].tolist()]
+    r, t, v = len(rows), 2, 11
+    logits = (torch.randint(-4, 4, (r, t, v), generator=g) / 2).float()     # ties
+    logits[torch.rand(r, t, v, generator=g) < 0.15] = float("-inf")
+    logits[..., 0] = 1.0                                                   # a finite entry
+    temps, ks, ps, mps = (list(c) for c in zip(*rows))
+    sb = SamplingBatch.build(temps, ks, ps, min_p=mps)
+    args = (logits, sb.temperature, sb.top_k, sb.top_p)
+    facts = dict(top_k_max=sb.top_k_max, top_p_rows=sb.top_p_rows, min_p=sb.min_p)
+    p = target_probs(*args, **facts)
+    lp = target_logprobs(*args, **facts)
+    want = ref.target_probs(logits.double().numpy(), temps, ks, ps, mps)
+    for i in range(r):
+        got, w = p[i].double(), torch.from_numpy(want[i])
+        assert torch.equal(got == 0, w == 0), rows[i]               # the same tokens kept
+        torch.testing.assert_close(got, w, atol=2e-6, rtol=1e-5, msg=str(rows[i]))
+        kept = w > 0
+        assert bool(torch.isneginf(lp[i][~kept]).all()), rows[i]
+        torch.testing.assert_close(lp[i][kept].double(), torch.log(w[kept]), atol=2e-5,
+                                   rtol=1e-5, msg=str(rows[i]))
