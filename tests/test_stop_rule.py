@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dflash2rt
 from dflash2rt.engine.request import SamplingParams
@@ -44,6 +46,51 @@ def test_overlapping_stops_cut_at_the_earliest_whatever_their_order(pair, stops)
     kept = dflash2rt.run(pair, "cpu", prompts=[list(A)], max_new_tokens=6, stop=stops,
                          block_size=4, include_stop_str_in_output=True)
     assert kept.texts == ["xab"] and kept.tokens == res.tokens
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(text=st.text("abc", max_size=12),
+       stops=st.lists(st.text("abc", min_size=1, max_size=3), min_size=1, max_size=4),
+       include=st.booleans())
+def test_the_cut_is_the_earliest_start_and_the_shortest_there(text, stops, include):
+    """stop_cut against a scan of every position of the text."""
+    from dflash2rt.engine.request import stop_cut
+
+    want = None
+    for k in range(len(text)):
+        here = [s for s in stops if text.startswith(s, k)]
+        if here:
+            want = k + (min(map(len, here)) if include else 0)
+            break
+    assert stop_cut(text, stops, include) == want
+    assert stop_cut(text, stops[::-1], include) == want            # whatever the order
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(tokens=st.lists(st.integers(0, 5), max_size=10), stop_ids=st.sets(st.integers(0, 5)),
+       eos=st.sets(st.integers(0, 5), max_size=2), ignore_eos=st.booleans(),
+       limit=st.integers(1, 8))
+def test_a_stop_token_ends_the_output_before_the_length_does(tokens, stop_ids, eos,
+                                                             ignore_eos, limit):
+    """stop_at against a token-by-token scan: the first stop token (EOS unless ignored)
+    within the limit ends the output without it; else the limit, once reached."""
+    from dflash2rt.engine.request import stop_at
+
+    params = SamplingParams(max_new_tokens=limit, stop_token_ids=tuple(sorted(stop_ids)),
+                            ignore_eos=ignore_eos)
+    stops = stop_ids | (set() if ignore_eos else eos)
+    want = None
+    for i, t in enumerate(tokens):
+        if i == limit:
+            want = (limit, "length")
+            break
+        if t in stops:
+            want = (i, "stop_token")
+            break
+    else:
+        if len(tokens) >= limit:
+            want = (limit, "length")
+    assert stop_at(tokens, params, tuple(eos)) == want
 
 
 def test_the_rule_itself():
