@@ -285,6 +285,9 @@ def test_a_bare_body_takes_openai_s_defaults(tokenizer):
     assert 0 <= p.seed < 2**63
     greedy = parse.completion({"prompt": [1, 2], "temperature": 0}, roomy, tokenizer).params
     assert greedy.seed == 0
+    seeds = {parse.completion({"prompt": [1, 2], "temperature": t}, roomy, tokenizer)
+             .params.seed for t in (1e-3, 0.5, 0.5, 1, 1.5)}
+    assert len(seeds) == 5 and 0 not in seeds         # unseeded sampling: a fresh seed each
     chat = parse.chat({"messages": [{"role": "user", "content": "hi"}]}, roomy, tokenizer,
                       ChatTemplate("{{ messages[0].content }}"
                                    "{% if add_generation_prompt %}!{% endif %}", {}))
