@@ -148,14 +148,20 @@ def test_mixed_batches_match_the_float64_reference_row_by_row(seed):
     logits = (torch.randint(-4, 4, (r, t, v), generator=g) / 2).float()     # ties
     logits[torch.rand(r, t, v, generator=g) < 0.15] = float("-inf")
     logits[..., 0] = 1.0                                                   # a finite entry
+    logits[..., 1] = -30.0                               # p ~ 1e-14: after the mass reaches 1
     temps, ks, ps, mps = (list(c) for c in zip(*rows))
     sb = SamplingBatch.build(temps, ks, ps, min_p=mps)
     args = (logits, sb.temperature, sb.top_k, sb.top_p)
     facts = dict(top_k_max=sb.top_k_max, top_p_rows=sb.top_p_rows, min_p=sb.min_p)
-    p = target_probs(*args, **facts)
-    lp = target_logprobs(*args, **facts)
     want = ref.target_probs(logits.double().numpy(), temps, ks, ps, mps)
-    for i in range(r):
+    for unknown in (False, True):           # True: no host facts (graph bodies): all sorted
+        if unknown:
+            facts.update(top_k_max=None, top_p_rows=None)
+        _check_rows(rows, want, target_probs(*args, **facts), target_logprobs(*args, **facts))
+
+
+def _check_rows(rows, want, p, lp):
+    for i in range(len(rows)):
         got, w = p[i].double(), torch.from_numpy(want[i])
         assert torch.equal(got == 0, w == 0), rows[i]               # the same tokens kept
         torch.testing.assert_close(got, w, atol=2e-6, rtol=1e-5, msg=str(rows[i]))
