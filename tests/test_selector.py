@@ -127,3 +127,25 @@ def test_selector_and_sample_next_fp32_equal_fp64():
     with exact32.without_fp64():
         got = ops_verify.sample_next(logits[:, 0], args[6], u)
     assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
+@pytest.mark.parametrize("mult,cap", [(1.0, None), (0.3, None), (1.0, 2.0), (2.5, 4.0),
+                                      (0.05, 0.5)])
+@pytest.mark.parametrize("temps", [(0.0, 0.0, 0.0), (0.8, 0.0, 1.7)])
+def test_select_equals_the_float64_reference(mult, cap, temps):
+    """Each output multiplier and softcap, greedy and mixed rows: drafts, candidates and q
+    against the conformance suite's float64 reference (which computes the unary scores, the
+    lattice and the walk on its own)."""
+    from dflash2rt_conformance.reference import selector as ref
+
+    logits, proj, anchor, a, b, u = _inputs(r=3, gamma=4, v=40, seed=int(mult * 10) + 7)
+    params = SelectorParams(top_k=6, output_multiplier=mult, softcap=cap)
+    sampling = SamplingBatch.build(list(temps), [0] * 3, [1.0] * 3)
+    got = select(logits, proj, anchor, a, b, params, sampling, u)
+    want = ref.select(logits.numpy(), proj.double().numpy(), anchor.numpy(),
+                      a.double().numpy(), b.double().numpy(), 6, mult, cap, list(temps),
+                      [t == 0 for t in temps], u.double().numpy())
+    assert got.candidates.tolist() == want["candidates"].tolist()
+    assert got.draft.tolist() == want["draft"].tolist()
+    torch.testing.assert_close(got.q.double(), torch.from_numpy(want["q"]), atol=1e-5,
+                               rtol=1e-4)
