@@ -149,3 +149,19 @@ def test_select_equals_the_float64_reference(mult, cap, temps):
     assert got.draft.tolist() == want["draft"].tolist()
     torch.testing.assert_close(got.q.double(), torch.from_numpy(want["q"]), atol=1e-5,
                                rtol=1e-4)
+
+
+@pytest.mark.parametrize("bad", ["proj rows", "proj rank", "codebooks", "u_walk"])
+def test_each_shape_mismatch_alone_is_refused(bad):
+    logits, proj, anchor, a, b, u = _inputs(r=2, gamma=3, v=20)
+    if bad == "proj rows":
+        proj = proj[:, :2]
+    elif bad == "proj rank":
+        proj = proj[..., :3]
+    elif bad == "codebooks":
+        b = b[:, :3]
+    else:
+        u = u[:, :2]
+    with pytest.raises(InvalidInputError, match="selector shapes disagree"):
+        select(logits, proj, anchor, a, b, SelectorParams(top_k=4),
+               SamplingBatch.greedy_batch(2), u)
