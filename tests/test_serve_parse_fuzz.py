@@ -293,3 +293,18 @@ def test_a_bare_body_takes_openai_s_defaults(tokenizer):
                                    "{% if add_generation_prompt %}!{% endif %}", {}))
     assert tokenizer.decode(chat.prompts[0]) == "hi!"          # a generation prompt by default
     assert chat.params.max_tokens == 64 - len(chat.prompts[0])  # what the context leaves
+
+
+def test_a_model_without_a_template_or_tokenizer_refuses_what_needs_them(tokenizer):
+    roomy = Limits(("m",), 64, 8, VOCAB, Pattern)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    for tok, template in ((tokenizer, None), (None, ChatTemplate(TEMPLATE, {})), (None, None)):
+        with pytest.raises(APIError) as info:
+            parse.chat(chat, roomy, tok, template)
+        assert (info.value.status, info.value.param, info.value.code) == \
+            (400, "messages", "chat_template_missing")
+    with pytest.raises(APIError) as info:
+        parse.completion({"prompt": "def f():"}, roomy, None)
+    assert (info.value.status, info.value.param) == (400, "prompt")
+    assert "tokenizer" in info.value.message
+    assert parse.completion({"prompt": [3, 4]}, roomy, None).prompts == [(3, 4)]
