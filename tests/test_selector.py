@@ -165,3 +165,43 @@ def test_each_shape_mismatch_alone_is_refused(bad):
     with pytest.raises(InvalidInputError, match="selector shapes disagree"):
         select(logits, proj, anchor, a, b, SelectorParams(top_k=4),
                SamplingBatch.greedy_batch(2), u)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_constrained_walk_equals_the_float64_reference(seed):
+    """The walk under a token automaton (``ConstraintBatch.walk``), greedy and sampled rows:
+    each slot's row masked with the state after the path so far (unmasked where nothing
+    allowed has mass), drawn from, and returned as q, as the reference does."""
+    import numpy as np
+    from dflash2rt_conformance.reference import selector as ref
+
+    from dflash2rt.constraints import TokenAutomaton
+    from dflash2rt.constraints.device import ConstraintBatch
+
+    r, gamma, v, k, rank, states = 4, 5, 24, 6, 3, 4
+    g = np.random.default_rng(seed)
+    nxt = (np.arange(states)[:, None] + 1 + np.arange(v)[None, :]) % states
+    table = np.where(g.random((states, v)) < 0.45, -1, nxt)
+    table[:, 0] = 0                                      # never a dead end
+    logits = g.normal(0.0, 2.0, (r, gamma, v))
+    proj, (a, b) = g.normal(0.0, 1.0, (r, gamma, rank)), g.normal(0.0, 1.0, (2, v, rank))
+    anchor, u = g.integers(0, v, r), g.uniform(0.02, 0.98, (r, gamma))
+    temps = [0.0, 1.0, 0.6, 1.5]
+    f32 = lambda x: torch.tensor(np.asarray(x), dtype=torch.float32)      # noqa: E731
+    cb = ConstraintBatch.build([TokenAutomaton(table)] * r, v, "cpu")
+    x = cb.draft_logits(f32(logits))
+    out = select(x, f32(proj), torch.tensor(anchor), f32(a), f32(b), SelectorParams(k),
+                 SamplingBatch.build(temps, [0] * r, [1.0] * r), f32(u), mask=cb.walk())
+    want = ref.select(ref.draft_logits(logits, table, [0] * r), proj, anchor, a, b, k, 1.0,
+                      None, temps, [t == 0 for t in temps], u, table=table, state=[0] * r)
+    assert out.candidates.tolist() == want["candidates"].tolist()
+    assert out.draft.tolist() == want["draft"].tolist()
+    torch.testing.assert_close(out.q.double(), torch.from_numpy(want["q"]), atol=1e-5,
+                               rtol=1e-4)
+    forbidden = 0                                        # candidates the path's state bans
+    for i in range(r):
+        st = 0
+        for e in range(gamma):
+            forbidden += int((table[st, want["candidates"][i, e]] < 0).sum())
+            st = max(int(table[st, want["draft"][i, e]]), 0)
+    assert forbidden >= r * gamma                        # the case masks plenty
