@@ -308,3 +308,29 @@ def test_a_model_without_a_template_or_tokenizer_refuses_what_needs_them(tokeniz
     assert (info.value.status, info.value.param) == (400, "prompt")
     assert "tokenizer" in info.value.message
     assert parse.completion({"prompt": [3, 4]}, roomy, None).prompts == [(3, 4)]
+
+
+@pytest.mark.parametrize("extra,want", [
+    ({"logprobs": True, "top_logprobs": 0}, 0), ({"logprobs": True, "top_logprobs": 20}, 20),
+    ({"logprobs": True}, 0), ({}, None), ({"logprobs": False}, None),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"max_completion_tokens": 5}, 5), ({"max_tokens": 6}, 6),
+    ({"max_tokens": 6, "max_completion_tokens": 5}, "max_completion_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens")])
+def test_chat_s_own_fields_at_their_edges(tokenizer, extra, want):
+    """Chat's logprobs (top_logprobs only with logprobs, 0-20) and its two names of the
+    output length."""
+    body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+    roomy = Limits(("m",), 64, 8, VOCAB, Pattern)
+    try:
+        got = parse.chat(body, roomy, tokenizer, ChatTemplate(TEMPLATE, {}))
+    except APIError as exc:
+        assert (exc.status, exc.param) == (400, want), exc.message
+        return
+    assert not isinstance(want, str), f"{extra} was taken"
+    if "max_tokens" in extra or "max_completion_tokens" in extra:
+        assert got.params.max_tokens == want
+    else:
+        assert got.logprobs == want == got.params.logprobs

@@ -78,6 +78,6 @@ def chat(body: Any, limits: Limits, tokenizer: TextTokenizer | None,
     prompt = tuple(encoder(tokenizer)(text, add_special_tokens=False))
     if not prompt:
         raise bad("messages", "the chat template rendered these messages to no tokens")
-    max_tokens = protocol.check_context(prompt, max_tokens, limits, "messages")
+    max_tokens = protocol.check_context(prompt, max_tokens, limits, "messages", name)
     params = protocol.sampling_params(body, limits, max_tokens, logprobs, "top_logprobs")
     return Parsed([prompt], params, stream, include_usage, logprobs, model)

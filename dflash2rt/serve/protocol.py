@@ -226,17 +226,18 @@ def check_common(body: dict) -> tuple[bool, bool]:
 
 
 def check_context(prompt: tuple[int, ...], max_tokens: int | None, limits: Limits,
-                  what: str) -> int:
-    """``max_tokens`` (None: what the context leaves), checked against the context."""
+                  what: str, name: str = "max_tokens") -> int:
+    """``max_tokens`` (None: what the context leaves), checked against the context; ``name``:
+    the field the request gave it in (chat also has max_completion_tokens)."""
     if max_tokens is not None and max_tokens < 1:
-        raise bad("max_tokens", f"max_tokens must be >= 1, got {max_tokens}")
+        raise bad(name, f"{name} must be >= 1, got {max_tokens}")
     room = limits.max_model_len - len(prompt)
     if room < 1 or (max_tokens is not None and max_tokens > room):
         asked = len(prompt) + (max_tokens or 1)
-        raise bad(what if room < 1 else "max_tokens",
+        raise bad(what if room < 1 else name,
                   f"this model's maximum context length is {limits.max_model_len} tokens; the "
                   f"request needs {asked} ({len(prompt)} in the {what}, "
-                  f"{max_tokens or 1} to generate): shorten the {what} or lower max_tokens",
+                  f"{max_tokens or 1} to generate): shorten the {what} or lower {name}",
                   "context_length_exceeded")
     return room if max_tokens is None else max_tokens
 
