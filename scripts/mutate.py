@@ -111,7 +111,7 @@ def mutate(src: str, pt: tuple[int, str, int, int]) -> tuple[str, str]:
 def survivors(log: str) -> set[tuple[int, str, str]]:
     out = set()
     for line in open(log, encoding="utf-8"):
-        m = re.match(r"SURVIVED line (\d+) (\S+) (.*?) \(\d+ s\)", line)
+        m = re.match(r"SURVIVED line (\d+) (\S+) (.*?) \(\d+ ?s\)", line)
         if m:
             out.add((int(m.group(1)), m.group(2), m.group(3)))
     return out
