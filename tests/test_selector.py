@@ -167,11 +167,14 @@ def test_each_shape_mismatch_alone_is_refused(bad):
                SamplingBatch.greedy_batch(2), u)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_constrained_walk_equals_the_float64_reference(seed):
+@pytest.mark.parametrize("seed,nan", [(0, False), (1, False), (2, False), (0, True),
+                                      (3, True)])
+def test_the_constrained_walk_equals_the_float64_reference(seed, nan):
     """The walk under a token automaton (``ConstraintBatch.walk``), greedy and sampled rows:
     each slot's row masked with the state after the path so far (unmasked where nothing
-    allowed has mass), drawn from, and returned as q, as the reference does."""
+    allowed has mass), drawn from, and returned as q, as the reference does. ``nan``: the
+    first row's anchor has a NaN codebook row, so the rows whose walk reads it are flagged,
+    and only those (their drafts are not compared)."""
     import numpy as np
     from dflash2rt_conformance.reference import selector as ref
 
@@ -187,6 +190,8 @@ def test_the_constrained_walk_equals_the_float64_reference(seed):
     proj, (a, b) = g.normal(0.0, 1.0, (r, gamma, rank)), g.normal(0.0, 1.0, (2, v, rank))
     anchor, u = g.integers(0, v, r), g.uniform(0.02, 0.98, (r, gamma))
     temps = [0.0, 1.0, 0.6, 1.5]
+    if nan:
+        a[anchor[0]] = np.nan
     f32 = lambda x: torch.tensor(np.asarray(x), dtype=torch.float32)      # noqa: E731
     cb = ConstraintBatch.build([TokenAutomaton(table)] * r, v, "cpu")
     x = cb.draft_logits(f32(logits))
@@ -195,9 +200,14 @@ def test_the_constrained_walk_equals_the_float64_reference(seed):
     want = ref.select(ref.draft_logits(logits, table, [0] * r), proj, anchor, a, b, k, 1.0,
                       None, temps, [t == 0 for t in temps], u, table=table, state=[0] * r)
     assert out.candidates.tolist() == want["candidates"].tolist()
-    assert out.draft.tolist() == want["draft"].tolist()
-    torch.testing.assert_close(out.q.double(), torch.from_numpy(want["q"]), atol=1e-5,
-                               rtol=1e-4)
+    assert out.bad_lattice.tolist() == want["bad_lattice"].tolist()
+    assert bool(want["bad_lattice"][0]) == nan
+    good = ~want["bad_lattice"]
+    assert out.draft[good].tolist() == want["draft"][good].tolist()
+    torch.testing.assert_close(out.q[good].double(), torch.from_numpy(want["q"][good]),
+                               atol=1e-5, rtol=1e-4)
+    if nan:
+        return
     forbidden = 0                                        # candidates the path's state bans
     for i in range(r):
         st = 0
