@@ -71,3 +71,37 @@ def test_each_field_is_kept_exactly_inside_its_domain(name, value, valid):
     if name in KEPT_AS:
         assert type(getattr(SamplingParams(**{name: value}), name)) in (KEPT_AS[name], int) \
             if KEPT_AS[name] is float else type(got) is int
+
+
+def test_the_defaults_are_the_documented_ones():
+    p = SamplingParams()
+    assert (p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.seed) == (64, 0.0, 0, 1.0, 0)
+    assert (p.stop_token_ids, p.stop_strings, p.logit_bias) == ((), (), {})
+    assert (p.include_stop_str_in_output, p.ignore_eos) == (False, False)
+    assert (p.repetition_penalty, p.frequency_penalty, p.presence_penalty, p.min_p) == \
+        (1.0, 0.0, 0.0, 0.0)
+    assert (p.logprobs, p.logprobs_mode, p.constraint, p.num_candidates) == \
+        (None, "raw", None, None)
+    assert not p.processed
+
+
+class _Hook:
+    def initial(self):
+        return 0
+
+    def allowed(self, state):
+        return None
+
+    def advance(self, state, token):
+        return state
+
+
+@pytest.mark.parametrize("field,value", [
+    ("logit_bias", {1: 0.5}), ("logprobs", 0), ("min_p", 0.1), ("repetition_penalty", 1.2),
+    ("frequency_penalty", -0.5), ("presence_penalty", 0.3), ("constraint", _Hook())])
+def test_any_one_processor_makes_a_request_processed(field, value):
+    """``processed`` (the batch then builds its processor state) is true when any one of
+    them is set, and only then."""
+    assert SamplingParams(**{field: value}).processed
+    assert not SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=3,
+                              stop_strings=("x",), ignore_eos=True).processed

@@ -135,7 +135,8 @@ class SamplingParams:
     def processed(self) -> bool:
         """Whether the request uses a logit processor (bias, a penalty, min-p), logprobs or a
         constraint."""
-        return self.constraint is not None or bool(self.logit_bias) or self.logprobs is not None or self.min_p > 0 \
+        return self.constraint is not None or bool(self.logit_bias) \
+            or self.logprobs is not None or self.min_p > 0 \
             or self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 \
             or self.presence_penalty != 0.0
 
