@@ -105,3 +105,36 @@ def test_any_one_processor_makes_a_request_processed(field, value):
     assert SamplingParams(**{field: value}).processed
     assert not SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=3,
                               stop_strings=("x",), ignore_eos=True).processed
+
+
+V = 10
+
+
+def _table(vocab: int):
+    from dflash2rt.constraints import TokenAutomaton
+
+    return TokenAutomaton(np.zeros((1, vocab), dtype=np.int32))
+
+
+@pytest.mark.parametrize("prompt,params,key,valid", [
+    ((0, V - 1), {}, 0, True), ((V,), {}, 0, False), ((-1,), {}, 0, False), ((), {}, 0, False),
+    ((1,), {}, 2**32 - 1, True), ((1,), {}, 2**32, False), ((1,), {}, -1, False),
+    ((1,), {"stop_token_ids": (V - 1,)}, 0, True), ((1,), {"stop_token_ids": (V,)}, 0, False),
+    ((1,), {"logit_bias": {V - 1: 1.0}}, 0, True), ((1,), {"logit_bias": {V: 1.0}}, 0, False),
+    ((1,), {"num_candidates": V}, 0, True), ((1,), {"num_candidates": V + 1}, 0, False),
+    ((1,), {"constraint": "table V"}, 0, True), ((1,), {"constraint": "table V+1"}, 0, False)],
+    ids=lambda x: repr(x)[:20])
+def test_a_request_is_checked_against_the_vocabulary_at_its_edges(prompt, params, key, valid):
+    """``Request.validate``: token ids, the key, and every per-token field against the
+    vocabulary, on both sides of each bound."""
+    from dflash2rt.engine.request import Request
+    from dflash2rt.errors import DFlash2Error
+
+    if params.get("constraint"):
+        params = {"constraint": _table(V if params["constraint"] == "table V" else V + 1)}
+    q = Request(prompt, SamplingParams(**params), key=key)
+    if valid:
+        q.validate(V)
+    else:
+        with pytest.raises(DFlash2Error):
+            q.validate(V)
