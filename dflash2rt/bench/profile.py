@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..engine.engine import Engine
 from ..engine.request import Request
 from ..engine.runner import Runner
+from ..engine.stats import RunStats
 from . import measure
 from .measure import Measurement, Sample
 
