@@ -138,3 +138,15 @@ def test_a_request_is_checked_against_the_vocabulary_at_its_edges(prompt, params
     else:
         with pytest.raises(DFlash2Error):
             q.validate(V)
+
+
+def test_params_are_immutable_and_hashable_with_a_bias_and_a_constraint():
+    """Requests share and key SamplingParams (a frozen dataclass): the dict-valued fields
+    stay out of the hash instead of making it fail."""
+    import dataclasses
+
+    p = SamplingParams(logit_bias={1: 2.0}, constraint=_Hook(), stop_strings=("x",))
+    assert hash(p) == hash(SamplingParams(logit_bias={3: 1.0}, constraint=_Hook(),
+                                          stop_strings=("x",)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.temperature = 1.0
