@@ -169,3 +169,26 @@ def _check_rows(rows, want, p, lp):
         assert bool(torch.isneginf(lp[i][~kept]).all()), rows[i]
         torch.testing.assert_close(lp[i][kept].double(), torch.log(w[kept]), atol=2e-5,
                                    rtol=1e-5, msg=str(rows[i]))
+
+
+def test_min_p_off_leaves_a_row_bit_for_bit():
+    """Rows with min_p = 0 beside rows with min-p: their probabilities and log-probabilities
+    are exactly what they are without min-p (not renormalized)."""
+    from dflash2rt.ops.sampling import apply_min_p, target_logprobs
+
+    logits = torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(8))
+    args = (logits, torch.tensor([0.7, 1.3]), torch.tensor([0, 5]), torch.tensor([1.0, 0.9]))
+    p = target_probs(*args)
+    with_min_p = apply_min_p(p, torch.tensor([0.0, 0.3]))
+    assert torch.equal(with_min_p[0], p[0]) and not torch.equal(with_min_p[1], p[1])
+    lp = target_logprobs(*args, min_p=torch.tensor([0.0, 0.3]))
+    assert torch.equal(lp[0], target_logprobs(*args)[0])
+
+
+def test_no_temperature_overflows_the_largest_logits():
+    """Logits near float32's largest value at a small temperature: the law is finite (the
+    row's maximum is subtracted before the division)."""
+    logits = torch.tensor([[[3e38, 1e38, -3e38]]])
+    for t in (0.5, 1e-3, 1.0):
+        p = target_probs(logits, torch.tensor([t]), torch.tensor([0]), torch.tensor([1.0]))
+        assert p[0, 0].tolist() == [1.0, 0.0, 0.0], t
