@@ -215,3 +215,72 @@ def test_the_constrained_walk_equals_the_float64_reference(seed, nan):
             forbidden += int((table[st, want["candidates"][i, e]] < 0).sum())
             st = max(int(table[st, want["draft"][i, e]]), 0)
     assert forbidden >= r * gamma                        # the case masks plenty
+
+
+class _Drawer:
+    """A walk drawer that takes the candidate after the plain draw's and flags the rows it is
+    told to, recording the law rows it was given."""
+
+    def __init__(self, flag_rows: set[int]) -> None:
+        self.flag_rows, self.laws, self.picks = flag_rows, [], []
+
+    def pick(self, slot, law, cand, plain, greedy):
+        self.laws.append(law.clone())
+        k = law.shape[1]
+        pos = torch.where(greedy, plain, (plain + 1) % k)
+        self.picks.append(pos.clone())
+        bad = torch.tensor([i in self.flag_rows and slot == 1 for i in range(law.shape[0])])
+        return pos, bad
+
+
+class _Source:
+    """A draw source (``ops.draws.DrawSource``'s shape) with the drawer above."""
+
+    def __init__(self, u, flag_rows):
+        from dflash2rt.ops.batch import BlockNoise
+
+        self.noise = BlockNoise(walk=u, accept=u, residual=u, bonus=u[:, 0])
+        self.drawer = _Drawer(flag_rows)
+
+    def walker(self, has_fp64=None):
+        return self.drawer
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_a_keyed_walk_takes_its_drawer_s_picks_and_flags_row_by_row(constrained):
+    """With a draw source (the watermark's keyed walk), sampled rows take the drawer's
+    position at every slot, q is the law row it was shown, and exactly the rows it flags are
+    flagged; greedy rows keep their argmax walk."""
+    from dflash2rt.ops import draws
+
+    logits, proj, anchor, a, b, u = _inputs(r=3, gamma=3, v=30, seed=11)
+    params = SelectorParams(top_k=5)
+    sampling = SamplingBatch.build([0.9, 0.0, 1.2], [0] * 3, [1.0] * 3)
+    draws.DrawSource.register(_Source)
+    source = _Source(u, flag_rows={2})
+    mask = None
+    if constrained:
+        class _AllowAll:
+            def allowed(self, slot, cand):
+                return torch.ones_like(cand, dtype=torch.bool)
+
+            def advance(self, token):
+                pass
+        mask = _AllowAll()
+    keyed = select(logits, proj, anchor, a, b, params, sampling, source, mask=mask)
+    plain = select(logits, proj, anchor, a, b, params, sampling, u, mask=mask)
+    assert keyed.bad_lattice.tolist() == [False, False, True]
+    assert torch.equal(keyed.draft[1], plain.draft[1])                  # greedy: unchanged
+    assert len(source.drawer.laws) == 3
+    for i in (0, 2):
+        prev = int(anchor[i])
+        for e in range(3):
+            cand = keyed.candidates[i, e]
+            row = unary_scores(logits[i, e, cand], params) \
+                + (a[prev] * proj[i, e] * b[cand]).sum(-1)
+            law = torch.softmax(row / sampling.temperature[i], -1)
+            torch.testing.assert_close(keyed.q[i, e], law)
+            torch.testing.assert_close(source.drawer.laws[e][i], law)
+            assert keyed.draft[i, e] == cand[source.drawer.picks[e][i]]   # the drawer's pick
+            prev = int(keyed.draft[i, e])
+    assert not torch.equal(keyed.draft[0], plain.draft[0])               # the drawer's picks
