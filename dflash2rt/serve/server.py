@@ -94,15 +94,13 @@ class Server:
             job = Job(Request(prompt, p.params), lambda e: None, arrival=arrival,
                       streamed=p.stream)
             job.sink = functools.partial(self._sink, loop, queue, i, job)
-            try:
-                job.request.validate(self.limits.vocab)
-            except DFlash2Error as exc:
-                raise bad("prompt", str(exc)) from exc
             jobs.append(job)
         try:
-            self.scheduler.submit(jobs)
+            self.scheduler.submit(jobs)             # checks each request before queueing it
         except Overloaded as exc:
             raise overloaded(str(exc), RETRY_AFTER) from exc
+        except DFlash2Error as exc:
+            raise bad("prompt", str(exc)) from exc
         shape = Shape(("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, chat, p.model)
         if p.stream:
             return self._stream(p, jobs, queue, shape)
