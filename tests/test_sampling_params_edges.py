@@ -13,6 +13,8 @@ import pytest
 from dflash2rt.engine.request import SamplingParams
 from dflash2rt.errors import SamplingParamsError
 
+from test_serve_parse_fuzz import Pattern          # a stand-in constraint hook
+
 I31, I63 = 2**31, 2**63
 EDGES = {
     "max_new_tokens": [(1, True), (I63 - 1, True), (np.int64(3), True), (0, False),
@@ -85,20 +87,9 @@ def test_the_defaults_are_the_documented_ones():
     assert not p.processed
 
 
-class _Hook:
-    def initial(self):
-        return 0
-
-    def allowed(self, state):
-        return None
-
-    def advance(self, state, token):
-        return state
-
-
 @pytest.mark.parametrize("field,value", [
     ("logit_bias", {1: 0.5}), ("logprobs", 0), ("min_p", 0.1), ("repetition_penalty", 1.2),
-    ("frequency_penalty", -0.5), ("presence_penalty", 0.3), ("constraint", _Hook())])
+    ("frequency_penalty", -0.5), ("presence_penalty", 0.3), ("constraint", Pattern("a"))])
 def test_any_one_processor_makes_a_request_processed(field, value):
     """``processed`` (the batch then builds its processor state) is true when any one of
     them is set, and only then."""
@@ -145,8 +136,8 @@ def test_params_are_immutable_and_hashable_with_a_bias_and_a_constraint():
     stay out of the hash instead of making it fail."""
     import dataclasses
 
-    p = SamplingParams(logit_bias={1: 2.0}, constraint=_Hook(), stop_strings=("x",))
-    assert hash(p) == hash(SamplingParams(logit_bias={3: 1.0}, constraint=_Hook(),
+    p = SamplingParams(logit_bias={1: 2.0}, constraint=Pattern("a"), stop_strings=("x",))
+    assert hash(p) == hash(SamplingParams(logit_bias={3: 1.0}, constraint=Pattern("b"),
                                           stop_strings=("x",)))
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.temperature = 1.0
