@@ -44,6 +44,7 @@ class Pattern:
 
 
 LIMITS = {block: Limits(("m", "n"), CONTEXT, block, VOCAB, Pattern) for block in (None, 1, 8)}
+ROOMY = Limits(("m",), 64, 8, VOCAB, Pattern)       # a context that bare bodies fit in
 
 scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70)
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
@@ -273,8 +274,7 @@ def test_each_field_is_taken_exactly_inside_its_domain(tokenizer, name, value, v
 
 def test_a_bare_body_takes_openai_s_defaults(tokenizer):
     """What a field left out means (OpenAI's and vLLM's defaults)."""
-    roomy = Limits(("m",), 64, 8, VOCAB, Pattern)
-    got = parse.completion({"prompt": [1, 2]}, roomy, tokenizer)
+    got = parse.completion({"prompt": [1, 2]}, ROOMY, tokenizer)
     p = got.params
     assert (got.model, got.stream, got.include_usage, got.logprobs) == ("m", False, False, None)
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p) == (16, 1.0, 1.0, 0, 0.0)
@@ -283,12 +283,12 @@ def test_a_bare_body_takes_openai_s_defaults(tokenizer):
     assert (p.stop_strings, p.stop_token_ids, p.logit_bias) == ((), (), {})
     assert p.constraint is None and p.num_candidates is None
     assert 0 <= p.seed < 2**63
-    greedy = parse.completion({"prompt": [1, 2], "temperature": 0}, roomy, tokenizer).params
+    greedy = parse.completion({"prompt": [1, 2], "temperature": 0}, ROOMY, tokenizer).params
     assert greedy.seed == 0
-    seeds = {parse.completion({"prompt": [1, 2], "temperature": t}, roomy, tokenizer)
+    seeds = {parse.completion({"prompt": [1, 2], "temperature": t}, ROOMY, tokenizer)
              .params.seed for t in (1e-3, 0.5, 0.5, 1, 1.5)}
     assert len(seeds) == 5 and 0 not in seeds         # unseeded sampling: a fresh seed each
-    chat = parse.chat({"messages": [{"role": "user", "content": "hi"}]}, roomy, tokenizer,
+    chat = parse.chat({"messages": [{"role": "user", "content": "hi"}]}, ROOMY, tokenizer,
                       ChatTemplate("{{ messages[0].content }}"
                                    "{% if add_generation_prompt %}!{% endif %}", {}))
     assert tokenizer.decode(chat.prompts[0]) == "hi!"          # a generation prompt by default
@@ -296,18 +296,17 @@ def test_a_bare_body_takes_openai_s_defaults(tokenizer):
 
 
 def test_a_model_without_a_template_or_tokenizer_refuses_what_needs_them(tokenizer):
-    roomy = Limits(("m",), 64, 8, VOCAB, Pattern)
     chat = {"messages": [{"role": "user", "content": "hi"}]}
     for tok, template in ((tokenizer, None), (None, ChatTemplate(TEMPLATE, {})), (None, None)):
         with pytest.raises(APIError) as info:
-            parse.chat(chat, roomy, tok, template)
+            parse.chat(chat, ROOMY, tok, template)
         assert (info.value.status, info.value.param, info.value.code) == \
             (400, "messages", "chat_template_missing")
     with pytest.raises(APIError) as info:
-        parse.completion({"prompt": "def f():"}, roomy, None)
+        parse.completion({"prompt": "def f():"}, ROOMY, None)
     assert (info.value.status, info.value.param) == (400, "prompt")
     assert "tokenizer" in info.value.message
-    assert parse.completion({"prompt": [3, 4]}, roomy, None).prompts == [(3, 4)]
+    assert parse.completion({"prompt": [3, 4]}, ROOMY, None).prompts == [(3, 4)]
 
 
 @pytest.mark.parametrize("extra,want", [
@@ -323,9 +322,8 @@ def test_chat_s_own_fields_at_their_edges(tokenizer, extra, want):
     """Chat's logprobs (top_logprobs only with logprobs, 0-20) and its two names of the
     output length."""
     body = {"messages": [{"role": "user", "content": "hi"}], **extra}
-    roomy = Limits(("m",), 64, 8, VOCAB, Pattern)
     try:
-        got = parse.chat(body, roomy, tokenizer, ChatTemplate(TEMPLATE, {}))
+        got = parse.chat(body, ROOMY, tokenizer, ChatTemplate(TEMPLATE, {}))
     except APIError as exc:
         assert (exc.status, exc.param) == (400, want), exc.message
         return
