@@ -8,6 +8,7 @@ import torch
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.ops import exact32, selector, verify as ops_verify
 from dflash2rt.ops.batch import SamplingBatch
+from dflash2rt.ops.draws import DrawSource
 from dflash2rt.ops.selector import SelectorParams, select, topk_lowest_index, unary_scores
 
 
@@ -233,6 +234,17 @@ class _Drawer:
         return pos, bad
 
 
+class _AllowAll:
+    """A walk mask that forbids nothing (the constrained walk's path, no constraint)."""
+
+    def allowed(self, slot, cand):
+        return torch.ones_like(cand, dtype=torch.bool)
+
+    def advance(self, token):
+        pass
+
+
+@DrawSource.register
 class _Source:
     """A draw source (``ops.draws.DrawSource``'s shape) with the drawer above."""
 
@@ -251,22 +263,11 @@ def test_a_keyed_walk_takes_its_drawer_s_picks_and_flags_row_by_row(constrained)
     """With a draw source (the watermark's keyed walk), sampled rows take the drawer's
     position at every slot, q is the law row it was shown, and exactly the rows it flags are
     flagged; greedy rows keep their argmax walk."""
-    from dflash2rt.ops import draws
-
     logits, proj, anchor, a, b, u = _inputs(r=3, gamma=3, v=30, seed=11)
     params = SelectorParams(top_k=5)
     sampling = SamplingBatch.build([0.9, 0.0, 1.2], [0] * 3, [1.0] * 3)
-    draws.DrawSource.register(_Source)
     source = _Source(u, flag_rows={2})
-    mask = None
-    if constrained:
-        class _AllowAll:
-            def allowed(self, slot, cand):
-                return torch.ones_like(cand, dtype=torch.bool)
-
-            def advance(self, token):
-                pass
-        mask = _AllowAll()
+    mask = _AllowAll() if constrained else None
     keyed = select(logits, proj, anchor, a, b, params, sampling, source, mask=mask)
     plain = select(logits, proj, anchor, a, b, params, sampling, u, mask=mask)
     assert keyed.bad_lattice.tolist() == [False, False, True]
