@@ -23,6 +23,7 @@ from dflash2rt.serve.protocol import CHAT, COMPLETION, OURS, Limits
 
 VOCAB, CONTEXT = 2048, 12                  # a short context: bodies reach its bound often
 TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+CHAT_TEMPLATE = ChatTemplate(TEMPLATE, {})
 
 
 class Pattern:
@@ -127,7 +128,7 @@ def test_any_body_parses_to_a_checked_request_or_a_4xx_naming_its_field(tokenize
     allowed = CHAT if chat else COMPLETION
     try:
         if chat:
-            got = parse.chat(body, limits, tokenizer, ChatTemplate(TEMPLATE, {}))
+            got = parse.chat(body, limits, tokenizer, CHAT_TEMPLATE)
         else:
             got = parse.completion(body, limits, tokenizer)
     except APIError as exc:
@@ -297,7 +298,7 @@ def test_a_bare_body_takes_openai_s_defaults(tokenizer):
 
 def test_a_model_without_a_template_or_tokenizer_refuses_what_needs_them(tokenizer):
     chat = {"messages": [{"role": "user", "content": "hi"}]}
-    for tok, template in ((tokenizer, None), (None, ChatTemplate(TEMPLATE, {})), (None, None)):
+    for tok, template in ((tokenizer, None), (None, CHAT_TEMPLATE), (None, None)):
         with pytest.raises(APIError) as info:
             parse.chat(chat, ROOMY, tok, template)
         assert (info.value.status, info.value.param, info.value.code) == \
@@ -323,7 +324,7 @@ def test_chat_s_own_fields_at_their_edges(tokenizer, extra, want):
     output length."""
     body = {"messages": [{"role": "user", "content": "hi"}], **extra}
     try:
-        got = parse.chat(body, ROOMY, tokenizer, ChatTemplate(TEMPLATE, {}))
+        got = parse.chat(body, ROOMY, tokenizer, CHAT_TEMPLATE)
     except APIError as exc:
         assert (exc.status, exc.param) == (400, want), exc.message
         return
