@@ -8,7 +8,8 @@ import torch
 from dflash2rt.errors import SamplingParamsError
 from dflash2rt.ops import exact32
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
-from dflash2rt.ops.sampling import check_sampling_params, inverse_cdf, target_probs
+from dflash2rt.ops.sampling import (check_sampling_params, inverse_cdf, target_logprobs,
+                                    target_probs)
 from dflash2rt.ops.verify import verify
 
 
@@ -140,8 +141,6 @@ def test_mixed_batches_match_the_float64_reference_row_by_row(seed):
     and target_logprobs of each row equal the float64 reference's law of that row."""
     from dflash2rt_conformance.reference import sampling as ref
 
-    from dflash2rt.ops.sampling import target_logprobs
-
     g = torch.Generator().manual_seed(seed)
     rows = [MIXES[i] for i in torch.randperm(len(MIXES), generator=g)[:2 + seed % 5].tolist()]
     r, t, v = len(rows), 2, 11
@@ -174,7 +173,7 @@ def _check_rows(rows, want, p, lp):
 def test_min_p_off_leaves_a_row_bit_for_bit():
     """Rows with min_p = 0 beside rows with min-p: their probabilities and log-probabilities
     are exactly what they are without min-p (not renormalized)."""
-    from dflash2rt.ops.sampling import apply_min_p, target_logprobs
+    from dflash2rt.ops.sampling import apply_min_p
 
     logits = torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(8))
     args = (logits, torch.tensor([0.7, 1.3]), torch.tensor([0, 5]), torch.tensor([1.0, 0.9]))
