@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dflash2rt import get_backend
-from dflash2rt.cli.run_cmd import _counts, _stats_line
+from dflash2rt.cli import stats_line
 from dflash2rt.engine.candidates import counts, limit
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.extensions import EAGER_PROCS, Candidates
@@ -140,11 +140,11 @@ def test_stats_report_each_request_s_count(engine):
     assert EAGER_PROCS not in stats.fallbacks                  # the CPU backend has no graphs
     _, stats = engine.generate([_greedy(None)], block_size=4)
     assert stats.candidates == {TRAINED: 1}
-    line = _stats_line(stats)
+    line = stats_line.stats_line(stats)
     assert "(block 4), candidates 4x1, accept histogram" in line, line
     _, stats = engine.generate([Request((1, 2), SamplingParams(max_new_tokens=3))], spec=False)
-    assert stats.candidates == {} and "candidates" not in _stats_line(stats)
-    assert _counts(SimpleNamespace(candidates={1: 1, 9: 2})) == "candidates 1x1, 9x2, "
+    assert stats.candidates == {} and "candidates" not in stats_line.stats_line(stats)
+    assert stats_line.counts(SimpleNamespace(candidates={1: 1, 9: 2})) == "candidates 1x1, 9x2, "
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "4", 2**31])

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from .prompt_file import read_prompt_file
+from .stats_line import stats_line, tp_stats_line
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         print(file=sys.stderr)
         for i, text in enumerate(res.texts):
             print(f"--- [{i}] {res.outputs[i].finish_reason}\n{_shown(pair, prompts[i])}{text}")
-    print(_stats_line(res.stats), file=sys.stderr)
+    print(stats_line(res.stats), file=sys.stderr)
     return 0
 
 
@@ -244,30 +245,6 @@ def _load(args: argparse.Namespace, device, dtype) -> tuple:
           f"(before loading {loaded['rss_before_bytes'] / 1e9:.2f} GB), checkpoint files "
           f"{loaded['checkpoint_bytes'] / 1e9:.2f} GB", file=sys.stderr)
     return pair, loaded
-
-
-def _counts(s) -> str:
-    """The requests at each candidate count ("candidates 16x2, 64x1, "; "" when none)."""
-    if not s.candidates:
-        return ""
-    return "candidates " + ", ".join(f"{k}x{n}" for k, n in s.candidates.items()) + ", "
-
-
-def _stats_line(s) -> str:
-    """A run's stats in one line: throughput, τ, block sizes, speculation metrics, where the
-    time went, fallbacks."""
-    split = ", ".join(f"{k} {v:.3f}s" for k, v in s.time.items())
-    if s.calibration_steps:       # the adaptive schedule's timing steps: part of the wall time
-        split += f", calibration {s.calibration_s:.3f}s ({s.calibration_steps} steps)"
-    if s.cost_noise:
-        split += f", {s.cost_noise}"
-    blocks = f"block {s.block_size}" if not s.adaptive else "adaptive blocks " + ", ".join(
-        f"{b}x{n}" for b, n in sorted(s.block_sizes.items()))
-    return (f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "
-            f"{s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f} ({blocks}), "
-            + _counts(s) + f"accept histogram {s.accept_hist}; {_spec_summary(s)}; {split}; "
-            f"fallbacks: {s.fallbacks or 'none'}"
-            + (f"; {s.model_pass}" if s.model_pass else ""))
 
 
 def _run_tp(args: argparse.Namespace, prompts: list) -> int:
@@ -297,21 +274,8 @@ def _run_tp(args: argparse.Namespace, prompts: list) -> int:
         return 0
     for i, text in enumerate(res.texts):
         print(f"--- [{i}] {res.outputs[i].finish_reason}\n{prompts[i]}{text}")
-    s = res.stats
-    print(f"[{s.mode} on {s.backend}, {s.tensor_parallel}] {s.generated} tokens in "
-          f"{s.wall_s:.2f}s = {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}; {_counts(s)}"
-          f"{_spec_summary(s)}; "
-          f"fallbacks: {s.fallbacks or 'none'}", file=sys.stderr)
+    print(tp_stats_line(res.stats), file=sys.stderr)
     return 0
-
-
-def _spec_summary(s) -> str:
-    """The run's speculation metrics in one phrase (what --metrics writes)."""
-    rates = " ".join(f"{r:.2f}" for r in s.acceptance_rate_per_pos)
-    reached = " ".join(f"{r:.2f}" for r in s.conditional_acceptance_rate_per_pos)
-    return (f"{s.num_drafts} drafts, {s.num_accepted_tokens}/{s.num_draft_tokens} draft tokens "
-            f"accepted, mean acceptance length {s.mean_acceptance_length:.2f}, "
-            f"per position [{rates}] (of drafts; of those reaching it [{reached}])")
 
 
 def _prompt_ids(pair, prompt: str | list[int]) -> list[int]:
