@@ -300,3 +300,43 @@ def test_api_and_cli_take_a_regex(bundled):
                "--max-new-tokens", "12", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["tokens"] == res.tokens
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_a_generic_hook_beside_plain_and_automaton_rows(bundled, spec):
+    """One batch holding a generic hook's row, an unconstrained row and a token automaton's
+    row: each row gives the tokens it gives alone. The host builds masks for the hook's row
+    only; the others are left to the device (the automaton) or unmasked (plain)."""
+    eng, ids = bundled
+    a = _digits(eng)
+    kw = dict(max_new_tokens=20)
+    reqs = [Request(ids[0], SamplingParams(**kw, constraint=DigitsHook(a))),
+            Request(ids[1], SamplingParams(**kw)),
+            Request(ids[3], SamplingParams(**kw, constraint=a)),
+            Request(ids[2], SamplingParams(**kw, constraint=DigitsHook(a)))]
+    block = 8 if spec else None
+    mixed, _ = eng.generate(reqs, spec=spec, block_size=block)
+    for q, got in zip(reqs, mixed):
+        alone, _ = eng.generate([q], spec=spec, block_size=block)
+        assert (got.token_ids, got.finish_reason) == (alone[0].token_ids,
+                                                      alone[0].finish_reason)
+    s = a.initial()
+    for t in mixed[0].token_ids:
+        assert a.allowed(s)[t]
+        s = a.advance(s, t)
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_host_masks_are_counted_once_per_round_trip(bundled, spec):
+    """Generic hooks: one host→device mask copy for the first token, one after every step
+    but the last (the next token's), and with speculation one more per speculative step (the
+    verify rows' masks, after the drafts came back) — exactly, not at most."""
+    eng, ids = bundled
+    a = _digits(eng)
+    reqs = [Request(p, SamplingParams(max_new_tokens=17, constraint=DigitsHook(a)))
+            for p in ids]
+    _, stats = eng.generate(reqs, spec=spec, block_size=8 if spec else None)
+    spec_steps = stats.steps - stats.block_sizes.get(1, 0) if spec else 0
+    assert stats.steps > 1
+    assert stats.constraint_host_masks == 1 + stats.steps + spec_steps
+    assert stats.syncs == stats.steps + spec_steps
