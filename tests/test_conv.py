@@ -80,3 +80,39 @@ def test_taps_reaching_past_the_block_start_read_zero():
     delta = torch.randn(2 * block, taps, 2, dtype=torch.float64)
     got = grouped_dynamic_conv(x, base, delta, block)
     torch.testing.assert_close(got, naive_conv(x, base, delta, block), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_one_tap_scales_each_row_by_its_own_weights(groups):
+    """A single tap (Tk = 1) is a valid conv: row i times base[0] + δ[i, 0] per group, no row
+    reading another."""
+    block, h = 4, 8
+    g = torch.Generator().manual_seed(groups)
+    x = torch.randn(2 * block, h, generator=g, dtype=torch.float64)
+    base = torch.randn(1, h, generator=g, dtype=torch.float64)
+    delta = torch.randn(2 * block, 1, groups, generator=g, dtype=torch.float64)
+    got = grouped_dynamic_conv(x, base, delta, block)
+    want = (base[0] + delta[:, 0].repeat_interleave(h // groups, dim=1)) * x
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got, naive_conv(x, base, delta, block), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("shapes,says", [
+    (((8, 6), (2, 6), (8, 2)), "delta must be"),           # δ without its group axis
+    (((8, 6), (2, 6), (8, 2, 2, 1)), "delta must be"),     # δ with one axis too many
+    (((8, 6), (2, 6), (4, 2, 2)), "delta must be"),        # δ for other rows only
+    (((8, 6), (2, 6), (8, 3, 2)), "delta must be"),        # δ for more taps than base
+    (((8, 6), (2, 6), (8, 1, 2)), "delta must be"),        # ... and for fewer
+    (((8, 6), (0, 6), (8, 0, 2)), "at least one tap"),     # no tap at all
+    (((8, 6), (2, 6), (8, 2, 0)), "must divide"),          # no group
+    (((8, 6), (2, 6, 1), (8, 2, 2)), "base"),              # base of the wrong rank
+    (((8, 6), (6,), (8, 2, 2)), "base"),
+    (((8, 6, 1), (2, 6), (8, 2, 2)), "input must be"),     # x of the wrong rank
+    (((8, 6), (2, 6), (8, 2, 2), 0), "multiple of"),       # block 0
+])
+def test_each_shape_mismatch_alone_is_refused(shapes, says):
+    """Every other argument consistent, one wrong: a typed error naming it."""
+    x, base, delta, *block = shapes
+    with pytest.raises(InvalidInputError, match=says):
+        grouped_dynamic_conv(torch.zeros(x), torch.zeros(base), torch.zeros(delta),
+                             block[0] if block else 4)
