@@ -104,3 +104,34 @@ def test_the_memoised_mask_follows_key_ranges_changed_in_place():
             kk, vv = k[:, :new_hi], v[:, :new_hi]
             assert torch.allclose(got, A.attend(q, kk, vv, A.range_mask(lo, hi, new_hi), 0.09),
                                   atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op,wrong", [(op, w) for op in ("attention", "attend")
+                                      for w in ("heads", "k vs v", "head dim", "rows")]
+                         + [("attention", "lo"), ("attention", "hi")])
+def test_each_shape_mismatch_alone_is_refused(op, wrong):
+    """q [R, T, nh, hd], k = v [R, L, n_kv, hd] with n_kv dividing nh, and for ``attention``
+    lo / hi [R, T]: every other shape consistent, one wrong → a typed error, never a
+    broadcast."""
+    from dflash2rt.errors import InvalidInputError
+
+    r, t, nh, n_kv, hd, n = 2, 3, 4, 2, 8, 5
+    q, k, v = torch.zeros(r, t, nh, hd), torch.zeros(r, n, n_kv, hd), torch.zeros(r, n, n_kv, hd)
+    lo, hi = torch.zeros(r, t, dtype=torch.int64), torch.full((r, t), n, dtype=torch.int64)
+    if wrong == "heads":
+        k, v = torch.zeros(r, n, 3, hd), torch.zeros(r, n, 3, hd)
+    elif wrong == "k vs v":
+        v = torch.zeros(r, n + 1, n_kv, hd)
+    elif wrong == "head dim":
+        k, v = torch.zeros(r, n, n_kv, hd // 2), torch.zeros(r, n, n_kv, hd // 2)
+    elif wrong == "rows":
+        k, v = torch.zeros(r + 1, n, n_kv, hd), torch.zeros(r + 1, n, n_kv, hd)
+    elif wrong == "lo":
+        lo = torch.zeros(r, t + 1, dtype=torch.int64)
+    else:
+        hi = torch.full((r + 1, t), n, dtype=torch.int64)
+    with pytest.raises(InvalidInputError, match=op):
+        if op == "attention":
+            A.attention(q, k, v, lo, hi, hd ** -0.5)
+        else:
+            A.attend(q, k, v, torch.ones(r, t, n, dtype=torch.bool))
