@@ -77,7 +77,8 @@ def test_attention_with_every_key_visible_or_not_matches_the_reference(grouped, 
     row short of the last key, one row starting after the first key."""
     q, k, v, _, _ = _long_case(2, t, torch.float32, seed=7 + t)
     if not grouped:
-        k, v = k[:, :300], v[:, :300]
+        k, v = k[:, :100], v[:, :100]
+    assert (k[0].numel() * k.element_size() >= A.GROUPED_MIN_BYTES) == grouped
     n = k.shape[1]
     full = torch.full((2, t), n)
     for lo, hi in ((torch.zeros_like(full), full),
@@ -107,7 +108,8 @@ def test_the_memoised_mask_follows_key_ranges_changed_in_place():
 
 
 @pytest.mark.parametrize("op,wrong", [(op, w) for op in ("attention", "attend")
-                                      for w in ("heads", "k vs v", "head dim", "rows")]
+                                      for w in ("heads", "kv heads", "k vs v", "head dim",
+                                                "rows")]
                          + [("attention", "lo"), ("attention", "hi")])
 def test_each_shape_mismatch_alone_is_refused(op, wrong):
     """q [R, T, nh, hd], k = v [R, L, n_kv, hd] with n_kv dividing nh, and for ``attention``
@@ -120,6 +122,8 @@ def test_each_shape_mismatch_alone_is_refused(op, wrong):
     lo, hi = torch.zeros(r, t, dtype=torch.int64), torch.full((r, t), n, dtype=torch.int64)
     if wrong == "heads":
         k, v = torch.zeros(r, n, 3, hd), torch.zeros(r, n, 3, hd)
+    elif wrong == "kv heads":                       # more KV heads than query heads
+        k, v = torch.zeros(r, n, 2 * nh, hd), torch.zeros(r, n, 2 * nh, hd)
     elif wrong == "k vs v":
         v = torch.zeros(r, n + 1, n_kv, hd)
     elif wrong == "head dim":
@@ -135,3 +139,69 @@ def test_each_shape_mismatch_alone_is_refused(op, wrong):
             A.attention(q, k, v, lo, hi, hd ** -0.5)
         else:
             A.attend(q, k, v, torch.ones(r, t, n, dtype=torch.bool))
+
+
+def _naive(q, k, v, lo, hi, scale):
+    """float64, one row and head at a time, over k[r, lo:hi] sliced out (no mask helper of
+    the op's own)."""
+    r, t, nh, hd = q.shape
+    g = nh // k.shape[2]
+    out = torch.zeros(r, t, nh, hd, dtype=torch.float64)
+    for i in range(r):
+        for j in range(t):
+            a, b = int(lo[i, j]), int(hi[i, j])
+            for h in range(nh):
+                kk, vv = k[i, a:b, h // g].double(), v[i, a:b, h // g].double()
+                w = torch.softmax(kk @ q[i, j, h].double() * scale, dim=0)
+                out[i, j, h] = w @ vv
+    return out
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_attention_reads_exactly_each_row_s_key_range(grouped):
+    """Against slices of the cache, not a mask the op also builds: lo inclusive, hi
+    exclusive, per row and query row, GQA; key ranges of one key, ranges starting past 0, a
+    row of every key. ``range_mask`` itself, position by position."""
+    q, k, v, _, _ = _long_case(2, 3, torch.float32, seed=5)
+    if not grouped:
+        k, v = k[:, :40], v[:, :40]
+    n = k.shape[1]
+    lo = torch.tensor([[0, 7, n - 1], [3, 0, 12]])
+    hi = torch.tensor([[n, 8, n], [4, n - 2, 30]])
+    A.visible_mask.entry = None
+    got = A.attention(q, k, v, lo, hi, 0.09)
+    assert torch.allclose(got.double(), _naive(q, k, v, lo, hi, 0.09), atol=1e-5, rtol=1e-5)
+    m = A.range_mask(lo, hi, n)
+    for i in range(2):
+        for j in range(3):
+            want = [int(lo[i, j]) <= p < int(hi[i, j]) for p in range(n)]
+            assert m[i, j].tolist() == want
+
+
+def test_attend_gives_a_row_that_sees_no_key_every_key():
+    """A query row whose mask is all False attends uniformly over every key (finite), and the
+    other rows keep their own keys."""
+    q, k, v, _, _ = _case(1, 2, 2, 2, 4, 6, torch.float64, seed=2)
+    mask = torch.tensor([[[False] * 6, [True, True, False, False, False, False]]])
+    got = A.attend(q, k, v, mask, 0.5)
+    every = _naive(q, k, v, torch.tensor([[0, 0]]), torch.tensor([[6, 2]]), 0.5)
+    assert torch.allclose(got, every, atol=1e-12)
+
+
+def test_attend_scales_by_the_head_dim_unless_told():
+    q, k, v, lo, hi = _case(2, 3, 4, 2, 16, 9, torch.float64, seed=4)
+    mask = A.range_mask(lo, hi, 9)
+    want = _naive(q, k, v, lo, hi, 16 ** -0.5)
+    assert torch.allclose(A.attend(q, k, v, mask), want, atol=1e-12)
+    assert torch.allclose(A.attend(q, k, v, mask, 0.7), _naive(q, k, v, lo, hi, 0.7),
+                          atol=1e-12)
+
+
+def test_the_memoised_mask_follows_the_key_count():
+    """The same lo / hi over caches of different lengths (the draft's and the target's in
+    one step): each call attends its own keys."""
+    q, k, v, _, _ = _case(2, 3, 4, 4, 8, 60, torch.float32, seed=6)
+    lo, hi = torch.zeros(2, 3, dtype=torch.int64), torch.full((2, 3), 20)
+    for n in (20, 35, 60, 20):
+        got = A.attention(q, k[:, :n], v[:, :n], lo, hi, 0.3)
+        assert torch.allclose(got.double(), _naive(q, k, v, lo, hi, 0.3), atol=1e-5), n
