@@ -276,3 +276,106 @@ def test_kernel_backend_without_fp64_runs_the_float32_kernels(monkeypatch):
         got = backend.verify(logits, draft, cand, q, sampling, noise, check=False)
     assert launched == [False] and torch.equal(got.tokens, want.tokens)
     assert torch.equal(got.accept_len, want.accept_len)
+
+
+def test_two_sum_and_two_prod_are_error_free():
+    """s + e == a + b and p + e == a · b exactly (as rationals), over a wide exponent range
+    with no overflow or underflow: the identities every double-float step rests on."""
+    g = G(21)
+    n = 3000
+    mag = lambda: 2.0 ** torch.randint(-40, 40, (n,), generator=g).to(F32)   # noqa: E731
+    a = (torch.rand(n, generator=g) - 0.5) * mag()
+    b = (torch.rand(n, generator=g) - 0.5) * mag()
+    s, e = exact32.two_sum(a, b)
+    assert all(_fr(x) + _fr(y) == _fr(p) + _fr(q) for x, y, p, q in zip(s, e, a, b))
+    p, e = exact32.two_prod(a, b)
+    assert p.dtype == e.dtype == F32
+    assert all(_fr(x) + _fr(y) == _fr(p_) * _fr(q) for x, y, p_, q in zip(p, e, a, b))
+
+
+def _dyadic_rows(g, rows, v, scale):
+    """Weight rows of small integers times 2^scale (some zero): float32 and float64 sums of
+    them are exact, so both inverse CDFs must give the same index for every u."""
+    w = torch.randint(0, 50, (rows, v), generator=g).to(F32)
+    w[torch.rand(rows, v, generator=g) < 0.3] = 0
+    w[:, 0] += (w.sum(-1) == 0).to(F32)                       # at least one positive weight
+    return w * 2.0 ** scale
+
+
+@pytest.mark.parametrize("scale", [-120, -60, -10, 0, 10, 60, 100])
+def test_inverse_cdf32_is_the_float64_index_on_exact_laws(scale):
+    """Every magnitude the rescaling must bring into range, and u on the CDF's breakpoints
+    (u · total == a cumulative weight) as well as between them: the float64 index, exactly."""
+    from dflash2rt.ops.sampling import inverse_cdf
+
+    g = G(100 + scale)
+    w = _dyadic_rows(g, 64, 23, scale)
+    cdf = torch.cumsum(w.double(), -1)
+    total = cdf[:, -1:]
+    k = torch.randint(0, 23, (64, 1), generator=g)
+    at = (cdf.gather(1, k) / total).squeeze(1)                  # breakpoints (dyadic / total)
+    for u in (torch.rand(64, generator=g), at.float(), torch.zeros(64),
+              torch.full((64,), 1 - 2.0 ** -24)):
+        want = inverse_cdf(w.double(), u.double())
+        assert exact32.inverse_cdf32(w, u).tolist() == want.tolist()
+
+
+def test_inverse_cdf32_refuses_what_is_not_a_law_as_float64_does():
+    from dflash2rt.ops.sampling import inverse_cdf
+
+    nan, inf = float("nan"), float("inf")
+    rows = [[0.0, 0.0, 0.0], [1.0, nan, 1.0], [1.0, inf, 1.0], [inf, 0.0, 0.0],
+            [1.0, -0.5, 2.0], [-1.0, 0.0, 0.0], [3.4e38, 3.4e38, 0.0], [0.0, 1e-45, 0.0],
+            [0.0, 2.0, 0.0]]
+    w, u = _f32(rows), torch.full((len(rows),), 0.5)
+    got = exact32.inverse_cdf32(w, u).tolist()
+    assert got == inverse_cdf(w.double(), u.double()).tolist()
+    assert got[:6] == [-1] * 6 and got[7:] == [1, 1]
+
+
+def test_acceptance_with_every_nonfinite_input_decides_as_float64():
+    """Every combination of NaN, ±inf, zero, the smallest subnormal and a probability in u,
+    q and p (and a huge q or p), with and without a low part of q (where all are finite):
+    float64's decision."""
+    vals = [0.5, 0.0, float("nan"), float("inf"), -float("inf"), 1e-45, 1.0]
+    u, q, p = torch.meshgrid(_f32(vals), _f32(vals + [3e38]), _f32(vals + [3e38]),
+                             indexing="ij")
+    u, q, p = u.flatten(), q.flatten(), p.flatten()
+    assert exact32.accept(u, q, None, p).tolist() == reference(u, q, p).tolist()
+    lo = q * 2.0 ** -30                         # a normalized double-float: |lo| < ulp(hi)
+    want = (u.double() * (q.double() + lo.double()) < p.double())
+    fine = torch.isfinite(u) & torch.isfinite(q) & torch.isfinite(p)
+    assert exact32.accept(u, q, lo, p)[fine].tolist() == want[fine].tolist()
+
+
+def test_float64_is_on_unless_a_context_or_the_caller_turns_it_off():
+    assert exact32.fp64_enabled() is True
+    with exact32.without_fp64():
+        assert exact32.fp64_enabled() is False
+        assert exact32.fp64_enabled(True) is True
+        with exact32.without_fp64():
+            assert exact32.fp64_enabled() is False
+        assert exact32.fp64_enabled() is False
+    assert exact32.fp64_enabled() is True and exact32.fp64_enabled(False) is False
+
+
+def test_residual_over_duplicated_candidates_is_a_double_float_within_its_bound():
+    """p − (q₁ + q₂) for a token offered twice, and for a third hit: hi + lo within 2^-47 of
+    the rational residual (relative to p), clamped at zero, where float32 alone is off by
+    ~2^-24."""
+    g = G(31)
+    r = 400
+    p = torch.rand(r, 3, generator=g) + 0.5
+    q1 = torch.rand(r, generator=g) * 0.3
+    q2 = torch.rand(r, generator=g) * 2.0 ** -18
+    q3 = torch.rand(r, generator=g) * 2.0 ** -30
+    cand = torch.tensor([[1, 1, 2, 1]]).expand(r, 4)
+    q = torch.stack([q1, q2, torch.full_like(q1, 0.75), q3], -1)
+    hi, lo = exact32.residual32(p, cand, q)
+    for i in range(r):
+        want = [_fr(p[i, 0]), max(_fr(p[i, 1]) - _fr(q1[i]) - _fr(q2[i]) - _fr(q3[i]), 0),
+                max(_fr(p[i, 2]) - Fraction(3, 4), Fraction(0))]
+        for j in range(3):
+            got = _fr(hi[i, j]) + _fr(lo[i, j])
+            assert abs(got - want[j]) <= _fr(p[i, j]) * Fraction(1, 2 ** 47), (i, j)
+            assert (hi[i, j] > 0) == (want[j] > 0)
