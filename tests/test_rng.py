@@ -99,3 +99,18 @@ def test_uniforms_are_open_interval_exact_float32():
     assert abs(float(u.double().mean()) - 0.5) < 0.005
     bits = random_bits(torch.tensor(1), torch.tensor(0), torch.arange(4096), Stream.BONUS)
     assert bool((bits >= 0).all()) and bool((bits < 2**32).all())
+
+
+def test_the_four_streams_are_the_four_words_of_one_block():
+    """At one (seed, request, position) walk, accept, residual and bonus are words 0, 1, 2, 3
+    of its Philox block: four different draws, none shared between draft and verification (a
+    residual draw equal to the bonus draw of a block ending at the same position would couple
+    them)."""
+    seed, req = torch.tensor([9, 9]), torch.tensor([4, 4])
+    a = BlockNoise.draw(seed, req, torch.tensor([20, 22]), gamma=4)   # row 0's bonus: pos 25
+    words = uniform_words(seed[0], req[0], torch.tensor(25))          # [4]
+    at_25 = [a.walk[1, 2], a.accept[1, 2], a.residual[1, 2]]         # row 1's slot 2: pos 25
+    assert [float(w) for w in words] == [float(x) for x in at_25] + [float(a.bonus[0])]
+    assert len({float(w) for w in words}) == 4
+    assert [s.value for s in (Stream.WALK, Stream.ACCEPT, Stream.RESIDUAL, Stream.BONUS)] == \
+        [0, 1, 2, 3]

@@ -72,3 +72,22 @@ def test_target_probs_top_p_unchanged_by_the_sort(monkeypatch):
         x, dim=-1, descending=True, stable=True))
     want = target_probs(logits, temp, top_k, top_p)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("case", ["float64", "bfloat16", "float16", "requires_grad", "empty"])
+def test_the_torch_sort_path_keeps_ties_in_index_order(case):
+    """Inputs the NumPy keys do not take (other dtypes, autograd, no element) go to
+    ``torch.sort``, still stable: long tie groups come out by ascending index."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-3, 3, (4, 3000), generator=g).float() / 2
+    if case == "empty":
+        x = x[:, :0]
+    elif case == "requires_grad":
+        x = x.requires_grad_()
+    else:
+        x = x.to(getattr(torch, case))
+    values, idx = sort_desc_stable(x)
+    assert values.dtype == x.dtype and idx.shape == x.shape
+    for row_v, row_i, row in zip(values.tolist(), idx.tolist(), x.tolist()):
+        assert row_i == sorted(range(len(row)), key=lambda i: (-row[i], i))
+        assert row_v == [row[i] for i in row_i]
