@@ -156,3 +156,23 @@ def test_close_returns_once_the_loop_has_ended_every_request(engine):
         assert h.ended.is_set() and h.events[-1].kind in ("aborted", "done")
     assert heard[2].events[-1].kind == "aborted"       # never had a slot
     assert sched.running == 0 and sched.waiting == 0
+
+
+@pytest.mark.parametrize("block", [4, 1])
+def test_requests_that_end_at_their_first_token_leave_no_batch_behind(engine, block):
+    """A loop whose first requests all end at their prefill's token (max_new_tokens=1) has no
+    batch afterwards; the next requests are served as on a fresh loop."""
+    sched = Scheduler(engine, block, slots=2, max_model_len=64, max_queue=4)
+    sched.start()
+    try:
+        for params in ([SamplingParams(max_new_tokens=1)] * 2,
+                       [SamplingParams(max_new_tokens=5), SamplingParams(max_new_tokens=1)]):
+            jobs, heard = _jobs(params)
+            sched.submit(jobs)
+            for job, h in zip(jobs, heard):
+                assert h.ended.wait(WAIT_S)
+                assert h.events[-1].kind == "done", h.events[-1]
+                assert len(h.tokens) == job.request.params.max_new_tokens
+        assert sched.failed is None
+    finally:
+        sched.close(WAIT_S)
