@@ -52,11 +52,22 @@ def test_regex_matches(pattern, yes, no):
     ("(ab", "unclosed"), ("ab)", "unbalanced"), ("*a", "nothing to repeat"),
     ("a{2,1}", "bad bounded repeat"), ("a{x}", "bounded repeat must be"), ("a{2", "bounded"),
     ("a*{2}", "repeat of a repeat"), ("a{1001}", "bad bounded repeat"),
-    ("[z-a]", "bad range"), (r"\q", "unsupported escape"),
+    ("a{2,1001}", "bad bounded repeat"), ("a{1001,}", "bad bounded repeat"),
+    ("[z-a]", "bad range"), (r"\q", "unsupported escape"), (r"\A", "unsupported escape"),
+    (r"\Z", "unsupported escape"), (r"\B", "unsupported escape"),
     ("ab\\", "trailing backslash"), ("[ab", "unclosed"), ("^a", "unsupported")])
 def test_regex_errors_name_the_problem(pattern, match):
     with pytest.raises(ConstraintError, match=match):
         CharDFA(pattern)
+
+
+@pytest.mark.parametrize("pattern,n_min,n_max", [("a{1000}", 1000, 1000), ("a{0,1000}", 0, 1000),
+                                                 ("a{1000,}", 1000, None)])
+def test_a_bounded_repeat_of_the_largest_count_is_taken_exactly(pattern, n_min, n_max):
+    dfa = CharDFA(pattern)
+    for n in (0, 1, 999, 1000, 1001, 1500):
+        want = n >= n_min and (n_max is None or n <= n_max)
+        assert dfa.matches("a" * n) == want, n
 
 
 @pytest.mark.parametrize("table,start,match", [
