@@ -41,6 +41,9 @@ EOS = 11
     (r"\d\w\s[a-c-]", ["1_ -", "9z\tb"], ["a1 a", "11 d"]),
     (r"x|", ["x", ""], ["xx"]),
     (r"[]a]*\.", ["].", "a].", "."], ["a]"]),
+    (r"[a-a]+", ["a", "aa"], ["b", "-", ""]),                     # a range of one character
+    (r"[\t-\r]", ["\t", "\n", "\r", "\x0b"], ["-", "\\", "t", " "]),   # escaped ends
+    (r"[a-]x", ["ax", "-x"], ["bx", "x"]),                       # a trailing "-" is literal
 ])
 def test_regex_matches(pattern, yes, no):
     dfa = CharDFA(pattern)
@@ -52,7 +55,8 @@ def test_regex_matches(pattern, yes, no):
     ("(ab", "unclosed"), ("ab)", "unbalanced"), ("*a", "nothing to repeat"),
     ("a{2,1}", "bad bounded repeat"), ("a{x}", "bounded repeat must be"), ("a{2", "bounded"),
     ("a*{2}", "repeat of a repeat"), ("a{1001}", "bad bounded repeat"),
-    ("a{2,1001}", "bad bounded repeat"), ("a{1001,}", "bad bounded repeat"),
+    ("a{2,1001}", "bad bounded repeat"), ("a{2,x}", "bounded repeat must be"),
+    ("a{2,3,4}", "bounded repeat must be"), ("[a-", "unclosed"), ("[a", "unclosed"), ("a{1001,}", "bad bounded repeat"),
     ("[z-a]", "bad range"), (r"\q", "unsupported escape"), (r"\A", "unsupported escape"),
     (r"\Z", "unsupported escape"), (r"\B", "unsupported escape"),
     ("ab\\", "trailing backslash"), ("[ab", "unclosed"), ("^a", "unsupported")])
