@@ -56,7 +56,8 @@ def test_regex_matches(pattern, yes, no):
     ("a{2,1}", "bad bounded repeat"), ("a{x}", "bounded repeat must be"), ("a{2", "bounded"),
     ("a*{2}", "repeat of a repeat"), ("a{1001}", "bad bounded repeat"),
     ("a{2,1001}", "bad bounded repeat"), ("a{2,x}", "bounded repeat must be"),
-    ("a{2,3,4}", "bounded repeat must be"), ("[a-", "unclosed"), ("[a", "unclosed"), ("a{1001,}", "bad bounded repeat"),
+    ("a{2,3,4}", "bounded repeat must be"), ("[a-", "unclosed"), ("[a", "unclosed"),
+    ("a{1001,}", "bad bounded repeat"),
     ("[z-a]", "bad range"), (r"\q", "unsupported escape"), (r"\A", "unsupported escape"),
     (r"\Z", "unsupported escape"), (r"\B", "unsupported escape"),
     ("ab\\", "trailing backslash"), ("[ab", "unclosed"), ("^a", "unsupported")])
