@@ -87,6 +87,21 @@ def test_automaton_validation(table, start, match):
         TokenAutomaton(table, start)
 
 
+def test_an_automaton_starts_at_state_0_and_is_immutable_once_built():
+    """``start`` defaults to state 0; the table is a copy (changing the caller's array later
+    changes nothing) and every array of the automaton is read-only."""
+    table = np.array([[1, -1, 0], [-1, -1, -1], [2, 2, 2]], np.int32)     # no conversion
+    a = TokenAutomaton(table)
+    assert a.start == 0 and a.initial() == 0
+    assert a.allowed(0).tolist() == [True, False, True]
+    table[0, 1] = 2
+    assert a.allowed(0).tolist() == [True, False, True] and a.next.dtype == np.int32
+    for arr in (a.next, a.dead, a.final):
+        with pytest.raises(ValueError, match="read-only"):
+            arr[0] = 1 if arr.dtype == np.int32 else True
+    assert a.dead.tolist() == [False, True, False]
+
+
 def test_token_set_and_its_errors():
     a = TokenAutomaton.token_set([2, 3], 6, eos=[5])
     assert a.allowed(0).tolist() == [False, False, True, True, False, True]
