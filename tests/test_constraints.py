@@ -87,6 +87,15 @@ def test_automaton_validation(table, start, match):
         TokenAutomaton(table, start)
 
 
+@pytest.mark.parametrize("vocab", [0, -3, 2.5, "12"])
+def test_a_regex_automaton_needs_a_positive_integer_vocabulary(vocab):
+    tok = ListTokenizer(TEXTS)
+    with pytest.raises(ConstraintError, match="vocab_size must be a positive integer"):
+        TokenAutomaton.from_regex("1", tok, vocab_size=vocab)
+    assert TokenAutomaton.from_regex("1", tok).next.shape[1] == len(TEXTS)   # its own size
+    assert TokenAutomaton.from_regex("1", tok, vocab_size=3).next.shape[1] == 3
+
+
 def test_an_automaton_starts_at_state_0_and_is_immutable_once_built():
     """``start`` defaults to state 0; the table is a copy (changing the caller's array later
     changes nothing) and every array of the automaton is read-only."""
