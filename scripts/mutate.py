@@ -11,7 +11,8 @@ module's syntax tree: a comparison (< and <=, == and !=, is / in and their negat
 arithmetic or bitwise operator, ``and`` / ``or``, a ``not`` / unary minus / ``~`` dropped, an
 ``if`` negated, a number + 1 (or × 2), a boolean constant flipped; docstrings and annotations
 are left alone. It runs ``pytest -x -m "not slow"`` on the tests (one torch thread) and prints
-each SURVIVED mutant (line, kind, change); the output of one run is what ``--recheck`` reads.
+each SURVIVED mutant (line, kind, change, the changed statement); the output of one run is
+what ``--recheck`` reads.
 Some survivors are equivalent (a fast path that computes the same values, a slice end past the
 data): read each before writing a test for it.
 """
@@ -108,12 +109,23 @@ def mutate(src: str, pt: tuple[int, str, int, int]) -> tuple[str, str]:
     return ast.unparse(ast.fix_missing_locations(tree)), desc
 
 
-def survivors(log: str) -> set[tuple[int, str, str]]:
+def changed_line(base: list[str], mutated: str) -> str:
+    """The statement a mutant changed, as ``ast.unparse`` writes it (two mutants of one line
+    with the same description, such as either ``&`` of ``a & b & c``, differ here)."""
+    new = mutated.splitlines()
+    return next((n.strip() for o, n in zip(base, new) if o != n), "")
+
+
+def survivors(log: str) -> set[tuple]:
+    """(line, kind, description, changed statement) of each survivor a run printed; runs that
+    printed no statement give (line, kind, description), which matches every mutant so
+    described."""
     out = set()
     for line in open(log, encoding="utf-8"):
-        m = re.match(r"SURVIVED line (\d+) (\S+) (.*?) \(\d+ ?s\)", line)
+        m = re.match(r"SURVIVED line (\d+) (\S+) (.*?) \(\d+ ?s\)(?:: (.*))?$", line.rstrip("\n"))
         if m:
-            out.add((int(m.group(1)), m.group(2), m.group(3)))
+            key = (int(m.group(1)), m.group(2), m.group(3))
+            out.add(key + (m.group(4),) if m.group(4) is not None else key)
     return out
 
 
@@ -128,9 +140,14 @@ def main() -> int:
     path = os.path.join(a.tree, a.module)
     src = open(path, encoding="utf-8").read()
     pts = points(ast.parse(src))
+    base = ast.unparse(ast.parse(src)).splitlines()
     if a.recheck:
         want = survivors(a.recheck)
-        pts = [p for p in pts if (p[3], p[1], mutate(src, p)[1]) in want]
+
+        def wanted(p) -> bool:
+            s, d = mutate(src, p)
+            return (p[3], p[1], d) in want or (p[3], p[1], d, changed_line(base, s)) in want
+        pts = [p for p in pts if wanted(p)]
     print(f"{len(pts)} mutants of {a.module}", flush=True)
     env = {**os.environ, "PYTHONPATH": os.path.abspath(a.tree), "OMP_NUM_THREADS": "1"}
     alive = 0
@@ -149,8 +166,8 @@ def main() -> int:
                 rc = -9
             if rc in (0, 5):            # 5: no test ran, which kills nothing either
                 alive += 1
-                print(f"SURVIVED line {pt[3]} {pt[1]} {desc} ({time.monotonic() - t:.0f} s)",
-                      flush=True)
+                print(f"SURVIVED line {pt[3]} {pt[1]} {desc} ({time.monotonic() - t:.0f} s): "
+                      f"{changed_line(base, mutated)}", flush=True)
             if k % 25 == 24:
                 print(f"... {k + 1} of {len(pts)}", flush=True)
     finally:

@@ -45,7 +45,9 @@ def test_a_sweep_reports_exactly_the_mutants_the_tests_let_live(tmp_path, test, 
         assert out.returncode == 0 and not survived and lines[-1] == "0 of 6 survived"
     else:                              # the bounds 0 < x and x <= 3, and the constants
         assert out.returncode == 1 and len(survived) == 4, out.stdout
-        assert any("line 5 cmp LtE->Lt" in x for x in survived), out.stdout
+        assert any(x.startswith("SURVIVED line 5 cmp LtE->Lt") and
+                   x.endswith(": return x is not None and 0 < x < 3") for x in survived), \
+            out.stdout                 # each survivor names the statement it changed
         (tmp_path / "sweep.log").write_text(out.stdout)
         again = subprocess.run([sys.executable, str(SCRIPT), "--tree", str(tmp_path),
                                 "bound.py", "test_bound.py", "--recheck",
