@@ -96,6 +96,12 @@ def test_a_regex_automaton_needs_a_positive_integer_vocabulary(vocab):
     assert TokenAutomaton.from_regex("1", tok, vocab_size=3).next.shape[1] == 3
 
 
+@pytest.mark.parametrize("table", [[[0, -1, 0]], [[0]]])
+def test_a_one_state_automaton_is_valid(table):
+    a = TokenAutomaton(np.array(table))
+    assert a.allowed(a.advance(a.initial(), 0))[0]
+
+
 def test_an_automaton_starts_at_state_0_and_is_immutable_once_built():
     """``start`` defaults to state 0; the table is a copy (changing the caller's array later
     changes nothing) and every array of the automaton is read-only."""
