@@ -96,6 +96,16 @@ def test_a_regex_automaton_needs_a_positive_integer_vocabulary(vocab):
     assert TokenAutomaton.from_regex("1", tok, vocab_size=3).next.shape[1] == 3
 
 
+def test_eos_leads_to_a_dead_end():
+    """EOS is allowed exactly where the output is a complete match, and after it nothing is."""
+    a = TokenAutomaton.from_regex(r"[0-9]+\]", ListTokenizer(TEXTS), eos=[EOS])
+    s = a.advance(a.advance(a.initial(), TEXTS.index("12")), TEXTS.index("]"))
+    assert a.allowed(s)[EOS] and a.accepting(s)
+    end = a.advance(s, EOS)
+    assert not a.allowed(end).any()
+    assert not a.allowed(a.advance(a.initial(), TEXTS.index("1")))[EOS]
+
+
 @pytest.mark.parametrize("table", [[[0, -1, 0]], [[0]]])
 def test_a_one_state_automaton_is_valid(table):
     a = TokenAutomaton(np.array(table))

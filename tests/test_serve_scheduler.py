@@ -50,7 +50,7 @@ def _jobs(params: list[SamplingParams]) -> tuple[list[Job], list[Heard]]:
             for i, (p, h) in enumerate(zip(params, heard))], heard
 
 
-@pytest.mark.parametrize("block", [4, None])
+@pytest.mark.parametrize("block", [2, 4, None])
 def test_speculation_needs_a_draft(engine, block):
     alone = Engine(ModelPair(engine.pair.target, None), engine.backend)
     with pytest.raises(InvalidInputError, match="needs a draft model.*--no-spec"):
@@ -176,3 +176,29 @@ def test_requests_that_end_at_their_first_token_leave_no_batch_behind(engine, bl
         assert sched.failed is None
     finally:
         sched.close(WAIT_S)
+
+
+def test_a_cancelled_request_is_told_aborted_and_frees_its_slot(engine):
+    """A request cancelled while it decodes (here by its own sink, on the engine thread, at
+    its first tokens) leaves the batch at the next turn: it hears "aborted", no more tokens,
+    and the request waiting for its one slot is served in full."""
+    jobs, heard = _jobs([SamplingParams(max_new_tokens=40), SamplingParams(max_new_tokens=6)])
+    sched = Scheduler(engine, 4, slots=1, max_model_len=64, max_queue=4)
+    first = heard[0]
+
+    def cancelling(event) -> None:
+        first(event)
+        if event.kind == "tokens":
+            sched.cancel(jobs[0])
+    jobs[0].sink = cancelling
+    sched.start()
+    try:
+        sched.submit(jobs)
+        assert heard[0].ended.wait(WAIT_S) and heard[1].ended.wait(WAIT_S)
+    finally:
+        sched.close(WAIT_S)
+    kinds = [e.kind for e in heard[0].events]
+    assert kinds[-1] == "aborted" and kinds.count("aborted") == 1
+    assert 0 < len(heard[0].tokens) < 40
+    assert heard[1].events[-1].kind == "done" and len(heard[1].tokens) == 6
+    assert sched.running == 0 and sched.waiting == 0
