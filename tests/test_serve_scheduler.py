@@ -115,6 +115,8 @@ def test_each_request_hears_its_tokens_then_its_end_and_the_stats_count_them(eng
         assert job.finished and job.first_token is not None
         total += len(out.token_ids)
     s = sched.stats
+    assert (s.mode, s.adaptive, s.block_size) == ("spec" if block > 1 else "target-only",
+                                                  False, block)
     assert s.generated == total
     assert s.steps > 0 and s.syncs == s.steps
     assert 0 < s.time["prefill"] < elapsed and s.time["graphs"] >= 0
