@@ -79,6 +79,9 @@ def test_a_bounded_repeat_of_the_largest_count_is_taken_exactly(pattern, n_min, 
     (np.zeros((2, 3, 1), np.int32), 0, r"\[states, vocab\]"),
     (np.zeros((2, 3), np.float32), 0, "integers"),
     (np.array([[0, 2]]), 0, "next states"),
+    (np.array([[0, 1]]), 0, "next states"),                      # one past the last state
+    (np.zeros((0, 3), np.int32), 0, r"\[states, vocab\]"),
+    (np.zeros((2, 0), np.int32), 0, r"\[states, vocab\]"),
     (np.array([[0, -2]]), 0, "next states"),
     (np.array([[0, 0]]), 1, "start state"),
     (np.array([[1, 1], [-1, -1]]), 1, "start state allows no token")])
@@ -102,7 +105,7 @@ def test_eos_leads_to_a_dead_end():
     s = a.advance(a.advance(a.initial(), TEXTS.index("12")), TEXTS.index("]"))
     assert a.allowed(s)[EOS] and a.accepting(s)
     end = a.advance(s, EOS)
-    assert not a.allowed(end).any()
+    assert not a.allowed(end).any() and a.accepting(end)         # ended, and complete
     assert not a.allowed(a.advance(a.initial(), TEXTS.index("1")))[EOS]
 
 
