@@ -204,3 +204,32 @@ def test_a_cancelled_request_is_told_aborted_and_frees_its_slot(engine):
     assert 0 < len(heard[0].tokens) < 40
     assert heard[1].events[-1].kind == "done" and len(heard[1].tokens) == 6
     assert sched.running == 0 and sched.waiting == 0
+
+
+def test_a_failing_prefill_fails_its_cohort_and_the_loop_goes_on(engine, monkeypatch):
+    """The first cohort's prefill raises: each of its requests hears "error" with the
+    exception (none is left waiting forever), and the next requests are served in full."""
+    runner = engine.runner
+    real, calls = runner.prefill, []
+
+    def prefill(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("prefill broke")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(runner, "prefill", prefill)
+    sched = Scheduler(engine, 4, slots=2, max_model_len=64, max_queue=4)
+    sched.start()
+    try:
+        bad, bad_heard = _jobs([SamplingParams(max_new_tokens=5)] * 2)
+        sched.submit(bad)
+        for h in bad_heard:
+            assert h.ended.wait(WAIT_S)
+            assert h.events[-1].kind == "error" and "prefill broke" in str(h.events[-1].error)
+        good, good_heard = _jobs([SamplingParams(max_new_tokens=5)])
+        sched.submit(good)
+        assert good_heard[0].ended.wait(WAIT_S)
+        assert good_heard[0].events[-1].kind == "done" and len(good_heard[0].tokens) == 5
+    finally:
+        sched.close(WAIT_S)
+    assert sched.failed is None and sched.running == 0
