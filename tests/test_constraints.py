@@ -97,6 +97,8 @@ def test_a_regex_automaton_needs_a_positive_integer_vocabulary(vocab):
         TokenAutomaton.from_regex("1", tok, vocab_size=vocab)
     assert TokenAutomaton.from_regex("1", tok).next.shape[1] == len(TEXTS)   # its own size
     assert TokenAutomaton.from_regex("1", tok, vocab_size=3).next.shape[1] == 3
+    one = TokenAutomaton.from_regex("1+", ListTokenizer(["1"]))             # one token: fine
+    assert one.next.shape == (2, 1) and one.allowed(one.initial()).tolist() == [True]
 
 
 def test_eos_leads_to_a_dead_end():
