@@ -85,7 +85,7 @@ def test_the_queue_takes_free_slots_plus_max_queue_all_or_none(engine, slots, ma
         sched.submit(jobs[room:])
 
 
-@pytest.mark.parametrize("block", [4, 1])
+@pytest.mark.parametrize("block", [4, 2, 1])
 def test_each_request_hears_its_tokens_then_its_end_and_the_stats_count_them(engine, block):
     """Requests of different lengths in one loop: each hears its tokens, in order, then "done"
     with the same tokens, which are the engine's alone; the loop's stats count every token,
@@ -207,25 +207,41 @@ def test_a_cancelled_request_is_told_aborted_and_frees_its_slot(engine):
 
 
 def test_a_failing_prefill_fails_its_cohort_and_the_loop_goes_on(engine, monkeypatch):
-    """The first cohort's prefill raises: each of its requests hears "error" with the
-    exception (none is left waiting forever), and the next requests are served in full."""
+    """A cohort's prefill raises while another request decodes: each request of the cohort
+    hears "error" with the exception (none is left waiting), the decoding request goes on
+    to its end, and later requests are served in full."""
     runner = engine.runner
     real, calls = runner.prefill, []
 
     def prefill(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 1:
+        if len(calls) == 2:
             raise RuntimeError("prefill broke")
         return real(*args, **kwargs)
     monkeypatch.setattr(runner, "prefill", prefill)
-    sched = Scheduler(engine, 4, slots=2, max_model_len=64, max_queue=4)
+    sched = Scheduler(engine, 4, slots=3, max_model_len=64, max_queue=4)
+    running, running_heard = _jobs([SamplingParams(max_new_tokens=40)])
+    bad, bad_heard = _jobs([SamplingParams(max_new_tokens=5)] * 2)
+    reached, go = threading.Event(), threading.Event()
+    first = running_heard[0]
+
+    def held(event) -> None:                 # the decoding request waits for the bad cohort
+        first(event)
+        if event.kind == "tokens" and not go.is_set():
+            reached.set()
+            go.wait(WAIT_S)
+    running[0].sink = held
     sched.start()
     try:
-        bad, bad_heard = _jobs([SamplingParams(max_new_tokens=5)] * 2)
+        sched.submit(running)
+        assert reached.wait(WAIT_S)          # joined alone: the bad cohort comes after
         sched.submit(bad)
+        go.set()
         for h in bad_heard:
             assert h.ended.wait(WAIT_S)
             assert h.events[-1].kind == "error" and "prefill broke" in str(h.events[-1].error)
+        assert running_heard[0].ended.wait(WAIT_S)
+        assert running_heard[0].events[-1].kind == "done" and len(first.tokens) == 40
         good, good_heard = _jobs([SamplingParams(max_new_tokens=5)])
         sched.submit(good)
         assert good_heard[0].ended.wait(WAIT_S)
@@ -233,3 +249,28 @@ def test_a_failing_prefill_fails_its_cohort_and_the_loop_goes_on(engine, monkeyp
     finally:
         sched.close(WAIT_S)
     assert sched.failed is None and sched.running == 0
+
+
+def test_a_loop_that_dies_tells_every_request_and_refuses_more(engine):
+    """An error the loop cannot keep to one batch (here its end-of-turn hook) stops it: every
+    request running or waiting hears "error", ``failed`` says why, and ``submit`` refuses."""
+    sched = Scheduler(engine, 4, slots=1, max_model_len=64, max_queue=4)
+    turns = []
+
+    def broken() -> None:
+        turns.append(1)
+        if len(turns) == 2:                   # after the first cohort's first tokens
+            raise RuntimeError("hook broke")
+    sched.after_turn = broken
+    jobs, heard = _jobs([SamplingParams(max_new_tokens=40)] * 3)
+    sched.submit(jobs)                       # before start: all three wait
+    sched.start()
+    try:
+        for h in heard:
+            assert h.ended.wait(WAIT_S)
+            assert h.events[-1].kind == "error" and "hook broke" in str(h.events[-1].error)
+        assert "hook broke" in str(sched.failed)
+        with pytest.raises(Overloaded, match="engine loop stopped"):
+            sched.submit(_jobs([SamplingParams()])[0])
+    finally:
+        sched.close(WAIT_S)
