@@ -54,7 +54,8 @@ def test_regex_matches(pattern, yes, no):
 @pytest.mark.parametrize("pattern,match", [
     ("(ab", "unclosed"), ("ab)", "unbalanced"), ("*a", "nothing to repeat"),
     ("a{2,1}", "bad bounded repeat"), ("a{x}", "bounded repeat must be"), ("a{2", "bounded"),
-    ("a*{2}", "repeat of a repeat"), ("a{1001}", "bad bounded repeat"),
+    ("a*{2}", "repeat of a repeat"), ("a{2}{3}", "repeat of a repeat"),
+    ("a{1001}", "bad bounded repeat"),
     ("a{2,1001}", "bad bounded repeat"), ("a{2,x}", "bounded repeat must be"),
     ("a{2,3,4}", "bounded repeat must be"), ("[a-", "unclosed"), ("[a", "unclosed"),
     ("a{1001,}", "bad bounded repeat"),
