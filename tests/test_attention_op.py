@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import dflash2rt.ops.attention as A
+from dflash2rt.errors import InvalidInputError
 
 
 def _case(r, t, nh, nkv, hd, n_keys, dtype, seed=0):
@@ -115,8 +116,6 @@ def test_each_shape_mismatch_alone_is_refused(op, wrong):
     """q [R, T, nh, hd], k = v [R, L, n_kv, hd] with n_kv dividing nh, and for ``attention``
     lo / hi [R, T]: every other shape consistent, one wrong → a typed error, never a
     broadcast."""
-    from dflash2rt.errors import InvalidInputError
-
     r, t, nh, n_kv, hd, n = 2, 3, 4, 2, 8, 5
     q, k, v = torch.zeros(r, t, nh, hd), torch.zeros(r, n, n_kv, hd), torch.zeros(r, n, n_kv, hd)
     lo, hi = torch.zeros(r, t, dtype=torch.int64), torch.full((r, t), n, dtype=torch.int64)

@@ -14,6 +14,7 @@ import torch
 import dflash2rt
 from dflash2rt.ops import exact32, verify as ops_verify
 from dflash2rt.ops.batch import BlockNoise, SamplingBatch
+from dflash2rt.ops.sampling import inverse_cdf
 
 F32 = torch.float32
 G = lambda s: torch.Generator().manual_seed(s)  # noqa: E731
@@ -306,8 +307,6 @@ def _dyadic_rows(g, rows, v, scale):
 def test_inverse_cdf32_is_the_float64_index_on_exact_laws(scale):
     """Every magnitude the rescaling must bring into range, and u on the CDF's breakpoints
     (u · total == a cumulative weight) as well as between them: the float64 index, exactly."""
-    from dflash2rt.ops.sampling import inverse_cdf
-
     g = G(100 + scale)
     w = _dyadic_rows(g, 64, 23, scale)
     cdf = torch.cumsum(w.double(), -1)
@@ -321,8 +320,6 @@ def test_inverse_cdf32_is_the_float64_index_on_exact_laws(scale):
 
 
 def test_inverse_cdf32_refuses_what_is_not_a_law_as_float64_does():
-    from dflash2rt.ops.sampling import inverse_cdf
-
     nan, inf = float("nan"), float("inf")
     rows = [[0.0, 0.0, 0.0], [1.0, nan, 1.0], [1.0, inf, 1.0], [inf, 0.0, 0.0],
             [1.0, -0.5, 2.0], [-1.0, 0.0, 0.0], [3.4e38, 3.4e38, 0.0], [0.0, 1e-45, 0.0],

@@ -50,6 +50,20 @@ def _jobs(params: list[SamplingParams]) -> tuple[list[Job], list[Heard]]:
             for i, (p, h) in enumerate(zip(params, heard))], heard
 
 
+def _hold(job: Job, heard: Heard) -> tuple[threading.Event, threading.Event]:
+    """Make ``job``'s sink hold the engine thread at its first tokens: → (reached, go), set
+    once the thread is held, and set by the test to let it go on."""
+    reached, go = threading.Event(), threading.Event()
+
+    def held(event) -> None:
+        heard(event)
+        if event.kind == "tokens" and not reached.is_set():
+            reached.set()
+            go.wait(WAIT_S)
+    job.sink = held
+    return reached, go
+
+
 @pytest.mark.parametrize("block", [2, 4, None])
 def test_speculation_needs_a_draft(engine, block):
     alone = Engine(ModelPair(engine.pair.target, None), engine.backend)
@@ -131,15 +145,7 @@ def test_close_returns_once_the_loop_has_ended_every_request(engine):
     only after the loop has ended, every request told "done" or "aborted" by then, nothing
     left running or waiting."""
     jobs, heard = _jobs([SamplingParams(max_new_tokens=40)] * 3)
-    reached, go = threading.Event(), threading.Event()
-    first = heard[0]
-
-    def held(event) -> None:
-        first(event)
-        if not reached.is_set():
-            reached.set()
-            go.wait(WAIT_S)
-    jobs[0].sink = held
+    reached, go = _hold(jobs[0], heard[0])
     sched = Scheduler(engine, 4, slots=2, max_model_len=64, max_queue=4)
     sched.start()
     sched.submit(jobs)
@@ -222,15 +228,7 @@ def test_a_failing_prefill_fails_its_cohort_and_the_loop_goes_on(engine, monkeyp
     sched = Scheduler(engine, 4, slots=3, max_model_len=64, max_queue=4)
     running, running_heard = _jobs([SamplingParams(max_new_tokens=40)])
     bad, bad_heard = _jobs([SamplingParams(max_new_tokens=5)] * 2)
-    reached, go = threading.Event(), threading.Event()
-    first = running_heard[0]
-
-    def held(event) -> None:                 # the decoding request waits for the bad cohort
-        first(event)
-        if event.kind == "tokens" and not go.is_set():
-            reached.set()
-            go.wait(WAIT_S)
-    running[0].sink = held
+    reached, go = _hold(running[0], running_heard[0])    # it waits for the bad cohort
     sched.start()
     try:
         sched.submit(running)
@@ -241,7 +239,7 @@ def test_a_failing_prefill_fails_its_cohort_and_the_loop_goes_on(engine, monkeyp
             assert h.ended.wait(WAIT_S)
             assert h.events[-1].kind == "error" and "prefill broke" in str(h.events[-1].error)
         assert running_heard[0].ended.wait(WAIT_S)
-        assert running_heard[0].events[-1].kind == "done" and len(first.tokens) == 40
+        assert running_heard[0].events[-1].kind == "done" and len(running_heard[0].tokens) == 40
         good, good_heard = _jobs([SamplingParams(max_new_tokens=5)])
         sched.submit(good)
         assert good_heard[0].ended.wait(WAIT_S)
