@@ -300,8 +300,8 @@ def test_chat_without_a_template_is_a_clear_400(one_slot):
 def test_bench_serve_drives_the_server_and_reports(live):
     from dflash2rt.serve.load import drive, markdown, percentiles
 
-    row = asyncio.run(drive(live.base, MODEL, PROMPTS, concurrency=3, requests=5, max_tokens=7,
-                            time_limit=WAIT_S))
+    row = drive(live.base, MODEL, PROMPTS, concurrency=3, requests=5, max_tokens=7,
+                time_limit=WAIT_S)
     assert row["requests"] == 5 and row["output_tokens"] == 35
     assert row["acceptance_length"] >= 1 and row["requests_per_s"] > 0
     assert all(set(row[k]) == {"mean", "p50", "p99"} for k in ("ttft_ms", "tpot_ms", "itl_ms"))
@@ -325,15 +325,15 @@ def test_bench_serve_pairs_each_request_with_its_reference_at_concurrency_1(live
         return 0.5 + i
 
     t0 = time.perf_counter()
-    row = asyncio.run(drive(live.base, MODEL, PROMPTS[:3], concurrency=1, requests=5,
-                            max_tokens=5, time_limit=WAIT_S, reference=reference))
+    row = drive(live.base, MODEL, PROMPTS[:3], concurrency=1, requests=5, max_tokens=5,
+                time_limit=WAIT_S, reference=reference)
     outer = time.perf_counter() - t0
     assert asked == [0, 1, 2, 0, 1] and row["requests"] == 5
     assert [ref for _, ref in row["paired"]] == [0.5, 1.5, 2.5, 0.5, 1.5]
     assert [tpot for tpot, _ in row["paired"]] == pytest.approx(row["raw"]["tpot"])
     assert row["wall_s"] <= outer - 5 * 0.25
     with pytest.raises(ValueError, match="concurrency 1"):
-        asyncio.run(drive(live.base, MODEL, PROMPTS, 2, 2, 5, WAIT_S, reference=reference))
+        drive(live.base, MODEL, PROMPTS, 2, 2, 5, WAIT_S, reference=reference)
 
 
 def test_bench_serve_pairs_each_server_run_with_its_run_reference(live):

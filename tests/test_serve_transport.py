@@ -1,13 +1,13 @@
 """How the server's events travel: the load generator's lean SSE client reads what the server
-sends (split across chunks or packed in one, errors, keep-alive) exactly as a general client
-does; a turn's events reach the event loop in one call, in order; the stream interval gathers
-a request's tokens without holding its first or its end; an adaptive server's cost
-table is calibrated before its first request and decides by the rate rule."""
+sends exactly as a general client does; a turn's events reach the event loop in one call, in
+order; the stream interval gathers a request's tokens without holding its first or its end;
+an adaptive server's cost table is calibrated before its first request and decides by the
+rate rule."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import selectors
 import threading
 import types
 
@@ -18,92 +18,23 @@ from dflash2rt.serve import build_server
 from dflash2rt.serve.jobs import Event, Job, Mailbox
 from dflash2rt.serve.live import LiveServer
 from dflash2rt.serve.server import Server
-from dflash2rt.serve.sse_client import HTTPStatusError, SSEClient
+from dflash2rt.serve.sse_client import HTTPStatusError, SSEConnection
 
 MODEL = "stdlib-code"
 WAIT_S = 120.0
 
 
-async def _events(base: str, bodies: list[dict]) -> list[list[str]]:
-    """Each body's events through one SSEClient (one connection, kept between them)."""
-    out = []
-    async with SSEClient(base) as c:
+def _events(base: str, bodies: list[dict]) -> list[list[str]]:
+    """Each body's events through one SSEConnection (one connection, kept between them)."""
+    conn = SSEConnection(base, selectors.DefaultSelector())
+    try:
+        out = []
         for body in bodies:
-            out.append([e async for e in c.stream("/v1/completions", body)])
-    return out
-
-
-def _canned(payload: bytes, status: int = 200, chunked: bool = True):
-    """A connection handler for ``asyncio.start_server`` that answers every request with
-    ``payload`` (already chunk-framed when ``chunked``)."""
-    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                head = await r.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return                                   # the client closed its connection
-            length = int(next(x.split(b":")[1] for x in head.split(b"\r\n")
-                              if x.lower().startswith(b"content-length")))
-            await r.readexactly(length)
-            framing = b"Transfer-Encoding: chunked\r\n" if chunked else \
-                f"Content-Length: {len(payload)}\r\n".encode()
-            w.write(f"HTTP/1.1 {status} X\r\n".encode() + framing + b"\r\n" + payload)
-            await w.drain()
-    return handle
-
-
-def _chunked(*parts: bytes) -> bytes:
-    return b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in parts) + b"0\r\n\r\n"
-
-
-@pytest.mark.parametrize("parts", [
-    (b"data: {\"a\": 1}\n\ndata: {\"a\": 2}\n\ndata: [DONE]\n\n",),          # all in one chunk
-    (b"data: {\"a\"", b": 1}\n", b"\ndata: {\"a\": 2}\n\nda", b"ta: [DONE]\n\n"),   # split
-    (b"data: {\"a\": 1}\n\n", b"", b"data: {\"a\": 2}\n\n", b"data: [DONE]\n\n"),
-], ids=["packed", "split", "one-per-chunk"])
-def test_the_lean_client_reads_events_wherever_the_chunks_cut_them(parts):
-    async def go() -> list[list[str]]:
-        srv = await asyncio.start_server(_canned(_chunked(*[p for p in parts if p])),
-                                         "127.0.0.1", 0)
-        port = srv.sockets[0].getsockname()[1]
-        try:
-            return await _events(f"http://127.0.0.1:{port}", [{}, {}])
-        finally:
-            srv.close()
-    first, again = asyncio.run(go())
-    assert first == again == ['{"a": 1}', '{"a": 2}', "[DONE]"]
-
-
-def test_the_lean_client_raises_the_status_and_body_and_reads_sized_bodies():
-    async def go(status: int) -> list[str]:
-        body = b'{"error": {"message": "max_tokens must be >= 1"}}'
-        srv = await asyncio.start_server(_canned(body, status, chunked=False), "127.0.0.1", 0)
-        port = srv.sockets[0].getsockname()[1]
-        try:
-            return (await _events(f"http://127.0.0.1:{port}", [{}]))[0]
-        finally:
-            srv.close()
-    with pytest.raises(HTTPStatusError) as info:
-        asyncio.run(go(400))
-    assert info.value.status == 400 and b"max_tokens" in info.value.body
-    assert asyncio.run(go(200)) == []            # a sized body without events: none
-
-
-@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "sized"])
-def test_the_lean_client_reads_events_alike_from_either_framing_and_drops_a_cut_one(chunked):
-    payload = b'data: {"a": 1}\n\n: a comment\n\ndata: [DONE]\n\ndata: {"cut'
-
-    async def go() -> list[str]:
-        body = _chunked(payload[:9], payload[9:]) if chunked else payload
-        srv = await asyncio.start_server(_canned(body, chunked=chunked), "127.0.0.1", 0)
-        port = srv.sockets[0].getsockname()[1]
-        try:
-            return (await _events(f"http://127.0.0.1:{port}", [{}]))[0]
-        finally:
-            srv.close()
-    assert asyncio.run(go()) == ['{"a": 1}', "[DONE]"]
-    with pytest.raises(ValueError, match="plain http"):
-        SSEClient("https://127.0.0.1:1")
+            conn.send("/v1/completions", body)
+            out.append(conn.wait(WAIT_S))
+        return out
+    finally:
+        conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -113,28 +44,30 @@ def live():
 
 
 def test_the_lean_client_sees_what_a_general_client_sees(live):
-    """The server's stream through SSEClient and through httpx: the same events (the
+    """The server's stream through SSEConnection and through httpx: the same events (the
     response ids and creation times apart), on a connection that survives a 400 between
     streams."""
     body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 12, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
     bad = {**body, "max_tokens": -1}
-
-    async def lean() -> tuple[list[str], list[str], int]:
-        async with SSEClient(live.base) as c:
-            a = [e async for e in c.stream("/v1/completions", body)]
-            with pytest.raises(HTTPStatusError) as info:
-                [e async for e in c.stream("/v1/completions", bad)]
-            b = [e async for e in c.stream("/v1/completions", body)]
-        return a, b, info.value.status
-    a, b, status = asyncio.run(lean())
+    conn = SSEConnection(live.base, selectors.DefaultSelector())
+    try:
+        conn.send("/v1/completions", body)
+        a = conn.wait(WAIT_S)
+        conn.send("/v1/completions", bad)
+        with pytest.raises(HTTPStatusError) as info:
+            conn.wait(WAIT_S)
+        conn.send("/v1/completions", body)
+        b = conn.wait(WAIT_S)
+    finally:
+        conn.close()
     with httpx.stream("POST", live.base + "/v1/completions", json=body, timeout=WAIT_S) as r:
         ref = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
 
     def plain(events: list[str]) -> list:
         return [e if e == "[DONE]" else {k: v for k, v in json.loads(e).items()
                                          if k not in ("id", "created")} for e in events]
-    assert status == 400
+    assert info.value.status == 400
     assert plain(a) == plain(b) == plain(ref) and len(ref) > 3 and ref[-1] == "[DONE]"
 
 
@@ -252,7 +185,7 @@ def test_a_served_whole_answer_posts_no_token_events():
         whole = httpx.post(s.base + "/v1/completions", json=body, timeout=WAIT_S).json()
         kinds_whole = [k for _, k in posted]
         posted.clear()
-        (events,) = asyncio.run(_events(s.base, [{**body, "stream": True}]))
+        (events,) = _events(s.base, [{**body, "stream": True}])
     assert kinds_whole == ["done"]
     assert [k for _, k in posted].count("tokens") >= 2 and posted[-1][1] == "done"
     text = "".join(json.loads(e)["choices"][0]["text"] for e in events if e != "[DONE]")
@@ -276,7 +209,7 @@ def test_a_served_stream_gathers_tokens_and_says_what_the_whole_answer_says():
             "ignore_eos": True, "logprobs": 0}
     with LiveServer(server) as s:
         whole = httpx.post(s.base + "/v1/completions", json=body, timeout=WAIT_S).json()
-        (events,) = asyncio.run(_events(s.base, [{**body, "stream": True}]))
+        (events,) = _events(s.base, [{**body, "stream": True}])
     chunks = [json.loads(e)["choices"][0] for e in events if e != "[DONE]"]
     sizes = [len(c["logprobs"]["tokens"]) for c in chunks if c["logprobs"]]
     assert sizes[0] == 1 and all(n >= 4 for n in sizes[1:-1]) and sum(sizes) == 19

@@ -2,14 +2,15 @@
 
 Each contender (the same server speculative at the draft's block, adaptive, and target-only)
 is started as a ``dflash2rt serve`` process of its own on a free 127.0.0.1 port and driven at
-each concurrency by that many clients of this process (``sse_client.SSEClient``: one
-keep-alive connection each), each sending its next streamed completion when the last one
-ends, until ``requests`` have been sent or ``time_limit`` seconds have passed: one run. Per
-request: TTFT (arrival to the first text chunk), TPOT ((end - first chunk) / (tokens - 1)),
-ITL (the gaps between text chunks: with speculation a chunk may carry several tokens), and its
-output tokens (from the stream's usage). Per run: request and output-token throughput over the
-run's wall time, the mean / p50 / p99 of each latency, and the acceptance length from the
-server's /metrics counters (1 + accepted / drafts over the run; target-only: 1).
+each concurrency by that many clients of this process (``sse_client.SSEConnection``: one
+keep-alive connection each, all polled by one thread), each sending its next streamed
+completion when the last one ends, until ``requests`` have been sent or ``time_limit``
+seconds have passed: one run. Per request: TTFT (arrival to the first text chunk), TPOT
+((end - first chunk) / (tokens - 1)), ITL (the gaps between text chunks: with speculation a
+chunk may carry several tokens), and its output tokens (from the stream's usage). Per run:
+request and output-token throughput over the run's wall time, the mean / p50 / p99 of each
+latency, and the acceptance length from the server's /metrics counters (1 + accepted / drafts
+over the run; target-only: 1).
 
 ``run()``'s reference (``Offline``: an engine in this process) is taken beside each server
 figure, so the machine's drift hits both sides of a pair alike: at concurrency 1 the same
@@ -20,18 +21,19 @@ contender runs in rounds; the rows pool a contender's rounds at each concurrency
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
+import selectors
 import statistics
 import time
 from typing import Any, Callable, Sequence
 
 import httpx
 
-from .sse_client import SSEClient
+from .sse_client import SSEConnection
 
 METRIC = "dflash2rt:spec_decode_num_{}_total"
+PATIENCE_S = 60.0          # the least time a request may take before the run gives up
 
 
 def percentiles(xs: Sequence[float]) -> dict[str, float]:
@@ -44,64 +46,87 @@ def percentiles(xs: Sequence[float]) -> dict[str, float]:
             "p99": 1e3 * rank(0.99)}
 
 
-async def _one(client: SSEClient, path: str, body: dict) -> dict[str, Any]:
-    t0 = time.perf_counter()
+def _result(conn: SSEConnection, t0: float, end: float) -> dict[str, Any]:
+    """One answered request's figures from its events' arrival times: TTFT, TPOT, ITL."""
+    conn.raise_for_status()
     first, last, gaps, tokens = None, None, [], 0
-    async for data in client.stream(path, body):
+    for now, data in conn.events:
         if data == "[DONE]":
             continue
         chunk = json.loads(data)
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
         if chunk["choices"] and chunk["choices"][0]["text"]:
-            now = time.perf_counter()
             if first is None:
                 first = now
             else:
                 gaps.append(now - last)
             last = now
-    end = time.perf_counter()
     if first is None:
         first = last = end
     return {"ttft": first - t0, "e2e": end - t0, "tokens": tokens, "itl": gaps,
             "tpot": (end - first) / (tokens - 1) if tokens > 1 else None}
 
 
-async def drive(base: str, model: str, prompts: Sequence[str], concurrency: int,
-                requests: int, max_tokens: int, time_limit: float,
-                reference: Callable[[int], float] | None = None) -> dict[str, Any]:
+def drive(base: str, model: str, prompts: Sequence[str], concurrency: int, requests: int,
+          max_tokens: int, time_limit: float,
+          reference: Callable[[int], float] | None = None) -> dict[str, Any]:
     """``concurrency`` clients over ``prompts`` (round robin), greedy, ``max_tokens`` each
     (EOS ignored, so every request makes them all), bounded by ``requests`` and
     ``time_limit`` → the run's figures. ``reference`` (concurrency 1 only): called with the
     prompt's index after each answer, while nothing else runs; its per-token seconds for the
     same request land in the row's "paired" list as (server TPOT, reference) pairs, and its
-    time counts neither in the run's wall time nor against ``time_limit``."""
+    time counts neither in the run's wall time nor against ``time_limit``. One thread polls
+    every client's connection (``SSEConnection``); a request unanswered after
+    ``max(time_limit, PATIENCE_S)`` seconds raises ``TimeoutError``."""
     if reference is not None and concurrency != 1:
         raise ValueError("a per-request reference needs concurrency 1")
     sent, results, paired, held = 0, [], [], 0.0       # held: seconds in ``reference``
-    deadline = time.perf_counter() + time_limit
+    patience = max(time_limit, PATIENCE_S)
+    sel = selectors.DefaultSelector()
+    conns = [SSEConnection(base, sel) for _ in range(concurrency)]
+    flight: dict[SSEConnection, tuple[int, float]] = {}   # prompt index, when it was sent
 
-    async def client_loop() -> None:
-        nonlocal sent, held
-        async with SSEClient(base) as client:
-            while sent < requests and time.perf_counter() - held < deadline:
-                i = sent % len(prompts)
-                body = {"model": model, "prompt": prompts[i],
-                        "stream": True, "max_tokens": max_tokens, "temperature": 0,
-                        "ignore_eos": True, "stream_options": {"include_usage": True}}
-                sent += 1
-                r = await asyncio.wait_for(_one(client, "/v1/completions", body),
-                                           max(time_limit, 60.0))
+    def send(conn: SSEConnection) -> None:
+        nonlocal sent
+        if sent >= requests or time.perf_counter() - held >= deadline:
+            return
+        i = sent % len(prompts)
+        sent += 1
+        flight[conn] = (i, time.perf_counter())
+        conn.send("/v1/completions", {
+            "model": model, "prompt": prompts[i], "stream": True, "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}})
+
+    before = _spec_counters(base)
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    try:
+        for conn in conns:
+            send(conn)
+        while flight:
+            for key, _ in sel.select(timeout=1.0):
+                conn = key.data
+                if not conn.read(time.perf_counter()):
+                    continue
+                end = time.perf_counter()
+                i, start = flight.pop(conn)
+                r = _result(conn, start, end)
                 results.append(r)
                 if reference is not None and r["tpot"] is not None:
                     t = time.perf_counter()
                     paired.append((r["tpot"], reference(i)))
                     held += time.perf_counter() - t
-
-    before = _spec_counters(base)
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
-    wall = time.perf_counter() - t0 - held
+                send(conn)
+            now = time.perf_counter()
+            late = [start for _, start in flight.values() if now - start > patience]
+            if late:
+                raise TimeoutError(f"a request went unanswered for {patience:.0f} s")
+        wall = time.perf_counter() - t0 - held
+    finally:
+        for conn in conns:
+            conn.close()
+        sel.close()
     after = _spec_counters(base)
     raw = {"ttft": [r["ttft"] for r in results],
            "tpot": [r["tpot"] for r in results if r["tpot"] is not None],
@@ -202,17 +227,15 @@ def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
     top = max(concurrencies)
     for name in contenders:
         with start(name) as server, baseline(name) as off:
-            asyncio.run(drive(server.base, server.model, prompts, 1, 2, max_tokens,
-                              time_limit))                                      # warm-up
+            drive(server.base, server.model, prompts, 1, 2, max_tokens, time_limit)  # warm-up
             off.warm(top)
             runs: dict[int, list] = {c: [] for c in concurrencies}
             ref = {"tpot_ms": [], "tokens_per_s": [], "tpot_ratio": [], "throughput_ratio": []}
             for _ in range(rounds):
                 for c in concurrencies:
                     before = off.static(top) if c == top else None
-                    row = asyncio.run(drive(server.base, server.model, prompts, c, requests,
-                                            max_tokens, time_limit,
-                                            off.alone if c == 1 else None))
+                    row = drive(server.base, server.model, prompts, c, requests, max_tokens,
+                                time_limit, off.alone if c == 1 else None)
                     runs[c].append(row)
                     if c == 1:
                         mine, theirs = zip(*row.pop("paired"))

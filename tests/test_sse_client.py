@@ -1,0 +1,226 @@
+"""The load generator's client: ``SSEConnection`` reads what a server sends (events split across
+chunks or packed in one, either framing, errors) over one keep-alive connection, opens a new
+one when the server has closed the old, and stamps each event with when it arrived; ``drive``
+turns the stamps into TTFT, TPOT and ITL and gives up on a request that is never answered."""
+
+from __future__ import annotations
+
+import selectors
+import socketserver
+import threading
+import time
+
+import pytest
+
+from dflash2rt.serve import load
+from dflash2rt.serve.sse_client import HTTPStatusError, SSEConnection
+
+WAIT_S = 60.0
+
+
+class Canned(socketserver.ThreadingTCPServer):
+    """A server on a free loopback port that answers every request with ``payload`` (already
+    chunk-framed when ``chunked``) under ``status``. ``close_after``: it closes the connection
+    after each answer without saying so (as an idle keep-alive timeout does); ``close_header``:
+    it says ``Connection: close`` and closes; ``cut``: it closes after that many bytes of the
+    answer; ``silent``: it reads the request and never answers. ``connections``: how many it
+    accepted; ``requests``: how many it read."""
+
+    daemon_threads = allow_reuse_address = True
+
+    def __init__(self, payload: bytes, status: int = 200, chunked: bool = True,
+                 close_after: bool = False, close_header: bool = False,
+                 cut: int | None = None, silent: bool = False) -> None:
+        self.payload, self.status, self.chunked = payload, status, chunked
+        self.close_after, self.close_header, self.cut = close_after, close_header, cut
+        self.silent, self.connections, self.requests = silent, 0, 0
+        self.release = threading.Event()
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, args=(0.02,), daemon=True).start()
+
+    def __enter__(self) -> "Canned":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.shutdown()
+        self.server_close()
+
+
+class Handler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        srv: Canned = self.server
+        srv.connections += 1
+        while True:
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                line = self.rfile.readline()
+                if not line:
+                    return                              # the client closed its connection
+                head += line
+            length = int(next(x.split(b":")[1] for x in head.split(b"\r\n")
+                              if x.lower().startswith(b"content-length")))
+            self.rfile.read(length)
+            srv.requests += 1
+            if srv.silent:
+                srv.release.wait(WAIT_S)
+                return
+            framing = b"Transfer-Encoding: chunked\r\n" if srv.chunked else \
+                f"Content-Length: {len(srv.payload)}\r\n".encode()
+            extra = b"Connection: close\r\n" if srv.close_header else b""
+            out = f"HTTP/1.1 {srv.status} X\r\n".encode() + framing + extra + b"\r\n" + \
+                srv.payload
+            self.wfile.write(out if srv.cut is None else out[:srv.cut])
+            self.wfile.flush()
+            if srv.close_after or srv.close_header or srv.cut is not None:
+                return
+
+
+def chunked(*parts: bytes) -> bytes:
+    return b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in parts) + b"0\r\n\r\n"
+
+
+def events(base: str, bodies: list[dict]) -> list[list[str]]:
+    """Each body's events through one SSEConnection, in turn (the connection kept)."""
+    conn = SSEConnection(base, selectors.DefaultSelector())
+    out = []
+    try:
+        for body in bodies:
+            conn.send("/v1/completions", body)
+            out.append(conn.wait(WAIT_S))
+            time.sleep(0.05)              # a server's close after an answer reaches the client
+    finally:
+        conn.close()
+    return out
+
+
+EVENTS = ['{"a": 1}', '{"a": 2}', "[DONE]"]
+
+
+@pytest.mark.parametrize("parts", [
+    (b"data: {\"a\": 1}\n\ndata: {\"a\": 2}\n\ndata: [DONE]\n\n",),          # all in one chunk
+    (b"data: {\"a\"", b": 1}\n", b"\ndata: {\"a\": 2}\n\nda", b"ta: [DONE]\n\n"),   # split
+    (b"data: {\"a\": 1}\n\n", b"data: {\"a\": 2}\n\n", b"data: [DONE]\n\n"),
+], ids=["packed", "split", "one-per-chunk"])
+def test_events_are_read_wherever_the_chunks_cut_them_on_one_connection(parts):
+    with Canned(chunked(*parts)) as srv:
+        assert events(srv.base, [{}, {}, {}]) == [EVENTS] * 3
+        assert srv.connections == 1 and srv.requests == 3
+
+
+def test_a_status_other_than_200_raises_with_its_body_and_the_connection_goes_on():
+    body = b'{"error": {"message": "max_tokens must be >= 1"}}'
+    for framing in (True, False):
+        with Canned(chunked(body[:7], body[7:]) if framing else body, 400,
+                    chunked=framing) as srv:
+            conn = SSEConnection(srv.base, selectors.DefaultSelector())
+            for _ in range(2):
+                conn.send("/v1/completions", {})
+                with pytest.raises(HTTPStatusError) as info:
+                    conn.wait(WAIT_S)
+                assert info.value.status == 400 and info.value.body == body
+                assert conn.events == []
+            conn.close()
+            assert srv.connections == 1
+    with Canned(body, 200, chunked=False) as srv:
+        assert events(srv.base, [{}]) == [[]]             # a sized body without events: none
+
+
+@pytest.mark.parametrize("framing", [True, False], ids=["chunked", "sized"])
+def test_either_framing_reads_alike_and_an_event_cut_off_at_the_end_is_dropped(framing):
+    payload = b'data: {"a": 1}\n\n: a comment\n\ndata: [DONE]\n\ndata: {"cut'
+    with Canned(chunked(payload[:9], payload[9:]) if framing else payload,
+                chunked=framing) as srv:
+        assert events(srv.base, [{}, {}]) == [['{"a": 1}', "[DONE]"]] * 2
+    with pytest.raises(ValueError, match="plain http"):
+        SSEConnection("https://127.0.0.1:1", selectors.DefaultSelector())
+
+
+def test_a_connection_the_server_closed_is_opened_again_and_the_request_sent_once_more():
+    with Canned(chunked(b"data: {\"a\": 1}\n\ndata: {\"a\": 2}\n\ndata: [DONE]\n\n"),
+                close_after=True) as srv:
+        assert events(srv.base, [{}, {}, {}]) == [EVENTS] * 3
+        assert srv.connections == 3 and srv.requests == 3
+    with Canned(chunked(b"data: [DONE]\n\n"), close_header=True) as srv:
+        assert events(srv.base, [{}, {}]) == [["[DONE]"]] * 2
+        assert srv.connections == 2
+
+
+def test_a_server_that_closes_mid_answer_is_an_error_not_an_answer():
+    payload = chunked(b"data: {\"a\": 1}\n\n", b"data: [DONE]\n\n")
+    for cut in (5, 40, len(payload) - 3):      # in the status line, the head, the body
+        with Canned(payload, cut=cut) as srv:
+            conn = SSEConnection(srv.base, selectors.DefaultSelector())
+            conn.send("/v1/completions", {})
+            with pytest.raises(ConnectionError, match="mid-response"):
+                conn.wait(WAIT_S)
+            assert srv.requests == 1               # not sent again: the server had read it
+            conn.close()
+
+
+def test_a_second_request_before_the_answer_ended_is_refused():
+    with Canned(b"", silent=True) as srv:
+        conn = SSEConnection(srv.base, selectors.DefaultSelector())
+        conn.send("/v1/completions", {})
+        with pytest.raises(RuntimeError, match="still being read"):
+            conn.send("/v1/completions", {})
+        with pytest.raises(TimeoutError):
+            conn.wait(0.2)
+        conn.close()
+
+
+def test_each_event_carries_when_it_was_read():
+    """The events of one read share its time; those of a later read carry the later one."""
+    with Canned(b"", silent=True) as srv:
+        conn = SSEConnection(srv.base, selectors.DefaultSelector())
+        conn.send("/v1/completions", {})
+        body = chunked(b'data: {"a": 1}\n\n', b'data: {"a": 2}\n\n', b"data: [DONE]\n\n")
+        cut = body.index(b"data: [DONE]") - 3          # at its chunk's size line
+        conn._buf = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body[:cut]
+        assert not conn._parse(1.0)
+        conn._buf += body[cut:]
+        assert conn._parse(2.5)
+        assert conn.events == [(1.0, '{"a": 1}'), (1.0, '{"a": 2}'), (2.5, "[DONE]")]
+        conn.close()
+
+
+def _chunk(text: str, usage: int | None = None) -> str:
+    import json
+
+    return json.dumps({"choices": [{"text": text}] if usage is None else [],
+                       "usage": None if usage is None else {"completion_tokens": usage}})
+
+
+def test_a_requests_figures_come_from_its_events_arrival_times():
+    """TTFT to the first chunk with text, ITL between chunks with text (empty ones are no
+    token), TPOT from the first text to the end over the tokens after the first."""
+    conn = SSEConnection("http://127.0.0.1:1", selectors.DefaultSelector())
+    conn.status = 200
+    conn.events = [(10.5, _chunk("")), (11.0, _chunk("a")), (11.25, _chunk("bc")),
+                   (11.5, _chunk("")), (12.0, _chunk("d")), (12.25, _chunk("", usage=5)),
+                   (12.5, "[DONE]")]
+    r = load._result(conn, 10.0, 13.0)
+    assert r["ttft"] == 1.0 and r["e2e"] == 3.0 and r["tokens"] == 5
+    assert r["itl"] == [0.25, 0.75] and r["tpot"] == pytest.approx(2.0 / 4)
+    conn.events = [(11.0, _chunk("a")), (12.0, _chunk("", usage=1))]
+    one = load._result(conn, 10.0, 13.0)
+    assert one["tpot"] is None and one["itl"] == [] and one["ttft"] == 1.0
+    conn.events = []
+    none = load._result(conn, 10.0, 13.0)
+    assert none["ttft"] == 3.0 and none["tokens"] == 0
+    conn.status, conn.body = 503, b"busy"
+    with pytest.raises(HTTPStatusError, match="503"):
+        load._result(conn, 10.0, 13.0)
+
+
+def test_drive_gives_up_on_a_request_that_is_never_answered(monkeypatch):
+    monkeypatch.setattr(load, "PATIENCE_S", 0.5)
+    monkeypatch.setattr(load, "_spec_counters", lambda base: {"drafts": 0.0,
+                                                              "accepted_tokens": 0.0})
+    with Canned(b"", silent=True) as srv:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="unanswered"):
+            load.drive(srv.base, "m", ["p"], concurrency=2, requests=4, max_tokens=3,
+                       time_limit=0.1)
+        assert time.monotonic() - t0 < WAIT_S and srv.requests == 2
