@@ -308,10 +308,35 @@ def test_bench_serve_drives_the_server_and_reports(live):
     got = percentiles([0.001, 0.002, 0.003, 0.1])
     assert got == pytest.approx({"mean": 26.5, "p50": 2.0, "p99": 100.0})
     assert "| spec | 3 | 5 |" in markdown({"rows": [{**row, "server": "spec"}]})
+    mixed = drive(live.base, MODEL, PROMPTS, concurrency=2, requests=7, max_tokens=[3, 9, 5],
+                  time_limit=WAIT_S)                      # request k: [3, 9, 5][k % 3] tokens
+    assert mixed["requests"] == 7 and mixed["output_tokens"] == 3 + 9 + 5 + 3 + 9 + 5 + 3
+
+
+def test_output_lengths_spread_evenly_and_a_static_batch_holds_each_once(live):
+    from dflash2rt.serve.load import Offline, length_of, output_lengths
+
+    assert output_lengths("48", 16) == 48 and length_of(48, 5) == 48
+    spread = output_lengths("16:80", 16)
+    assert sorted(spread) == [16 + round(k * 64 / 15) for k in range(16)]
+    assert spread == output_lengths("16:80", 16) and sum(spread) / 16 == 48
+    assert output_lengths("7:9", 1) == [7] and output_lengths("5:5", 3) == [5, 5, 5]
+    assert sorted(output_lengths("1:3", 3)) == [1, 2, 3]
+    assert [length_of(spread, k) for k in range(18)] == spread + spread[:2]
+    for bad in ("", "x", "0", "-3", "4:2", "1:", ":4", "1:2:3"):
+        with pytest.raises(ValueError, match="N or LO:HI"):
+            output_lengths(bad, 4)
+    srv = live.server
+    with Offline(srv.pair, srv.engine.backend, srv.limits.block, PROMPTS[:2], [3, 9, 5],
+                 table=srv.engine.table) as off:
+        reqs = off._batch(4)
+        assert [r.params.max_new_tokens for r in reqs] == [3, 9, 5, 3]
+        assert [r.prompt_ids for r in reqs] == [off.ids[0], off.ids[1]] * 2
+        assert off._gen(reqs).generated == 20
 
 
 def test_bench_serve_pairs_each_request_with_its_reference_at_concurrency_1(live):
-    """At concurrency 1 the reference runs after each answer, for the same prompt; its time
+    """At concurrency 1 the reference runs after each answer, for the same request; its time
     counts neither in the run's wall time nor against the time limit."""
     import time
 
@@ -328,8 +353,8 @@ def test_bench_serve_pairs_each_request_with_its_reference_at_concurrency_1(live
     row = drive(live.base, MODEL, PROMPTS[:3], concurrency=1, requests=5, max_tokens=5,
                 time_limit=WAIT_S, reference=reference)
     outer = time.perf_counter() - t0
-    assert asked == [0, 1, 2, 0, 1] and row["requests"] == 5
-    assert [ref for _, ref in row["paired"]] == [0.5, 1.5, 2.5, 0.5, 1.5]
+    assert asked == [0, 1, 2, 3, 4] and row["requests"] == 5     # request k: prompt k % 3
+    assert [ref for _, ref in row["paired"]] == [0.5, 1.5, 2.5, 3.5, 4.5]
     assert [tpot for tpot, _ in row["paired"]] == pytest.approx(row["raw"]["tpot"])
     assert row["wall_s"] <= outer - 5 * 0.25
     with pytest.raises(ValueError, match="concurrency 1"):
@@ -397,6 +422,11 @@ def test_the_command_lines_parse():
     (["--servers", "spec,fast"], "--servers takes distinct names"),
     (["--servers", "spec,spec"], "--servers takes distinct names"),
     (["--stream-interval", "0"], "--stream-interval must be positive"),
+    (["--max-tokens", "0"], "--max-tokens takes N or LO:HI"),
+    (["--max-tokens", "9:8"], "--max-tokens takes N or LO:HI"),
+    (["--max-tokens", "0:8"], "--max-tokens takes N or LO:HI"),
+    (["--max-tokens", "8:x"], "--max-tokens takes N or LO:HI"),
+    (["--max-tokens", "8-16"], "--max-tokens takes N or LO:HI"),
 ])
 def test_bench_serve_refuses_bad_flags_before_starting_anything(flags, says):
     from dflash2rt.cli import build_parser

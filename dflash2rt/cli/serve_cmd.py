@@ -104,8 +104,10 @@ def add_bench_parser(tools: argparse._SubParsersAction) -> argparse.ArgumentPars
     p.add_argument("--concurrency", default="1,4,16", help="client counts, comma-separated")
     p.add_argument("--requests", type=int, default=48, help="requests per run (at most)")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per run (at most)")
-    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request "
-                   "(EOS ignored)")
+    p.add_argument("--max-tokens", default="64", metavar="N|LO:HI", help="output tokens per "
+                   "request (EOS ignored): N each, or LO:HI, lengths spread evenly over the "
+                   "range, each once in every largest-concurrency requests (a static batch "
+                   "of that size holds each once)")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--servers", default="spec,adaptive,target-only", help="which servers, "
                    "comma-separated, from spec (the draft's block), adaptive and target-only")
@@ -125,7 +127,7 @@ def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..api import backend_of, measured_table, resolve_model
-    from ..serve.load import Offline, bench_serve, markdown, targets
+    from ..serve.load import Offline, bench_serve, markdown, output_lengths, targets
     from ..bundled import model_dir
     from ..errors import InvalidInputError
     from ..serve.live import SpawnedServer
@@ -142,10 +144,13 @@ def bench(args: argparse.Namespace) -> int:
     if not levels or min(levels) < 1:
         raise InvalidInputError(f"--concurrency takes positive integers, comma-separated, got "
                                 f"{args.concurrency!r}")
-    if min(args.requests, args.max_tokens, args.rounds, args.stream_interval) < 1 \
-            or args.time_limit <= 0:
-        raise InvalidInputError("--requests, --time-limit, --max-tokens, --rounds and "
-                                "--stream-interval must be positive")
+    if min(args.requests, args.rounds, args.stream_interval) < 1 or args.time_limit <= 0:
+        raise InvalidInputError("--requests, --time-limit, --rounds and --stream-interval must "
+                                "be positive")
+    try:
+        lengths = output_lengths(args.max_tokens, max(levels))
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
     flags = {"spec": [], "adaptive": ["--block-size", "auto"], "target-only": ["--no-spec"]}
     servers = args.servers.split(",")
     if not set(servers) <= set(flags) or len(set(servers)) < len(servers):
@@ -164,10 +169,10 @@ def bench(args: argparse.Namespace) -> int:
     blocks = {"spec": pair.draft.cfg.block_size, "adaptive": None, "target-only": 1}
 
     def baseline(name: str) -> Offline:
-        return Offline(pair, be, blocks[name], prompts, args.max_tokens, table=table)
+        return Offline(pair, be, blocks[name], prompts, lengths, table=table)
 
     log = (lambda m: print(m, file=sys.stderr, flush=True))
-    res = bench_serve(start, baseline, prompts, levels, args.requests, args.max_tokens,
+    res = bench_serve(start, baseline, prompts, levels, args.requests, lengths,
                       args.time_limit, log, contenders=servers, rounds=args.rounds)
     res["command"] = "dflash2rt bench serve " + " ".join(sys.argv[3:])
     table = markdown(res) + "\n" + targets(res)

@@ -36,6 +36,36 @@ METRIC = "dflash2rt:spec_decode_num_{}_total"
 PATIENCE_S = 60.0          # the least time a request may take before the run gives up
 
 
+Lengths = int | Sequence[int]     # output tokens: every request's, or request k's at [k % len]
+
+
+def length_of(max_tokens: Lengths, k: int) -> int:
+    """Request ``k``'s output tokens (the requests of a run and of a static batch are numbered
+    from 0; request k sends prompt k % len(prompts))."""
+    return max_tokens if isinstance(max_tokens, int) else max_tokens[k % len(max_tokens)]
+
+
+def output_lengths(spec: str, spread: int) -> Lengths:
+    """``--max-tokens``: "N" (every request N tokens) or "LO:HI": ``spread`` lengths evenly
+    over [LO, HI] (both ends included when ``spread`` >= 2), in a fixed shuffled order, request
+    k taking the (k % spread)-th: a static batch of ``spread`` requests holds each once, as
+    every ``spread`` requests of a run do. ``ValueError`` for anything else."""
+    import random
+
+    lo, sep, hi = spec.partition(":")
+    try:
+        a, b = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        a = b = 0
+    if min(a, b) < 1 or b < a or spread < 1:
+        raise ValueError(f"--max-tokens takes N or LO:HI with 1 <= LO <= HI, got {spec!r}")
+    if not sep:
+        return a
+    out = [a] if spread == 1 else [a + round(k * (b - a) / (spread - 1)) for k in range(spread)]
+    random.Random(0).shuffle(out)
+    return out
+
+
 def percentiles(xs: Sequence[float]) -> dict[str, float]:
     """mean / p50 / p99 (nearest rank) of ``xs`` in milliseconds (0 for none)."""
     if not xs:
@@ -69,12 +99,12 @@ def _result(conn: SSEConnection, t0: float, end: float) -> dict[str, Any]:
 
 
 def drive(base: str, model: str, prompts: Sequence[str], concurrency: int, requests: int,
-          max_tokens: int, time_limit: float,
+          max_tokens: Lengths, time_limit: float,
           reference: Callable[[int], float] | None = None) -> dict[str, Any]:
     """``concurrency`` clients over ``prompts`` (round robin), greedy, ``max_tokens`` each
-    (EOS ignored, so every request makes them all), bounded by ``requests`` and
+    (``length_of``; EOS ignored, so every request makes them all), bounded by ``requests`` and
     ``time_limit`` → the run's figures. ``reference`` (concurrency 1 only): called with the
-    prompt's index after each answer, while nothing else runs; its per-token seconds for the
+    request's number after each answer, while nothing else runs; its per-token seconds for the
     same request land in the row's "paired" list as (server TPOT, reference) pairs, and its
     time counts neither in the run's wall time nor against ``time_limit``. One thread polls
     every client's connection (``SSEConnection``); a request unanswered after
@@ -91,11 +121,12 @@ def drive(base: str, model: str, prompts: Sequence[str], concurrency: int, reque
         nonlocal sent
         if sent >= requests or time.perf_counter() - held >= deadline:
             return
-        i = sent % len(prompts)
+        k = sent
         sent += 1
-        flight[conn] = (i, time.perf_counter())
+        flight[conn] = (k, time.perf_counter())
         conn.send("/v1/completions", {
-            "model": model, "prompt": prompts[i], "stream": True, "max_tokens": max_tokens,
+            "model": model, "prompt": prompts[k % len(prompts)], "stream": True,
+            "max_tokens": length_of(max_tokens, k),
             "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}})
 
     before = _spec_counters(base)
@@ -110,12 +141,12 @@ def drive(base: str, model: str, prompts: Sequence[str], concurrency: int, reque
                 if not conn.read(time.perf_counter()):
                     continue
                 end = time.perf_counter()
-                i, start = flight.pop(conn)
+                k, start = flight.pop(conn)
                 r = _result(conn, start, end)
                 results.append(r)
                 if reference is not None and r["tpot"] is not None:
                     t = time.perf_counter()
-                    paired.append((r["tpot"], reference(i)))
+                    paired.append((r["tpot"], reference(k)))
                     held += time.perf_counter() - t
                 send(conn)
             now = time.perf_counter()
@@ -165,20 +196,22 @@ def _spec_counters(base: str) -> dict[str, float]:
 class Offline:
     """``run()``'s figures for the same requests, in this process on an engine of its own
     (``with Offline(...) as off``): ``block`` as a server's (an int >= 2: that fixed block; 1:
-    target-only; None: adaptive over ``table``). ``alone(i)``: the per-token seconds of
-    prompt i alone (its decode seconds over the tokens after the first, as TPOT counts them);
-    ``static(batch)``: the output tokens per second of one static batch of ``batch`` requests
-    (the prompts in turn). ``warm(batch)`` runs each shape once first."""
+    target-only; None: adaptive over ``table``). Request k is prompt k % len(prompts) for
+    ``length_of(max_tokens, k)`` tokens. ``alone(k)``: the per-token seconds of request k
+    alone (its decode seconds over the tokens after the first, as TPOT counts them);
+    ``static(batch)``: the output tokens per second of one static batch of requests 0 to
+    ``batch`` - 1. ``warm(batch)`` runs each shape once first."""
 
     def __init__(self, pair: Any, backend: Any, block: int | None, prompts: Sequence[str],
-                 max_tokens: int, table: Any = None) -> None:
+                 max_tokens: Lengths, table: Any = None) -> None:
         from ..api import encode_prompts
         from ..engine.engine import Engine
         from ..engine.request import SamplingParams
 
         self.spec, self.block = block != 1, (None if block is None or block == 1 else block)
-        self.params = SamplingParams(max_new_tokens=max_tokens, ignore_eos=True)
         self.ids = encode_prompts(pair, list(prompts))
+        self.params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (
+            [max_tokens] if isinstance(max_tokens, int) else max_tokens)]
         self.engine = Engine(pair, backend, table=table)
 
     def __enter__(self) -> "Offline":
@@ -191,18 +224,19 @@ class Offline:
         return self.engine.generate(reqs, self.spec, self.block)[1]
 
     def _batch(self, batch: int) -> list:
+        return [self._request(j) for j in range(batch)]
+
+    def _request(self, k: int) -> Any:
         from ..engine.request import Request
 
-        return [Request(self.ids[j % len(self.ids)], self.params, key=j) for j in range(batch)]
+        return Request(self.ids[k % len(self.ids)], self.params[k % len(self.params)], key=k)
 
     def warm(self, batch: int) -> None:
         self._gen(self._batch(1))
         self._gen(self._batch(batch))
 
-    def alone(self, i: int) -> float:
-        from ..engine.request import Request
-
-        st = self._gen([Request(self.ids[i % len(self.ids)], self.params)])
+    def alone(self, k: int) -> float:
+        st = self._gen([self._request(k)])
         return (st.wall_s - st.time["prefill"]) / max(st.generated - 1, 1)
 
     def static(self, batch: int) -> float:
@@ -211,14 +245,14 @@ class Offline:
 
 def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
                 prompts: Sequence[str], concurrencies: Sequence[int], requests: int,
-                max_tokens: int, time_limit: float, log: Callable[[str], None],
+                max_tokens: Lengths, time_limit: float, log: Callable[[str], None],
                 contenders: Sequence[str] = ("spec", "adaptive", "target-only"),
                 rounds: int = 3) -> dict[str, Any]:
     """Each contender ("spec" at the draft's block, "adaptive", "target-only"; ``start(name)``:
     a context manager giving its server's ``base`` URL and ``model`` name; ``baseline(name)``:
     the ``Offline`` of its mode) in ``rounds`` rounds, each at every concurrency in turn, with
     ``run()``'s reference measured beside the server's figure, while the server idles: at
-    concurrency 1 ``alone(i)`` after each request, for the same prompt (the round's ratio:
+    concurrency 1 ``alone(k)`` after each request k, for the same request (the round's ratio:
     the server's mean TPOT over these requests to the references' mean), at the largest
     the mean of ``static(largest)`` right before and right after the run. The targets are the
     medians of the rounds' ratios. → {"rows": [one per contender and concurrency, its rounds
