@@ -91,3 +91,17 @@ def test_a_cancellation_that_is_not_the_clients_goes_on_up():
             await task
         return answer
     assert asyncio.run(go()).closed
+
+
+def test_the_start_goes_through_the_stack_and_the_body_to_the_gates_send():
+    from dflash2rt.serve.app import DIRECT_SEND
+
+    async def go():
+        receive, send, through = _wire(asyncio.Event())
+        _, direct, straight = _wire(asyncio.Event())
+        answer = Answer(["data: a\n\n", "data: b\n\n"])
+        await EventStream(answer.events())({DIRECT_SEND: direct}, receive, send)
+        return through, straight
+    through, straight = asyncio.run(go())
+    assert [m["type"] for m in through] == ["http.response.start"]
+    assert _bodies(straight) == [b"data: a\n\n", b"data: b\n\n", b""]

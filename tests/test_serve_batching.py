@@ -434,3 +434,14 @@ def test_bench_serve_refuses_bad_flags_before_starting_anything(flags, says):
     args = build_parser().parse_args(["bench", "serve", *flags])
     with pytest.raises(InvalidInputError, match=says):
         args.func(args)
+
+
+def test_the_targets_table_without_concurrency_1_leaves_its_cells_empty():
+    from dflash2rt.serve.load import targets
+
+    res = {"rows": [{"server": "spec", "concurrency": 16, "output_tokens_per_s": 1234.5,
+                     "tpot_ms": {"mean": 9.0}}],
+           "offline": {"spec": {"tpot_ratio": [], "throughput_ratio": [0.9, 1.1, 1.3],
+                                "tokens_per_s_median": 1000.0}}}
+    row = targets(res).splitlines()[2]
+    assert row == "| spec | – | – | – | 1234.5 | 1000.0 | 1.10 (0.90–1.30) |"

@@ -115,7 +115,11 @@ def create_app(server: Server) -> FastAPI:
 
 class EventStream(Response):
     """A streamed answer's ASGI response: each server-sent event the generator yields goes to
-    the server as bytes when it is yielded. A client that goes away cancels the answer at
+    the server as bytes when it is yielded. The start goes through every layer of the stack,
+    which records that the response has started; the body's chunks go to ``Gate``'s send,
+    which the gate leaves in the scope (``DIRECT_SEND``), past the layers between (Starlette's
+    error and exception wrappers, which pass a body on unchanged: a middleware that changed
+    bodies, such as gzip, would be bypassed). A client that goes away cancels the answer at
     once (the generator's ``finally`` cancels its requests), as Starlette's
     ``StreamingResponse`` does, without a task group between the generator and the socket."""
 
@@ -144,7 +148,7 @@ class EventStream(Response):
             async for text in self.events:
                 await body({"type": "http.response.body", "body": text.encode(),
                             "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await body({"type": "http.response.body", "body": b"", "more_body": False})
             state = "sent"
         except asyncio.CancelledError:
             if state != "gone":

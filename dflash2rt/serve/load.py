@@ -318,8 +318,7 @@ def targets(res: dict[str, Any]) -> str:
         mine = [r for r in res["rows"] if r["server"] == name]
         one = next((r for r in mine if r["concurrency"] == 1), None)
         big = max(mine, key=lambda r: r["concurrency"])
-        tpot = one["tpot_ms"]["mean"] if one else float("nan")
-        cells = [name, f"{tpot:.2f}"]
+        cells = [name, f"{one['tpot_ms']['mean']:.2f}" if one else "–"]
         cells += [f"{off['tpot_ms_median']:.2f}", span(off["tpot_ratio"])] \
             if off["tpot_ratio"] else ["–", "–"]
         cells += [f"{big['output_tokens_per_s']:.1f}", f"{off['tokens_per_s_median']:.1f}",
