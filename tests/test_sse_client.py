@@ -6,7 +6,9 @@ turns the stamps into TTFT, TPOT and ITL and gives up on a request that is never
 from __future__ import annotations
 
 import selectors
+import socket
 import socketserver
+import struct
 import threading
 import time
 
@@ -24,15 +26,17 @@ class Canned(socketserver.ThreadingTCPServer):
     after each answer without saying so (as an idle keep-alive timeout does); ``close_header``:
     it says ``Connection: close`` and closes; ``cut``: it closes after that many bytes of the
     answer; ``silent``: it reads the request and never answers. ``connections``: how many it
-    accepted; ``requests``: how many it read."""
+    accepted; ``requests``: how many it read; ``reset``: it resets the connection after each
+    answer (a close that makes the client's next send fail)."""
 
     daemon_threads = allow_reuse_address = True
 
     def __init__(self, payload: bytes, status: int = 200, chunked: bool = True,
                  close_after: bool = False, close_header: bool = False,
-                 cut: int | None = None, silent: bool = False) -> None:
+                 cut: int | None = None, silent: bool = False, reset: bool = False) -> None:
         self.payload, self.status, self.chunked = payload, status, chunked
         self.close_after, self.close_header, self.cut = close_after, close_header, cut
+        self.reset = reset
         self.silent, self.connections, self.requests = silent, 0, 0
         self.release = threading.Event()
         super().__init__(("127.0.0.1", 0), Handler)
@@ -73,7 +77,10 @@ class Handler(socketserver.StreamRequestHandler):
                 srv.payload
             self.wfile.write(out if srv.cut is None else out[:srv.cut])
             self.wfile.flush()
-            if srv.close_after or srv.close_header or srv.cut is not None:
+            if srv.reset:
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                           struct.pack("ii", 1, 0))
+            if srv.close_after or srv.close_header or srv.cut is not None or srv.reset:
                 return
 
 
@@ -140,6 +147,10 @@ def test_either_framing_reads_alike_and_an_event_cut_off_at_the_end_is_dropped(f
 def test_a_connection_the_server_closed_is_opened_again_and_the_request_sent_once_more():
     with Canned(chunked(b"data: {\"a\": 1}\n\ndata: {\"a\": 2}\n\ndata: [DONE]\n\n"),
                 close_after=True) as srv:
+        assert events(srv.base, [{}, {}, {}]) == [EVENTS] * 3
+        assert srv.connections == 3 and srv.requests == 3
+    with Canned(chunked(b"data: {\"a\": 1}\n\ndata: {\"a\": 2}\n\ndata: [DONE]\n\n"),
+                reset=True) as srv:                 # the next send fails: sent again
         assert events(srv.base, [{}, {}, {}]) == [EVENTS] * 3
         assert srv.connections == 3 and srv.requests == 3
     with Canned(chunked(b"data: [DONE]\n\n"), close_header=True) as srv:
