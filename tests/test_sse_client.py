@@ -27,16 +27,18 @@ class Canned(socketserver.ThreadingTCPServer):
     it says ``Connection: close`` and closes; ``cut``: it closes after that many bytes of the
     answer; ``silent``: it reads the request and never answers. ``connections``: how many it
     accepted; ``requests``: how many it read; ``reset``: it resets the connection after each
-    answer (a close that makes the client's next send fail)."""
+    answer (a close that makes the client's next send fail); ``piece``: it writes the answer
+    that many bytes at a time, a moment apart, so the client reads it cut anywhere."""
 
     daemon_threads = allow_reuse_address = True
 
     def __init__(self, payload: bytes, status: int = 200, chunked: bool = True,
                  close_after: bool = False, close_header: bool = False,
-                 cut: int | None = None, silent: bool = False, reset: bool = False) -> None:
+                 cut: int | None = None, silent: bool = False, reset: bool = False,
+                 piece: int | None = None) -> None:
         self.payload, self.status, self.chunked = payload, status, chunked
         self.close_after, self.close_header, self.cut = close_after, close_header, cut
-        self.reset = reset
+        self.reset, self.piece = reset, piece
         self.silent, self.connections, self.requests = silent, 0, 0
         self.release = threading.Event()
         super().__init__(("127.0.0.1", 0), Handler)
@@ -75,8 +77,14 @@ class Handler(socketserver.StreamRequestHandler):
             extra = b"Connection: close\r\n" if srv.close_header else b""
             out = f"HTTP/1.1 {srv.status} X\r\n".encode() + framing + extra + b"\r\n" + \
                 srv.payload
-            self.wfile.write(out if srv.cut is None else out[:srv.cut])
-            self.wfile.flush()
+            out = out if srv.cut is None else out[:srv.cut]
+            step = srv.piece or len(out)
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for k in range(0, len(out), step):
+                self.wfile.write(out[k:k + step])
+                self.wfile.flush()
+                if srv.piece:
+                    time.sleep(0.002)
             if srv.reset:
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                            struct.pack("ii", 1, 0))
@@ -114,6 +122,19 @@ def test_events_are_read_wherever_the_chunks_cut_them_on_one_connection(parts):
     with Canned(chunked(*parts)) as srv:
         assert events(srv.base, [{}, {}, {}]) == [EVENTS] * 3
         assert srv.connections == 1 and srv.requests == 3
+
+
+@pytest.mark.parametrize("framing", [True, False], ids=["chunked", "sized"])
+def test_an_answer_read_a_few_bytes_at_a_time_gives_the_same_events(framing):
+    body = b'data: {"a": 1}\n\ndata: {"a": 2}\n\ndata: [DONE]\n\n'
+    payload = chunked(body[:20], body[20:23], body[23:]) if framing else body
+    for piece in (1, 3, 7):
+        with Canned(payload, chunked=framing, piece=piece) as srv:
+            conn = SSEConnection(srv.base, selectors.DefaultSelector())
+            conn.send("/v1/completions", {})
+            got = _reads(conn)
+            assert conn.wait(WAIT_S) == EVENTS and len(got) > 3    # many reads, one end
+            conn.close()
 
 
 def test_a_status_other_than_200_raises_with_its_body_and_the_connection_goes_on():
@@ -235,3 +256,34 @@ def test_drive_gives_up_on_a_request_that_is_never_answered(monkeypatch):
             load.drive(srv.base, "m", ["p"], concurrency=2, requests=4, max_tokens=3,
                        time_limit=0.1)
         assert time.monotonic() - t0 < WAIT_S and srv.requests == 2
+
+
+def _reads(conn: SSEConnection) -> list[bool]:
+    """``conn``'s answer polled as ``drive`` polls it: what each ``read`` returned."""
+    got, deadline = [], time.monotonic() + WAIT_S
+    while True not in got:
+        assert time.monotonic() < deadline, "no answer"
+        for key, _ in conn.selector.select(1.0):
+            got.append(key.data.read(time.perf_counter()))
+    return got
+
+
+@pytest.mark.parametrize("how", ["kept", "close_after", "reset"])
+def test_a_read_says_an_answer_ended_once_and_an_idle_close_is_no_answer(how):
+    """``drive`` records an answer when ``read`` returns True: only at an answer's end, never
+    for the server closing an idle connection, nor for the request going out again."""
+    payload = chunked(b'data: {"a": 1}\n\n', b"data: [DONE]\n\n")
+    with Canned(payload, close_after=how == "close_after", reset=how == "reset") as srv:
+        conn = SSEConnection(srv.base, selectors.DefaultSelector())
+        for _ in range(3):
+            conn.send("/v1/completions", {})
+            got = _reads(conn)
+            assert got[-1] is True and True not in got[:-1]
+            assert [d for _, d in conn.events] == ['{"a": 1}', "[DONE]"]
+            time.sleep(0.05)
+        if how != "kept":                      # the last answer's close, read while idle
+            ready = conn.selector.select(WAIT_S)
+            assert [key.data.read(time.perf_counter()) for key, _ in ready] == [False]
+            assert conn.sock is None
+        conn.close()
+    assert SSEConnection("http://127.0.0.1", selectors.DefaultSelector()).port == 80
