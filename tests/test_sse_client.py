@@ -28,15 +28,17 @@ class Canned(socketserver.ThreadingTCPServer):
     answer; ``silent``: it reads the request and never answers. ``connections``: how many it
     accepted; ``requests``: how many it read; ``reset``: it resets the connection after each
     answer (a close that makes the client's next send fail); ``piece``: it writes the answer
-    that many bytes at a time, a moment apart, so the client reads it cut anywhere."""
+    that many bytes at a time, a moment apart, so the client reads it cut anywhere;
+    ``answers``: it answers that many requests, then closes without answering."""
 
     daemon_threads = allow_reuse_address = True
 
     def __init__(self, payload: bytes, status: int = 200, chunked: bool = True,
                  close_after: bool = False, close_header: bool = False,
                  cut: int | None = None, silent: bool = False, reset: bool = False,
-                 piece: int | None = None) -> None:
+                 piece: int | None = None, answers: int | None = None) -> None:
         self.payload, self.status, self.chunked = payload, status, chunked
+        self.answers = answers
         self.close_after, self.close_header, self.cut = close_after, close_header, cut
         self.reset, self.piece = reset, piece
         self.silent, self.connections, self.requests = silent, 0, 0
@@ -69,6 +71,8 @@ class Handler(socketserver.StreamRequestHandler):
                               if x.lower().startswith(b"content-length")))
             self.rfile.read(length)
             srv.requests += 1
+            if srv.answers is not None and srv.requests > srv.answers:
+                return
             if srv.silent:
                 srv.release.wait(WAIT_S)
                 return
@@ -177,6 +181,23 @@ def test_a_connection_the_server_closed_is_opened_again_and_the_request_sent_onc
     with Canned(chunked(b"data: [DONE]\n\n"), close_header=True) as srv:
         assert events(srv.base, [{}, {}]) == [["[DONE]"]] * 2
         assert srv.connections == 2
+
+
+@pytest.mark.parametrize("how", ["close_after", "reset"])
+def test_a_request_goes_again_once_at_most(how):
+    """The server closed (or reset) the idle connection, and closes the new one too without
+    answering: the request went out again once, then it is an error, not a third try."""
+    with Canned(chunked(b"data: [DONE]\n\n"), answers=1, close_after=how == "close_after",
+                reset=how == "reset") as srv:
+        conn = SSEConnection(srv.base, selectors.DefaultSelector())
+        conn.send("/v1/completions", {})
+        assert conn.wait(WAIT_S) == ["[DONE]"]
+        time.sleep(0.05)
+        conn.send("/v1/completions", {})
+        with pytest.raises(ConnectionError, match="mid-response"):
+            conn.wait(5.0)
+        assert srv.requests == 2 and srv.connections == 2
+        conn.close()
 
 
 def test_a_server_that_closes_mid_answer_is_an_error_not_an_answer():
