@@ -155,8 +155,7 @@ class EventStream(Response):
                 raise
             task.uncancel()
         finally:
-            state = "sent" if state == "streaming" else state
-            listener.cancel()
+            listener.cancel()     # (before any await here: a disconnect heard now cancels none)
             await self.events.aclose()
 
 
