@@ -7,6 +7,7 @@ drains the request in flight and exits cleanly."""
 from __future__ import annotations
 
 import asyncio
+import types
 import json
 import os
 import signal
@@ -308,9 +309,35 @@ def test_bench_serve_drives_the_server_and_reports(live):
     got = percentiles([0.001, 0.002, 0.003, 0.1])
     assert got == pytest.approx({"mean": 26.5, "p50": 2.0, "p99": 100.0})
     assert "| spec | 3 | 5 |" in markdown({"rows": [{**row, "server": "spec"}]})
+    from dflash2rt.serve.load import _spec_counters
+
+    before = _spec_counters(live.base)
+    assert before["drafts"] > 0                           # the first run's steps counted
     mixed = drive(live.base, MODEL, PROMPTS, concurrency=2, requests=7, max_tokens=[3, 9, 5],
                   time_limit=WAIT_S)                      # request k: [3, 9, 5][k % 3] tokens
+    after = _spec_counters(live.base)
     assert mixed["requests"] == 7 and mixed["output_tokens"] == 3 + 9 + 5 + 3 + 9 + 5 + 3
+    for r in (row, mixed):                                # rates over the run's wall time
+        assert r["requests_per_s"] == pytest.approx(r["requests"] / r["wall_s"])
+        assert r["output_tokens_per_s"] == pytest.approx(r["output_tokens"] / r["wall_s"])
+    assert mixed["drafts"] == after["drafts"] - before["drafts"] > 0   # this run's only
+    assert mixed["accepted"] == after["accepted_tokens"] - before["accepted_tokens"]
+    assert mixed["acceptance_length"] == pytest.approx(
+        1 + mixed["accepted"] / mixed["drafts"])
+
+
+def test_the_speculation_counters_are_read_off_metrics_and_absent_ones_are_zero(monkeypatch):
+    from dflash2rt.serve import load
+
+    text = ('# HELP dflash2rt:spec_decode_num_drafts_total x\n'
+            'dflash2rt:spec_decode_num_drafts_total{model_name="m"} 12.0\n'
+            'dflash2rt:spec_decode_num_draft_tokens_total{model_name="m"} 96.0\n'
+            'dflash2rt:spec_decode_num_accepted_tokens_total 40.0\n')
+    pages = {"a": text, "b": "# nothing here\n"}
+    monkeypatch.setattr(load.httpx, "get", lambda url, timeout: types.SimpleNamespace(
+        text=pages[url.split("/")[0]]))
+    assert load._spec_counters("a") == {"drafts": 12.0, "accepted_tokens": 40.0}
+    assert load._spec_counters("b") == {"drafts": 0.0, "accepted_tokens": 0.0}
 
 
 def test_output_lengths_spread_evenly_and_a_static_batch_holds_each_once(live):
