@@ -360,6 +360,10 @@ def test_output_lengths_spread_evenly_and_a_static_batch_holds_each_once(live):
         assert [r.params.max_new_tokens for r in reqs] == [3, 9, 5, 3]
         assert [r.prompt_ids for r in reqs] == [off.ids[0], off.ids[1]] * 2
         assert off._gen(reqs).generated == 20
+        off._gen = lambda reqs: types.SimpleNamespace(wall_s=1.5, time={"prefill": 0.25},
+                                                      generated=6, tokens_per_s=123.0)
+        assert off.alone(0) == pytest.approx(1.25 / 5)    # decode seconds per later token
+        assert off.static(4) == 123.0
 
 
 def test_bench_serve_pairs_each_request_with_its_reference_at_concurrency_1(live):
