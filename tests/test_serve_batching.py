@@ -308,6 +308,7 @@ def test_bench_serve_drives_the_server_and_reports(live):
     assert all(set(row[k]) == {"mean", "p50", "p99"} for k in ("ttft_ms", "tpot_ms", "itl_ms"))
     got = percentiles([0.001, 0.002, 0.003, 0.1])
     assert got == pytest.approx({"mean": 26.5, "p50": 2.0, "p99": 100.0})
+    assert percentiles([]) == {"mean": 0.0, "p50": 0.0, "p99": 0.0}
     assert "| spec | 3 | 5 |" in markdown({"rows": [{**row, "server": "spec"}]})
     from dflash2rt.serve.load import _spec_counters
 
