@@ -97,3 +97,82 @@ def test_the_mailbox_hands_events_over_in_order():
         box.put(4)
         assert await box.get() == 4
     asyncio.run(main())
+
+
+class Chars:
+    """A tokenizer whose id i is the letter chr(97 + i), decoded one to one."""
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(chr(97 + i) for i in ids)
+
+
+def _safe(text: str, stops: list[str], include: bool) -> str:
+    """What may stream of ``text`` so far, from the definition: up to the earliest stop string
+    in it (ties: the shortest; after it with ``include``), which ends the request; else up to
+    the earliest tail that could still become one."""
+    full = [(p, len(s)) for p in range(len(text)) for s in stops if text.startswith(s, p)]
+    if full:
+        p, n = min(full)
+        return text[:p + n if include else p]
+    tails = [p for p in range(len(text)) for s in stops
+             if len(text) - p < len(s) and s.startswith(text[p:])]
+    return text[:min(tails, default=len(text))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_text_deltas_hold_back_what_a_stop_string_may_still_cut(data):
+    ids = data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=16))
+    stops = data.draw(st.lists(st.text("abc", min_size=1, max_size=3), min_size=1,
+                               max_size=2))
+    include = data.draw(st.booleans())
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(ids)), max_size=8)) | {len(ids)})
+    stream, sent, at = TextStream(Chars(), [], stops, include), "", 0
+    for cut in cuts:
+        sent += stream.push(ids[at:cut])
+        at = cut
+        text = Chars().decode(ids[:cut])
+        assert sent == _safe(text, stops, include), (ids[:cut], stops)
+        if any(s in text for s in stops):
+            break                                      # a stop string ends the request
+
+
+def test_a_stop_strings_first_characters_wait_for_the_next_token():
+    stream = TextStream(Chars(), [], ["cd"], False)     # ids: a=0, b=1, c=2, d=3
+    assert stream.push([0, 1]) == "ab"                 # nothing held without a stop's start
+    assert stream.push([2]) == ""                      # "c" may begin "cd"
+    assert stream.push([0]) == "ca"                    # it did not
+    assert stream.push([2, 3, 0]) == ""                # "cd": cut there, for good
+    assert stream.finish("abca") == ""
+
+
+def test_logprobs_name_each_token_by_its_text_and_its_offset():
+    from dflash2rt.serve.responses import chat_logprobs, completion_logprobs, usage
+
+    class Named:
+        def decode(self, ids):
+            return "".join(f"t{i}" for i in ids)
+
+    lp = completion_logprobs(Named(), [5, 12, 7], [-0.1, -0.2, -0.3],
+                             [{5: -0.1, 6: -2.0}, {12: -0.2}, {7: -0.3}], offset=4)
+    assert lp["tokens"] == ["t5", "t12", "t7"]
+    assert lp["text_offset"] == [4, 6, 9] and lp["token_logprobs"] == [-0.1, -0.2, -0.3]
+    assert lp["top_logprobs"][0] == {"t5": -0.1, "t6": -2.0}
+    assert completion_logprobs(None, [5], [-0.5], [{}], 0)["tokens"] == ["5"]
+    chat = chat_logprobs(Named(), [5], [-0.1], [{6: -2.0, 5: -0.1, 9: -1.0}])["content"][0]
+    assert (chat["token"], chat["logprob"], chat["bytes"]) == ("t5", -0.1, list(b"t5"))
+    assert [e["token"] for e in chat["top_logprobs"]] == ["t5", "t9", "t6"]   # most likely first
+    assert usage(3, 4) == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+
+@pytest.mark.parametrize("chat, whole, chunk", [(True, "chat.completion",
+                                                 "chat.completion.chunk"),
+                                                (False, "text_completion", "text_completion")])
+def test_a_whole_answer_and_its_chunks_name_their_objects(chat, whole, chunk):
+    shape = Shape("r", chat, "m")
+    assert shape.whole([], usage_of(1, 2))["object"] == whole
+    assert shape.body(0, "a", None)["object"] == chunk
+
+
+def usage_of(p: int, c: int) -> dict:
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
