@@ -309,6 +309,7 @@ def test_bench_serve_drives_the_server_and_reports(live):
     got = percentiles([0.001, 0.002, 0.003, 0.1])
     assert got == pytest.approx({"mean": 26.5, "p50": 2.0, "p99": 100.0})
     assert percentiles([]) == {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    assert percentiles([0.005]) == pytest.approx({"mean": 5.0, "p50": 5.0, "p99": 5.0})
     assert "| spec | 3 | 5 |" in markdown({"rows": [{**row, "server": "spec"}]})
     from dflash2rt.serve.load import _spec_counters
 
@@ -365,6 +366,15 @@ def test_output_lengths_spread_evenly_and_a_static_batch_holds_each_once(live):
                                                       generated=6, tokens_per_s=123.0)
         assert off.alone(0) == pytest.approx(1.25 / 5)    # decode seconds per later token
         assert off.static(4) == 123.0
+    from dflash2rt.serve.load import _figures
+
+    raw = {"ttft": [], "tpot": [], "itl": []}
+    assert _figures(1, 2, 1.0, 10, 0.0, 0.0, raw)["acceptance_length"] == 1.0   # no drafts
+    assert _figures(1, 2, 1.0, 10, 4.0, 6.0, raw)["acceptance_length"] == 2.5
+    for block, spec, fixed in ((1, False, None), (8, True, 8), (None, True, None)):
+        with Offline(srv.pair, srv.engine.backend, block, PROMPTS[:1], 4,
+                     table=srv.engine.table) as off:            # target-only, 8, adaptive
+            assert (off.spec, off.block) == (spec, fixed)
 
 
 def test_bench_serve_pairs_each_request_with_its_reference_at_concurrency_1(live):
