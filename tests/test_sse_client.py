@@ -256,6 +256,9 @@ def test_a_requests_figures_come_from_its_events_arrival_times():
     r = load._result(conn, 10.0, 13.0)
     assert r["ttft"] == 1.0 and r["e2e"] == 3.0 and r["tokens"] == 5
     assert r["itl"] == [0.25, 0.75] and r["tpot"] == pytest.approx(2.0 / 4)
+    conn.events = [(11.0, _chunk("a")), (12.5, _chunk("b")), (12.75, _chunk("", usage=2))]
+    two = load._result(conn, 10.0, 13.0)
+    assert two["tpot"] == 2.0 and two["itl"] == [1.5]
     conn.events = [(11.0, _chunk("a")), (12.0, _chunk("", usage=1))]
     one = load._result(conn, 10.0, 13.0)
     assert one["tpot"] is None and one["itl"] == [] and one["ttft"] == 1.0
