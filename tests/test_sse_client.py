@@ -29,7 +29,8 @@ class Canned(socketserver.ThreadingTCPServer):
     accepted; ``requests``: how many it read; ``reset``: it resets the connection after each
     answer (a close that makes the client's next send fail); ``piece``: it writes the answer
     that many bytes at a time, a moment apart, so the client reads it cut anywhere;
-    ``answers``: it answers that many requests, then closes without answering."""
+    ``answers``: it answers that many requests, then closes without answering. ``bodies``:
+    each request's body, as it read them."""
 
     daemon_threads = allow_reuse_address = True
 
@@ -38,7 +39,7 @@ class Canned(socketserver.ThreadingTCPServer):
                  cut: int | None = None, silent: bool = False, reset: bool = False,
                  piece: int | None = None, answers: int | None = None) -> None:
         self.payload, self.status, self.chunked = payload, status, chunked
-        self.answers = answers
+        self.answers, self.bodies = answers, []
         self.close_after, self.close_header, self.cut = close_after, close_header, cut
         self.reset, self.piece = reset, piece
         self.silent, self.connections, self.requests = silent, 0, 0
@@ -69,7 +70,7 @@ class Handler(socketserver.StreamRequestHandler):
                 head += line
             length = int(next(x.split(b":")[1] for x in head.split(b"\r\n")
                               if x.lower().startswith(b"content-length")))
-            self.rfile.read(length)
+            srv.bodies.append(self.rfile.read(length))
             srv.requests += 1
             if srv.answers is not None and srv.requests > srv.answers:
                 return
@@ -311,3 +312,22 @@ def test_a_read_says_an_answer_ended_once_and_an_idle_close_is_no_answer(how):
             assert conn.sock is None
         conn.close()
     assert SSEConnection("http://127.0.0.1", selectors.DefaultSelector()).port == 80
+
+
+def test_drive_asks_each_request_greedy_streamed_with_usage_for_its_length(monkeypatch):
+    """What ``drive`` sends: request k is prompt k % len(prompts), for its own length, greedy
+    (the references decode greedily), EOS ignored, streamed with the usage at the end."""
+    import json
+
+    monkeypatch.setattr(load, "_spec_counters", lambda base: {"drafts": 0.0,
+                                                              "accepted_tokens": 0.0})
+    answer = chunked(b'data: ' + _chunk("a").encode() + b"\n\n",
+                     b'data: ' + _chunk("", usage=1).encode() + b"\n\ndata: [DONE]\n\n")
+    with Canned(answer) as srv:
+        row = load.drive(srv.base, "m", ["p0", "p1"], concurrency=1, requests=3,
+                         max_tokens=[2, 5], time_limit=WAIT_S)
+    assert row["requests"] == 3 and row["output_tokens"] == 3
+    assert [json.loads(b) for b in srv.bodies] == [
+        {"model": "m", "prompt": p, "stream": True, "max_tokens": n, "temperature": 0,
+         "ignore_eos": True, "stream_options": {"include_usage": True}}
+        for p, n in (("p0", 2), ("p1", 5), ("p0", 2))]
