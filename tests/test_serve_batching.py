@@ -366,11 +366,20 @@ def test_output_lengths_spread_evenly_and_a_static_batch_holds_each_once(live):
                                                       generated=6, tokens_per_s=123.0)
         assert off.alone(0) == pytest.approx(1.25 / 5)    # decode seconds per later token
         assert off.static(4) == 123.0
+        off._gen = lambda reqs: types.SimpleNamespace(wall_s=1.5, time={"prefill": 0.25},
+                                                      generated=2, tokens_per_s=1.0)
+        assert off.alone(0) == pytest.approx(1.25)         # one token after the first
     from dflash2rt.serve.load import _figures
 
     raw = {"ttft": [], "tpot": [], "itl": []}
     assert _figures(1, 2, 1.0, 10, 0.0, 0.0, raw)["acceptance_length"] == 1.0   # no drafts
     assert _figures(1, 2, 1.0, 10, 4.0, 6.0, raw)["acceptance_length"] == 2.5
+    from dflash2rt.serve.load import pooled
+
+    one = {**_figures(3, 2, 2.0, 10, 4.0, 6.0, {"ttft": [0.1], "tpot": [0.2], "itl": [0.3]})}
+    alone = pooled([one])                                  # one round pools to itself
+    assert (alone["concurrency"], alone["requests"], alone["rounds"]) == (3, 2, 1)
+    assert alone["output_tokens_per_s"] == 5.0 and "raw" not in alone
     for block, spec, fixed in ((1, False, None), (8, True, 8), (None, True, None)):
         with Offline(srv.pair, srv.engine.backend, block, PROMPTS[:1], 4,
                      table=srv.engine.table) as off:            # target-only, 8, adaptive
