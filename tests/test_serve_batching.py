@@ -360,6 +360,7 @@ def test_output_lengths_spread_evenly_and_a_static_batch_holds_each_once(live):
                  table=srv.engine.table) as off:
         reqs = off._batch(4)
         assert [r.params.max_new_tokens for r in reqs] == [3, 9, 5, 3]
+        assert all(r.params.ignore_eos and r.params.temperature == 0 for r in reqs)
         assert [r.prompt_ids for r in reqs] == [off.ids[0], off.ids[1]] * 2
         assert off._gen(reqs).generated == 20
         off._gen = lambda reqs: types.SimpleNamespace(wall_s=1.5, time={"prefill": 0.25},
@@ -407,7 +408,7 @@ def test_bench_serve_pairs_each_request_with_its_reference_at_concurrency_1(live
     assert asked == [0, 1, 2, 3, 4] and row["requests"] == 5     # request k: prompt k % 3
     assert [ref for _, ref in row["paired"]] == [0.5, 1.5, 2.5, 3.5, 4.5]
     assert [tpot for tpot, _ in row["paired"]] == pytest.approx(row["raw"]["tpot"])
-    assert row["wall_s"] <= outer - 5 * 0.25
+    assert 0 < row["wall_s"] <= outer - 5 * 0.25
     with pytest.raises(ValueError, match="concurrency 1"):
         drive(live.base, MODEL, PROMPTS, 2, 2, 5, WAIT_S, reference=reference)
 
