@@ -446,7 +446,8 @@ def test_bench_serve_pairs_each_server_run_with_its_run_reference(live):
         tok, static = map(float, re.findall(r"([\d.]+) tok/s.*static ([\d.]+)", line)[0])
         assert ratio == pytest.approx(tok / static, rel=0.02), line
     cells = [c.strip() for c in targets(res).splitlines()[2].strip("|").split("|")]
-    assert cells[0] == "spec"
+    assert cells[0] == "spec" and cells[1] == f"{one['tpot_ms']['mean']:.2f}"
+    assert cells[4] == f"{three['output_tokens_per_s']:.1f}"
     for cell, ratios in ((cells[3], off["tpot_ratio"]), (cells[6], off["throughput_ratio"])):
         assert cell == f"{sum(ratios) / 2:.2f} ({min(ratios):.2f}–{max(ratios):.2f})", cells
 
