@@ -422,12 +422,17 @@ def test_bench_serve_pairs_each_server_run_with_its_run_reference(live):
 
     from dflash2rt.serve.load import Offline, bench_serve, targets
 
-    srv, lines = live.server, []
+    srv, lines, statics = live.server, [], []
+
+    def baseline(name: str) -> Offline:
+        off = Offline(srv.pair, srv.engine.backend, srv.limits.block, PROMPTS, max_tokens=6,
+                      table=srv.engine.table)
+        real = off.static
+        off.static = lambda batch: statics.append(real(batch)) or statics[-1]
+        return off
     res = bench_serve(lambda name: contextlib.nullcontext(
                           type("S", (), {"base": live.base, "model": MODEL})),
-                      lambda name: Offline(srv.pair, srv.engine.backend, srv.limits.block,
-                                           PROMPTS, max_tokens=6,
-                                           table=srv.engine.table),
+                      baseline,
                       PROMPTS, [1, 3], requests=4, max_tokens=6, time_limit=WAIT_S,
                       log=lines.append, contenders=("spec",), rounds=2)
     one, three = res["rows"]
@@ -442,6 +447,9 @@ def test_bench_serve_pairs_each_server_run_with_its_run_reference(live):
         assert ratio == pytest.approx(tpot / alone, rel=0.02, abs=0.01), line
         assert f"paired ratio {ratio:.3f}" in line
     assert "paired" not in one
+    assert len(statics) == 4                # one before and one after each round's run at 3
+    assert off["tokens_per_s"] == pytest.approx([(statics[0] + statics[1]) / 2,
+                                                 (statics[2] + statics[3]) / 2])
     for line, ratio in zip([x for x in lines if "c=  3" in x], off["throughput_ratio"]):
         tok, static = map(float, re.findall(r"([\d.]+) tok/s.*static ([\d.]+)", line)[0])
         assert ratio == pytest.approx(tok / static, rel=0.02), line
