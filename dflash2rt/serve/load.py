@@ -115,7 +115,7 @@ def drive(base: str, model: str, prompts: Sequence[str], concurrency: int, reque
     patience = max(time_limit, PATIENCE_S)
     sel = selectors.DefaultSelector()
     conns = [SSEConnection(base, sel) for _ in range(concurrency)]
-    flight: dict[SSEConnection, tuple[int, float]] = {}   # prompt index, when it was sent
+    flight: dict[SSEConnection, tuple[int, float]] = {}   # request number, when it was sent
 
     def send(conn: SSEConnection) -> None:
         nonlocal sent
@@ -150,8 +150,7 @@ def drive(base: str, model: str, prompts: Sequence[str], concurrency: int, reque
                     held += time.perf_counter() - t
                 send(conn)
             now = time.perf_counter()
-            late = [start for _, start in flight.values() if now - start > patience]
-            if late:
+            if any(now - start > patience for _, start in flight.values()):
                 raise TimeoutError(f"a request went unanswered for {patience:.0f} s")
         wall = time.perf_counter() - t0 - held
     finally:
@@ -206,12 +205,9 @@ class Offline:
                  max_tokens: Lengths, table: Any = None) -> None:
         from ..api import encode_prompts
         from ..engine.engine import Engine
-        from ..engine.request import SamplingParams
 
         self.spec, self.block = block != 1, (None if block is None or block == 1 else block)
-        self.ids = encode_prompts(pair, list(prompts))
-        self.params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (
-            [max_tokens] if isinstance(max_tokens, int) else max_tokens)]
+        self.ids, self.max_tokens = encode_prompts(pair, list(prompts)), max_tokens
         self.engine = Engine(pair, backend, table=table)
 
     def __enter__(self) -> "Offline":
@@ -227,9 +223,10 @@ class Offline:
         return [self._request(j) for j in range(batch)]
 
     def _request(self, k: int) -> Any:
-        from ..engine.request import Request
+        from ..engine.request import Request, SamplingParams
 
-        return Request(self.ids[k % len(self.ids)], self.params[k % len(self.params)], key=k)
+        params = SamplingParams(max_new_tokens=length_of(self.max_tokens, k), ignore_eos=True)
+        return Request(self.ids[k % len(self.ids)], params, key=k)
 
     def warm(self, batch: int) -> None:
         self._gen(self._batch(1))
