@@ -12,11 +12,10 @@ clients, with the CPU each side spent per output token.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
-from dflash2rt.bundled import model_dir
+from dflash2rt.bundled import heldout, model_dir
 from dflash2rt.serve.live import SpawnedServer
 from dflash2rt.serve.load import drive
 
@@ -55,8 +54,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     root = model_dir(args.model)
-    prompts = [h["prompt"] for h in
-               json.loads((root / "heldout_prompts.json").read_text(encoding="utf-8"))]
+    prompts = [h["prompt"] for h in heldout(root)]
     levels = [int(c) for c in args.concurrency.split(",")]
     top = max(levels)
     with SpawnedServer([str(root), "--backend", "cpu", *args.flags.split(), "--max-num-seqs",

@@ -41,7 +41,7 @@ def build(backend: str):
     import torch  # noqa: F401
 
     from dflash2rt import get_backend
-    from dflash2rt.bundled import bundled_path
+    from dflash2rt.bundled import bundled_path, heldout
     from dflash2rt.constraints import TokenAutomaton
     from dflash2rt.engine.engine import Engine
     from dflash2rt.engine.policy.adaptive import AdaptivePolicy
@@ -56,8 +56,7 @@ def build(backend: str):
     engine.policy = AdaptivePolicy(cands, {b: 1.0 + 0.15 * b.bit_length() for b in cands})
     auto = TokenAutomaton.from_regex(REGEX, pair.tokenizer, pair.target.cfg.vocab_size,
                                      pair.eos_token_ids)
-    prompts = json.loads((root / "heldout_prompts.json").read_text(encoding="utf-8"))
-    ids = [tuple(pair.tokenizer.encode(p["prompt"])[-96:]) for p in prompts]
+    ids = [tuple(pair.tokenizer.encode(p["prompt"])[-96:]) for p in heldout(root)]
     return engine, auto, ids
 
 

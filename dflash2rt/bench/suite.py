@@ -4,7 +4,6 @@ fixed-block speculation vs adaptive speculation vs transformers side by side in 
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -19,11 +18,10 @@ from .rows import block_sweep, measure_rows
 
 
 def heldout_prompts(model_dir: Path, pair: ModelPair) -> list[tuple[int, ...]]:
-    """The model's held-out prompt set, tokenised."""
-    file = model_dir / "heldout_prompts.json"
-    items = json.loads(file.read_text(encoding="utf-8"))
-    texts = [x if isinstance(x, str) else x["prompt"] for x in items]
-    return [tuple(pair.tokenizer.encode(t)) for t in texts]
+    """The model's held-out prompt set, its texts tokenised."""
+    from ..bundled import heldout
+
+    return [tuple(pair.tokenizer.encode(h["prompt"])) for h in heldout(model_dir)]
 
 
 def run_bench(pair: ModelPair, model_dir: Path, backend: Backend | str | None = None,

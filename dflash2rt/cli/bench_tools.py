@@ -63,14 +63,13 @@ def _add_heldout(tools: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _heldout(args: argparse.Namespace) -> int:
-    from ..bundled import model_dir
+    from ..bundled import heldout_ids, model_dir
     from ..models.pair import load_pair
     from ..train.heldout import evaluate_heldout
 
     root = model_dir(args.model)
     pair = load_pair(root / "target", root / "draft")
-    held = json.loads((root / "heldout_prompts.json").read_text(encoding="utf-8"))
-    return _emit(args, evaluate_heldout(pair, args.backend, [h["prompt_ids"] for h in held],
+    return _emit(args, evaluate_heldout(pair, args.backend, heldout_ids(root),
                                         args.max_new_tokens, _log))
 
 
@@ -156,11 +155,10 @@ def _add_tp_equivalence(tools: argparse._SubParsersAction) -> argparse.ArgumentP
 def _tp_equivalence(args: argparse.Namespace) -> int:
     import time
 
-    from ..bundled import bundled_path
+    from ..bundled import bundled_path, heldout
     from ..qualify.tp_equivalence import tp_equivalence
 
-    held = json.loads((bundled_path("stdlib-code") / "heldout_prompts.json").read_text())
-    prompts = [p["prompt"] for p in held[:args.prompts]]
+    prompts = [p["prompt"] for p in heldout(bundled_path("stdlib-code"))[:args.prompts]]
     if args.token_prompts:
         prompts = [list(p.encode()[:96]) for p in prompts]
     t0 = time.monotonic()

@@ -128,15 +128,12 @@ def bench(args: argparse.Namespace) -> int:
 
     from ..api import backend_of, measured_table, resolve_model
     from ..serve.load import Offline, bench_serve, markdown, output_lengths, targets
-    from ..bundled import model_dir
+    from ..bundled import heldout, model_dir
     from ..errors import InvalidInputError
     from ..serve.live import SpawnedServer
 
     root = model_dir(args.model)
-    held = root / "heldout_prompts.json"
-    if not held.is_file():
-        raise InvalidInputError(f"{root} has no heldout_prompts.json: bench serve sends them")
-    prompts = [h["prompt"] for h in json.loads(held.read_text(encoding="utf-8"))]
+    prompts = [h["prompt"] for h in heldout(root)]
     try:
         levels = [int(c) for c in args.concurrency.split(",")]
     except ValueError:

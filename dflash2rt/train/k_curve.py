@@ -94,12 +94,11 @@ def load_heldout(model: str | Path = "stdlib-code", n_prompts: int | None = None
     """A bundled name or a directory with target/, draft/ and heldout_prompts.json → (pair, the
     first ``n_prompts`` held-out prompts' ids (None: all), the directory); as ``dflash2rt bench
     heldout`` loads them."""
-    from ..bundled import model_dir
+    from ..bundled import heldout_ids, model_dir
 
     root = model_dir(model)
     pair = load_pair(root / "target", root / "draft")
-    held = json.loads((root / "heldout_prompts.json").read_text(encoding="utf-8"))
-    ids = [list(h["prompt_ids"]) for h in held]
+    ids = heldout_ids(root)
     return pair, ids[:n_prompts] if n_prompts is not None else ids, root
 
 
