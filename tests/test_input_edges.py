@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import time
 
@@ -123,6 +124,40 @@ def test_bad_arguments_raise_typed_errors(kw, err):
 def test_bad_prompts_are_named(prompts, match):
     with pytest.raises(InvalidInputError, match=match):
         _run(prompts=prompts)
+
+
+@pytest.mark.parametrize("spec", ["no", "False", 0, 1, None, [True]])
+def test_spec_is_a_bool(spec):
+    with pytest.raises(InvalidInputError, match=f"spec must be True .* got {re.escape(repr(spec))}$"):
+        _run(spec=spec)
+
+
+@pytest.mark.parametrize("on_tokens", [3, "print", [print]])
+def test_on_tokens_is_checked_before_decoding(on_tokens):
+    with pytest.raises(InvalidInputError, match="on_tokens must be None or a callable"):
+        _run(on_tokens=on_tokens)
+
+
+def test_on_tokens_any_callable():
+    seen = []
+    out = _run(on_tokens=lambda i, ids: seen.extend(ids), max_new_tokens=5).outputs[0]
+    assert seen == out.token_ids
+
+
+def test_a_loaded_pair_runs_in_its_own_dtype():
+    pair = resolve_model(MODEL)
+    assert pair.dtype == torch.float32
+    assert resolve_model(pair, dtype="auto") is pair
+    assert resolve_model(pair, dtype=torch.float32) is pair
+    for dtype in (torch.bfloat16, torch.float64):
+        with pytest.raises(InvalidInputError, match=f"dtype={dtype} for a ModelPair loaded in "
+                                                    f"torch.float32"):
+            resolve_model(pair, dtype=dtype)
+    for dtype in ("float13", "float32", "bf16", None, 32):
+        with pytest.raises(InvalidInputError, match="dtype must be a torch dtype or 'auto'"):
+            resolve_model(pair, dtype=dtype)
+    with pytest.raises(InvalidInputError, match="dtype must be a torch dtype or 'auto'"):
+        dflash2rt.run(pair, "cpu", prompts=PROMPT, max_new_tokens=2, dtype="int8")
 
 
 def test_block_size_none_is_the_default_and_integers_work():

@@ -94,7 +94,7 @@ class Engine:
         >= 2: that fixed block. ``watermark``: a WatermarkKey that marks every sampled
         request's tokens (``dflash2rt.watermark.generate``; greedy requests are unchanged and
         unmarked); the key stays out of stats and outputs."""
-        policy = self._policy(requests, spec, block_size, watermark)
+        policy = self._policy(requests, spec, block_size, watermark, on_tokens)
         call = policy.begin(requests)
         stats, out, fallbacks = self._new_run(requests, call, on_tokens, watermark)
         with torch.inference_mode(), self.backend.run_context():
@@ -123,7 +123,7 @@ class Engine:
         return out.finish(), stats
 
     def _policy(self, requests: Sequence[Request], spec: bool, block_size: int | None,
-                watermark: WatermarkKey | None) -> Policy:
+                watermark: WatermarkKey | None, on_tokens: OnTokens | None = None) -> Policy:
         """The call's policy, after checking what the call asks: adaptive (``self.policy``)
         for speculation without a block size, else a fixed block (1 for target-only)."""
         pair = self.pair
@@ -134,6 +134,12 @@ class Engine:
             require_fp64(self.backend.has_fp64)
         if not requests:
             raise InvalidInputError("no requests: give at least one prompt")
+        if not isinstance(spec, bool):
+            raise InvalidInputError(f"spec must be True (speculative decoding) or False "
+                                    f"(target only), got {spec!r}")
+        if on_tokens is not None and not callable(on_tokens):
+            raise InvalidInputError(f"on_tokens must be None or a callable on_tokens(i, ids), "
+                                    f"got {type(on_tokens).__name__}")
         if spec and pair.draft is None:
             raise InvalidInputError("speculative decoding needs a draft model (or use spec=False)")
         if spec and block_size is None:

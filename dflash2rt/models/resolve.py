@@ -55,11 +55,18 @@ def resolve_model(model: ModelSpec, device: torch.device | str = "cpu",
     ``draft``: a directory or hub id for the draft (it replaces a draft/ beside the target;
     without one a lone checkpoint runs target-only). ``revision`` / ``draft_revision``: the
     branch, tag or commit of the target's / the draft's hub id (None: main). ``dtype="auto"``:
-    float32 on the CPU, the checkpoint's dtype (bfloat16) on accelerators."""
+    float32 on the CPU, the checkpoint's dtype (bfloat16) on accelerators; a loaded ModelPair
+    runs in its own dtype (another one is refused)."""
     if isinstance(model, ModelPair):
         if draft is not None or revision or draft_revision:
             raise InvalidInputError("a loaded ModelPair takes no draft, revision or "
                                     "draft_revision")
+        if not (isinstance(dtype, str) and dtype == "auto") and dtype != model.dtype:
+            if not isinstance(dtype, torch.dtype):
+                raise InvalidInputError(f"dtype must be a torch dtype or 'auto', got {dtype!r}")
+            raise InvalidInputError(f"dtype={dtype} for a ModelPair loaded in {model.dtype}: "
+                                    f"a loaded pair runs in its own dtype (load it in {dtype}, "
+                                    f"or leave dtype 'auto')")
         return model
     target, draft_loc, name = hub.locate_pair(model, draft, revision, draft_revision)
     return _load(target.path, None if draft_loc is None else draft_loc.path, dtype, device,
