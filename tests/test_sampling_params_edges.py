@@ -141,3 +141,25 @@ def test_params_are_immutable_and_hashable_with_a_bias_and_a_constraint():
                                           stop_strings=("x",)))
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.temperature = 1.0
+
+
+# vLLM's fields dflash2rt has only at their default (docs/sampling.md): that default is
+# taken and changes nothing; any other value is refused naming the field.
+VLLM_ONLY_DEFAULT = [("n", [1], [2, 0, True, 1.0, "1", None]),
+                     ("best_of", [None, 1], [2, 0, True, 1.0]),
+                     ("min_tokens", [0], [1, 5, -1, False, 0.0]),
+                     ("prompt_logprobs", [None], [0, 1, False]),
+                     ("truncate_prompt_tokens", [None], [0, 16, -1]),
+                     ("detokenize", [True], [False, 1, None])]
+
+
+@pytest.mark.parametrize("name, taken, refused", VLLM_ONLY_DEFAULT)
+def test_vllm_fields_at_their_default_only(name, taken, refused):
+    base = SamplingParams(max_tokens=7, temperature=0.5, seed=3)
+    for v in taken + [np.int64(1)] * (name in ("n", "best_of")):
+        assert SamplingParams(max_tokens=7, temperature=0.5, seed=3, **{name: v}) == base
+    for v in refused:
+        with pytest.raises(SamplingParamsError, match=f"{name}={v!r} is not supported"):
+            SamplingParams(max_tokens=7, **{name: v})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_field'"):
+        SamplingParams(no_such_field=1)

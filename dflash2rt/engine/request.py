@@ -142,10 +142,32 @@ class SamplingParams:
 
 
 VLLM_NAMES = {"max_tokens": "max_new_tokens", "stop": "stop_strings"}
+# vLLM's fields that dflash2rt has only at their default: (the values taken, what each does
+# here). Another value is refused, never ignored.
+VLLM_DEFAULTS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "n": ((1,), "one completion per prompt: repeat the prompt (with seeds) for more"),
+    "best_of": ((None, 1), "one completion per prompt, none ranked"),
+    "min_tokens": ((0,), "EOS and stop tokens end a request at any length"),
+    "prompt_logprobs": ((None,), "logprobs are of the generated tokens only"),
+    "truncate_prompt_tokens": ((None,), "prompts are never truncated: shorten the prompt"),
+    "detokenize": ((True,), "every output has its text"),
+}
+
+
+def _vllm_default(name: str, value: Any) -> None:
+    """``value`` of vLLM field ``name`` (``VLLM_DEFAULTS``): dropped when it is the default
+    dflash2rt has, else SamplingParamsError."""
+    taken, meaning = VLLM_DEFAULTS[name]
+    if not any(value is v if v is None or isinstance(v, bool) else is_int(value) and value == v
+               for v in taken):
+        shown = " or ".join(repr(v) for v in taken)
+        raise SamplingParamsError(f"SamplingParams: {name}={value!r} is not supported, only "
+                                  f"{shown} (vLLM's default): {meaning}")
 
 
 def _accept_vllm_names(init: Callable[..., None]) -> Callable[..., None]:
-    """``SamplingParams.__init__`` taking vLLM's field names too (``VLLM_NAMES``)."""
+    """``SamplingParams.__init__`` taking vLLM's field names too (``VLLM_NAMES``), and
+    vLLM's fields dflash2rt has only at their default (``VLLM_DEFAULTS``)."""
 
     @functools.wraps(init)
     def __init__(self: SamplingParams, *args: Any, **kw: Any) -> None:
@@ -160,6 +182,8 @@ def _accept_vllm_names(init: Callable[..., None]) -> Callable[..., None]:
             if vllm == "stop":
                 value = () if value is None else (value,) if isinstance(value, str) else value
             kw[ours] = value
+        for name in VLLM_DEFAULTS.keys() & kw.keys():
+            _vllm_default(name, kw.pop(name))
         if is_int(kw.get("top_k")) and kw["top_k"] == -1:
             kw["top_k"] = 0
         init(self, *args, **kw)
