@@ -78,9 +78,11 @@ class TargetConfig:
         if self.model_type not in _ARCHITECTURES:
             raise CheckpointError(f"model_type {self.model_type!r} is not supported (supported: qwen3, llama)")
         for name in (*_REQUIRED, "num_key_value_heads", "head_dim", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise CheckpointError(f"config {name} must be a positive integer, got {value!r}")
+            _positive_int(name, getattr(self, name))
+        outside = [t for t in self.eos_token_ids if not 0 <= t < self.vocab_size]
+        if outside:
+            raise CheckpointError(f"eos_token_id {outside} outside the vocabulary "
+                                  f"[0, {self.vocab_size}): such a token can never be generated")
         if self.num_attention_heads % self.num_key_value_heads:
             raise CheckpointError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -115,6 +117,14 @@ class TargetConfig:
                 f"hidden_act={d['hidden_act']!r} is not supported (only 'silu' / 'swish')")
         if d.get("quantization_config") is not None:
             raise CheckpointError("quantization_config: quantized checkpoints are not supported")
+        for key in _REQUIRED:
+            _positive_int(key, d[key])
+        for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+            if not isinstance(d.get(key, False), bool):
+                raise CheckpointError(f"config {key} must be true or false, got {d[key]!r}")
+        eps = d.get("rms_norm_eps", 1e-6)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            raise CheckpointError(f"rms_norm_eps must be a number > 0, got {eps!r}")
         defaults = _DEFAULTS[model_type]
         heads = d["num_attention_heads"]
         head_dim = _get(d, "head_dim", defaults) or d["hidden_size"] // heads
@@ -130,12 +140,12 @@ class TargetConfig:
             num_attention_heads=heads,
             num_key_value_heads=_get(d, "num_key_value_heads", defaults) or heads,
             head_dim=head_dim,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(eps),
             rope=rope_from_hf(d, max_pos),
             max_position_embeddings=max_pos,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", False)),
-            mlp_bias=bool(d.get("mlp_bias", False)),
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
+            attention_bias=d.get("attention_bias", False),
+            mlp_bias=d.get("mlp_bias", False),
             bos_token_id=_get(d, "bos_token_id", defaults),
             eos_token_ids=_id_tuple(_get(d, "eos_token_id", defaults)),
             pad_token_id=d.get("pad_token_id"),
@@ -164,6 +174,11 @@ class TargetConfig:
         else:
             out["use_sliding_window"] = False
         return out
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise CheckpointError(f"config {name} must be a positive integer, got {value!r}")
 
 
 def _get(d: dict[str, Any], key: str, defaults: dict[str, Any]) -> Any:

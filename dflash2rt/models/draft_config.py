@@ -15,8 +15,8 @@ from typing import Any
 
 from dflash2rt.errors import CheckpointError, DraftMismatchError
 from dflash2rt.models.config import TargetConfig
-from dflash2rt.models.draft_fields import (ARCH_V1, ARCH_V2, SLIDING_KEYS, int_field,
-                                           layer_causal, layer_windows)
+from dflash2rt.models.draft_fields import (ARCH_V1, ARCH_V2, SLIDING_KEYS, float_or, int_field,
+                                           int_or, layer_causal, layer_ids, layer_windows)
 from dflash2rt.models.speculators_config import speculators_fields
 
 # dflash_config keys: (required for v2, required for v1); the rest have defaults.
@@ -127,18 +127,18 @@ class DraftConfig:
         cfg = cls(
             arch=arch, variant=variant, block_size=int_field(dc, "block_size"),
             mask_token_id=int_field(dc, "mask_token_id"),
-            target_layer_ids=tuple(int_field({"id": i}, "id") for i in dc["target_layer_ids"]),
+            target_layer_ids=layer_ids(dc["target_layer_ids"]),
             num_target_layers=d.get("num_target_layers"),
             sliding_windows=layer_windows(d, arch.num_hidden_layers),
             causal_layers=layer_causal(d, arch.num_hidden_layers),
             source_format="dflash2" if variant == "dflash2" else "dflash",
-            conv_kernel_size=int(dc.get("conv_kernel_size", 0)),
-            conv_group_size=int(dc.get("conv_group_size", 0)),
-            selector_rank=int(dc.get("selector_rank", 0)),
-            selector_top_k=int(dc.get("selector_top_k", 1)),
-            output_multiplier=float(dc.get("output_multiplier", 1.0)),
-            final_logit_softcapping=dc.get("final_logit_softcapping"),
-            input_embedding_scale=float(dc.get("input_embedding_scale", 1.0)),
+            conv_kernel_size=int_or(dc, "conv_kernel_size", 0),
+            conv_group_size=int_or(dc, "conv_group_size", 0),
+            selector_rank=int_or(dc, "selector_rank", 0),
+            selector_top_k=int_or(dc, "selector_top_k", 1),
+            output_multiplier=float_or(dc, "output_multiplier", 1.0),
+            final_logit_softcapping=float_or(dc, "final_logit_softcapping", None),
+            input_embedding_scale=float_or(dc, "input_embedding_scale", 1.0),
         )
         cfg.validate()
         return cfg
@@ -161,6 +161,10 @@ class DraftConfig:
             for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
                 if getattr(self, key) < 1:
                     raise CheckpointError(f"dflash_config.{key} must be >= 1")
+            if self.selector_top_k > self.arch.vocab_size:
+                raise CheckpointError(f"dflash_config.selector_top_k={self.selector_top_k} is "
+                                      f"more candidates than the vocabulary has "
+                                      f"({self.arch.vocab_size})")
             if self.arch.hidden_size % self.conv_group_size:
                 raise CheckpointError(f"conv_group_size={self.conv_group_size} does not divide "
                                       f"hidden_size={self.arch.hidden_size}")

@@ -10,6 +10,7 @@ full-attention layers are non-causal.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dflash2rt.errors import CheckpointError
@@ -24,6 +25,30 @@ def int_field(d: dict[str, Any], key: str) -> int:
     if not isinstance(v, int) or isinstance(v, bool):
         raise CheckpointError(f"dflash_config.{key} must be an integer, got {v!r}")
     return v
+
+
+def layer_ids(value: Any) -> tuple[int, ...]:
+    """``dflash_config.target_layer_ids``: a list of integers."""
+    if not isinstance(value, (list, tuple)):
+        raise CheckpointError(f"dflash_config.target_layer_ids must be a list of layer "
+                              f"indices, got {value!r}")
+    return tuple(int_field({"target_layer_ids": i}, "target_layer_ids") for i in value)
+
+
+def int_or(d: dict[str, Any], key: str, default: int) -> int:
+    """``dflash_config.key`` as an integer (``default`` when absent)."""
+    return int_field({key: d.get(key, default)}, key)
+
+
+def float_or(d: dict[str, Any], key: str, default: float | None) -> float | None:
+    """``dflash_config.key`` as a finite number (``default`` when absent; None only where the
+    default is None)."""
+    v = d.get(key, default)
+    if v is None and default is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise CheckpointError(f"dflash_config.{key} must be a finite number, got {v!r}")
+    return float(v)
 
 
 def layer_types(d: dict[str, Any], layers: int) -> list[str]:

@@ -45,6 +45,13 @@ class RopeConfig:
     truncate: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("theta", "factor"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float))
+                                          and not isinstance(value, bool)
+                                          and math.isfinite(value) and value > 0):
+                raise CheckpointError(f"rope {'rope_theta' if name == 'theta' else name} must "
+                                      f"be a finite number > 0, got {value!r}")
         if self.rope_type not in _TYPE_KEYS:
             raise CheckpointError(f"rope type {self.rope_type!r} is not supported (supported: {sorted(_TYPE_KEYS)})")
         if self.rope_type != "default" and self.factor is None:
@@ -93,6 +100,8 @@ def rope_from_hf(d: dict[str, Any], max_position_embeddings: int) -> RopeConfig:
     if rope_type == "yarn" and raw.get("factor") is None:
         raw["factor"] = max_position_embeddings / raw["original_max_position_embeddings"]
     raw["truncate"] = bool(raw.get("truncate", True))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        raise CheckpointError(f"rope_theta must be a finite number > 0, got {theta!r}")
     try:
         return RopeConfig(rope_type=rope_type, theta=float(theta), **raw)
     except TypeError as exc:  # a value of the wrong type reaches the dataclass

@@ -1,0 +1,147 @@
+"""Every value of a checkpoint's config.json that dflash2rt reads is checked where it is read:
+a value of the wrong type or out of its domain is a CheckpointError naming the key, never a
+TypeError from deep inside, and never a model that computes something else (a truthy string
+read as true, a rope theta of 0, an EOS id the model can never produce)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+
+import pytest
+
+from dflash2rt.bundled import bundled_path
+from dflash2rt.errors import CheckpointError
+from dflash2rt.models.config import TargetConfig
+from dflash2rt.models.draft_config import DraftConfig
+
+ROOT = bundled_path("stdlib-code")
+TARGET = json.loads((ROOT / "target" / "config.json").read_text(encoding="utf-8"))
+DRAFT = json.loads((ROOT / "draft" / "config.json").read_text(encoding="utf-8"))
+VOCAB = TARGET["vocab_size"]
+
+
+def target(**changes) -> TargetConfig:
+    d = copy.deepcopy(TARGET)
+    d.update(changes)
+    return TargetConfig.from_dict(d)
+
+
+def draft(dflash=None, **changes) -> DraftConfig:
+    d = copy.deepcopy(DRAFT)
+    d.update(changes)
+    d["dflash_config"].update(dflash or {})
+    return DraftConfig.from_dict(d)
+
+
+INTS = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads"]
+
+
+@pytest.mark.parametrize("key", INTS)
+@pytest.mark.parametrize("value", [1.5, 8.0, "8", None, True, 0, -8])
+def test_integer_keys(key, value):
+    with pytest.raises(CheckpointError, match=f"{key}"):
+        target(**{key: value})
+    with pytest.raises(CheckpointError, match=f"{key}"):
+        draft(**{key: value})
+
+
+@pytest.mark.parametrize("key", ["tie_word_embeddings", "attention_bias"])
+@pytest.mark.parametrize("value", ["no", "false", 0, 1, None, [False]])
+def test_flags_are_booleans(key, value):
+    with pytest.raises(CheckpointError, match=f"{key} must be true or false"):
+        target(**{key: value})
+
+
+def test_flags_as_written():
+    assert target(tie_word_embeddings=False).tie_word_embeddings is False
+    assert target(attention_bias=True).attention_bias is True
+    assert target(tie_word_embeddings=True).tie_word_embeddings is True
+
+
+@pytest.mark.parametrize("value", ["x", "1e-6", None, True, 0, -1e-6, math.nan])
+def test_rms_norm_eps(value):
+    with pytest.raises(CheckpointError, match="rms_norm_eps must be"):
+        target(rms_norm_eps=value)
+
+
+@pytest.mark.parametrize("value", ["x", "10000", None, True, 0, -1.0, math.nan, math.inf])
+def test_rope_theta(value):
+    with pytest.raises(CheckpointError, match="rope_theta must be a finite number > 0"):
+        target(rope_theta=value)
+    with pytest.raises(CheckpointError, match="rope_theta must be a finite number > 0"):
+        draft(rope_theta=value)
+
+
+@pytest.mark.parametrize("factor", [0, -2.0, math.inf, math.nan, "2", True])
+def test_rope_factor(factor):
+    with pytest.raises(CheckpointError, match="factor"):
+        target(rope_scaling={"rope_type": "linear", "factor": factor})
+
+
+def test_rope_values_at_their_edges_are_kept():
+    assert target(rope_theta=1e-3).rope.theta == 1e-3
+    assert target(rope_theta=500000).rope.theta == 500000.0
+    assert target(rope_scaling={"rope_type": "linear", "factor": 0.5}).rope.factor == 0.5
+
+
+@pytest.mark.parametrize("eos", [-1, VOCAB, VOCAB + 7, [0, VOCAB], [-2, 3]])
+def test_eos_ids_inside_the_vocabulary(eos):
+    bad = [e for e in (eos if isinstance(eos, list) else [eos]) if not 0 <= e < VOCAB]
+    with pytest.raises(CheckpointError, match=re.escape(f"eos_token_id {bad} outside the vocabulary")):
+        target(eos_token_id=eos)
+
+
+def test_eos_ids_at_the_vocabularys_edges():
+    assert target(eos_token_id=[0, VOCAB - 1]).eos_token_ids == (0, VOCAB - 1)
+    assert target(eos_token_id=None).eos_token_ids == ()
+
+
+@pytest.mark.parametrize("key", ["conv_kernel_size", "conv_group_size", "selector_rank",
+                                 "selector_top_k", "block_size", "mask_token_id"])
+@pytest.mark.parametrize("value", [None, "4", 4.0, True, [4]])
+def test_draft_integer_keys(key, value):
+    with pytest.raises(CheckpointError, match=f"dflash_config.{key} must be an integer"):
+        draft({key: value})
+
+
+@pytest.mark.parametrize("key", ["output_multiplier", "input_embedding_scale"])
+@pytest.mark.parametrize("value", [None, "1", True, math.nan, math.inf, -math.inf, [1.0]])
+def test_draft_number_keys(key, value):
+    with pytest.raises(CheckpointError, match=f"dflash_config.{key} must be a finite number"):
+        draft({key: value})
+
+
+@pytest.mark.parametrize("value", ["x", "30", True, math.nan, math.inf])
+def test_softcap_is_a_number_or_null(value):
+    with pytest.raises(CheckpointError, match="dflash_config.final_logit_softcapping must be"):
+        draft({"final_logit_softcapping": value})
+
+
+def test_draft_numbers_as_written():
+    cfg = draft({"output_multiplier": 2, "input_embedding_scale": 0.5,
+                 "final_logit_softcapping": 30})
+    assert (cfg.output_multiplier, cfg.input_embedding_scale, cfg.final_logit_softcapping) == \
+        (2.0, 0.5, 30.0)
+    assert draft({"final_logit_softcapping": None}).final_logit_softcapping is None
+
+
+@pytest.mark.parametrize("value", [None, "1,4,7", 7, {"0": 1}])
+def test_target_layer_ids_a_list(value):
+    with pytest.raises(CheckpointError, match="target_layer_ids must be a list"):
+        draft({"target_layer_ids": value})
+
+
+@pytest.mark.parametrize("value", [[1, "4"], [1.0], [True, 4], [None]])
+def test_target_layer_ids_integers(value):
+    with pytest.raises(CheckpointError, match="target_layer_ids must be an integer"):
+        draft({"target_layer_ids": value})
+
+
+def test_selector_top_k_at_most_the_vocabulary():
+    assert draft({"selector_top_k": VOCAB}).selector_top_k == VOCAB
+    with pytest.raises(CheckpointError, match=f"selector_top_k={VOCAB + 1} is more candidates"):
+        draft({"selector_top_k": VOCAB + 1})
