@@ -145,3 +145,52 @@ def test_selector_top_k_at_most_the_vocabulary():
     assert draft({"selector_top_k": VOCAB}).selector_top_k == VOCAB
     with pytest.raises(CheckpointError, match=f"selector_top_k={VOCAB + 1} is more candidates"):
         draft({"selector_top_k": VOCAB + 1})
+
+
+def _copy_pair(tmp_path):
+    import shutil
+
+    for side in ("target", "draft"):
+        shutil.copytree(ROOT / side, tmp_path / side)
+    return tmp_path
+
+
+@pytest.mark.parametrize("eos", [VOCAB, [0, VOCAB + 3], -1])
+def test_generation_config_eos_inside_the_vocabulary(tmp_path, eos):
+    from dflash2rt.models.pair import load_pair
+
+    root = _copy_pair(tmp_path)
+    (root / "target" / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    bad = [e for e in (eos if isinstance(eos, list) else [eos]) if not 0 <= e < VOCAB]
+    with pytest.raises(CheckpointError, match=re.escape(f"eos_token_id {bad}")):
+        load_pair(root / "target", root / "draft")
+    (root / "target" / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [0, VOCAB - 1]}))
+    assert load_pair(root / "target", root / "draft").eos_token_ids == (0, VOCAB - 1)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{", "cannot read"), ("[1]", "must hold a JSON object"),
+    ('{"chat_template": 3}', "chat_template must be a string"),
+    ('{"chat_template": {"default": "x"}}', "chat_template must be a string"),
+    ('{"chat_template": ["x"]}', "list must hold objects"),
+])
+def test_a_malformed_tokenizer_config_is_named(tmp_path, text, match):
+    from dflash2rt.serve.chat import find_template, special_tokens
+
+    (tmp_path / "tokenizer_config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=match):
+        find_template(tmp_path, None)
+    if "chat_template" not in text:
+        with pytest.raises(CheckpointError, match=match):
+            special_tokens(tmp_path)
+
+
+def test_tokenizer_config_without_a_template(tmp_path):
+    from dflash2rt.serve.chat import find_template
+
+    for text, want in (('{}', None), ('{"chat_template": null}', None),
+                       ('{"chat_template": [{"name": "tools", "template": "T"}]}', None),
+                       ('{"chat_template": [{"name": "default", "template": "D"}]}', "D")):
+        (tmp_path / "tokenizer_config.json").write_text(text)
+        assert find_template(tmp_path, None) == want

@@ -29,6 +29,13 @@ class ModelPair:
     name: str = ""
 
     def __post_init__(self) -> None:
+        vocab = self.target.cfg.vocab_size
+        outside = [t for t in self.eos_token_ids if not 0 <= t < vocab]
+        if outside:
+            raise CheckpointError(f"the tokenizer's eos_token_id {outside} (generation_config"
+                                  f".json or config.json beside tokenizer.json) is outside the "
+                                  f"vocabulary [0, {vocab}): such a token can never be "
+                                  f"generated")
         if self.draft is not None:
             self.draft.cfg.check_target(self.target.cfg)
             if tuple(self.target.tap_layer_ids) != tuple(self.draft.cfg.target_layer_ids):

@@ -11,7 +11,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInputError
+from ..errors import CheckpointError, InvalidInputError
+from ..models.tokenizer import read_json_object
 from .errors import bad
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -36,10 +37,16 @@ def find_template(target_dir: Path | None, given: str | None) -> str | None:
     cfg = target_dir / "tokenizer_config.json"
     if not cfg.is_file():
         return None
-    t = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
+    t = read_json_object(cfg).get("chat_template")
     if isinstance(t, list):            # named templates: the default one
+        if not all(isinstance(x, dict) for x in t):
+            raise CheckpointError(f"{cfg}: chat_template as a list must hold objects with a "
+                                  f"name and a template")
         t = next((x.get("template") for x in t if x.get("name") == "default"), None)
-    return t if isinstance(t, str) else None
+    if t is not None and not isinstance(t, str):
+        raise CheckpointError(f"{cfg}: chat_template must be a string, or a list of named "
+                              f"templates, got {type(t).__name__}")
+    return t
 
 
 def special_tokens(target_dir: Path | None) -> dict[str, str]:
@@ -47,7 +54,7 @@ def special_tokens(target_dir: Path | None) -> dict[str, str]:
     cfg = None if target_dir is None else target_dir / "tokenizer_config.json"
     if cfg is None or not cfg.is_file():
         return {}
-    data = json.loads(cfg.read_text(encoding="utf-8"))
+    data = read_json_object(cfg)
     out = {}
     for name in ("bos_token", "eos_token"):
         v = data.get(name)
