@@ -185,6 +185,13 @@ def test_malformed_bodies_and_routes(live):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(live.url + "/completions", json=[1, 2], headers=auth, timeout=60)
     assert r.status_code == 400
+    for depth in (100_000, 10_000):
+        for nested in (b"[" * depth + b"]" * depth,
+                       b'{"prompt": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b"}"):
+            r = httpx.post(live.url + "/completions", content=nested,
+                           headers={**auth, "content-type": "application/json"}, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+            assert "too deeply" in r.json()["error"]["message"]
     r = httpx.get(live.url + "/nowhere", headers=auth, timeout=60)
     assert r.status_code == 404 and "routes" in r.json()["error"]["message"]
     r = httpx.get(live.url + "/completions", headers=auth, timeout=60)

@@ -40,6 +40,9 @@ async def _body(request: Request) -> Any:
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}", None,
                        "invalid_json") from exc
+    except RecursionError:
+        raise APIError(400, "the request body nests arrays or objects too deeply to read",
+                       None, "invalid_json") from None
 
 
 def create_app(server: Server) -> FastAPI:
