@@ -6,6 +6,7 @@ read as true, a rope theta of 0, an EOS id the model can never produce)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import re
@@ -194,3 +195,46 @@ def test_tokenizer_config_without_a_template(tmp_path):
                        ('{"chat_template": [{"name": "default", "template": "D"}]}', "D")):
         (tmp_path / "tokenizer_config.json").write_text(text)
         assert find_template(tmp_path, None) == want
+
+
+def _speculators(**changes) -> DraftConfig:
+    from dflash2rt.models.draft_config_write import draft_config_dict
+
+    d = draft_config_dict(DraftConfig.from_dict(copy.deepcopy(DRAFT)), "speculators")
+    d.update(changes)
+    return DraftConfig.from_dict(d)
+
+
+@pytest.mark.parametrize("key", ["conv_kernel_size", "conv_group_size", "selector_rank",
+                                 "selector_top_k", "block_size", "mask_token_id"])
+@pytest.mark.parametrize("value", ["4", 4.0, 1.5, True, [4], math.nan])
+def test_speculators_integer_keys(key, value):
+    with pytest.raises(CheckpointError, match=f"^{key} must be an integer"):
+        _speculators(**{key: value})
+
+
+@pytest.mark.parametrize("key", ["output_multiplier", "input_embedding_scale",
+                                 "final_logit_softcapping"])
+@pytest.mark.parametrize("value", ["1", True, math.nan, math.inf, [1.0]])
+def test_speculators_number_keys(key, value):
+    with pytest.raises(CheckpointError, match=f"^{key} must be a finite number"):
+        _speculators(**{key: value})
+
+
+def test_speculators_values_as_written_and_nulls_as_defaults():
+    base = _speculators()
+    assert _speculators(output_multiplier=2, input_embedding_scale=0.5) == \
+        dataclasses.replace(base, output_multiplier=2.0, input_embedding_scale=0.5)
+    nulls = _speculators(output_multiplier=None, input_embedding_scale=None,
+                         final_logit_softcapping=None)
+    assert (nulls.output_multiplier, nulls.input_embedding_scale,
+            nulls.final_logit_softcapping) == (1.0, 1.0, None)
+    with pytest.raises(CheckpointError, match="output_multiplier must be > 0, got 0"):
+        _speculators(output_multiplier=0)          # refused, not read as the default
+    assert _speculators(input_embedding_scale=0).input_embedding_scale == 0.0
+
+
+@pytest.mark.parametrize("kind", [[], {}, None, 3, "eagle3"])
+def test_speculators_kind(kind):
+    with pytest.raises(CheckpointError, match="speculators_model_type"):
+        _speculators(speculators_model_type=kind)

@@ -20,10 +20,11 @@ ARCH_V2, ARCH_V1 = "DFlash2DraftModel", "DFlashDraftModel"
 SLIDING_KEYS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
 
 
-def int_field(d: dict[str, Any], key: str) -> int:
+def int_field(d: dict[str, Any], key: str, where: str = "dflash_config.") -> int:
+    """``d[key]``, an integer (``where``: the key's place, for the message)."""
     v = d[key]
     if not isinstance(v, int) or isinstance(v, bool):
-        raise CheckpointError(f"dflash_config.{key} must be an integer, got {v!r}")
+        raise CheckpointError(f"{where}{key} must be an integer, got {v!r}")
     return v
 
 
@@ -35,19 +36,20 @@ def layer_ids(value: Any) -> tuple[int, ...]:
     return tuple(int_field({"target_layer_ids": i}, "target_layer_ids") for i in value)
 
 
-def int_or(d: dict[str, Any], key: str, default: int) -> int:
-    """``dflash_config.key`` as an integer (``default`` when absent)."""
-    return int_field({key: d.get(key, default)}, key)
+def int_or(d: dict[str, Any], key: str, default: int, where: str = "dflash_config.") -> int:
+    """``d[key]`` as an integer (``default`` when absent)."""
+    return int_field({key: d.get(key, default)}, key, where)
 
 
-def float_or(d: dict[str, Any], key: str, default: float | None) -> float | None:
-    """``dflash_config.key`` as a finite number (``default`` when absent; None only where the
-    default is None)."""
+def float_or(d: dict[str, Any], key: str, default: float | None,
+             where: str = "dflash_config.") -> float | None:
+    """``d[key]`` as a finite number (``default`` when absent; None only where the default is
+    None)."""
     v = d.get(key, default)
     if v is None and default is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise CheckpointError(f"dflash_config.{key} must be a finite number, got {v!r}")
+        raise CheckpointError(f"{where}{key} must be a finite number, got {v!r}")
     return float(v)
 
 

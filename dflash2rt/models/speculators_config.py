@@ -15,8 +15,8 @@ from typing import Any
 
 from dflash2rt.errors import CheckpointError
 from dflash2rt.models.config import _GENERATION_DEFAULTS, _METADATA, TargetConfig
-from dflash2rt.models.draft_fields import (ARCH_V1, ARCH_V2, SLIDING_KEYS, int_field, layer_types,
-                                           layer_windows)
+from dflash2rt.models.draft_fields import (ARCH_V1, ARCH_V2, SLIDING_KEYS, float_or, int_field,
+                                           int_or, layer_types, layer_windows)
 
 SPECULATORS_TYPES = {"dflash": ARCH_V1, "dflash2": ARCH_V2}
 _SPEC_USED = frozenset({
@@ -49,23 +49,24 @@ def speculators_fields(d: dict[str, Any]) -> dict[str, Any]:
     types = layer_types(tl, layers)
     non_causal = d.get("sliding_window_non_causal", kind == "dflash2")
     dvocab = d.get("draft_vocab_size") or arch.vocab_size
+    given = {k: v for k, v in d.items() if v is not None}    # speculators writes null defaults
     return dict(
         arch=arch, variant="dflash2" if kind == "dflash2" else "dflash1",
-        block_size=int_field({"block_size": block}, "block_size"),
-        mask_token_id=int_field(d, "mask_token_id"),
+        block_size=int_field({"block_size": block}, "block_size", ""),
+        mask_token_id=int_field(d, "mask_token_id", ""),
         target_layer_ids=tuple(a - 1 for a in aux),
         num_target_layers=d.get("num_target_layers"),
         sliding_windows=layer_windows(tl, layers),
         causal_layers=tuple(t == "sliding_attention" and not non_causal for t in types),
-        conv_kernel_size=int(d.get("conv_kernel_size", 0) or 0),
-        conv_group_size=int(d.get("conv_group_size", 0) or 0),
-        selector_rank=int(d.get("selector_rank", 0) or 0),
-        selector_top_k=int(d.get("selector_top_k", 1) or 1),
-        output_multiplier=float(d.get("output_multiplier") or 1.0),
-        final_logit_softcapping=d.get("final_logit_softcapping"),
-        input_embedding_scale=float(d.get("input_embedding_scale") or 1.0),
+        conv_kernel_size=int_or(given, "conv_kernel_size", 0, ""),
+        conv_group_size=int_or(given, "conv_group_size", 0, ""),
+        selector_rank=int_or(given, "selector_rank", 0, ""),
+        selector_top_k=int_or(given, "selector_top_k", 1, ""),
+        output_multiplier=float_or(given, "output_multiplier", 1.0, ""),
+        final_logit_softcapping=float_or(given, "final_logit_softcapping", None, ""),
+        input_embedding_scale=float_or(given, "input_embedding_scale", 1.0, ""),
         source_format="speculators",
-        draft_vocab_size=int_field({"draft_vocab_size": dvocab}, "draft_vocab_size"),
+        draft_vocab_size=int_field({"draft_vocab_size": dvocab}, "draft_vocab_size", ""),
         own_head=True,
     )
 
@@ -74,7 +75,7 @@ def _check_kind_and_keys(d: dict[str, Any]) -> str:
     """The draft's kind (``dflash`` or ``dflash2``), after refusing other algorithms, unknown
     keys, and training layouts that inference does not implement."""
     kind = d.get("speculators_model_type")
-    if kind not in SPECULATORS_TYPES:
+    if not isinstance(kind, str) or kind not in SPECULATORS_TYPES:
         raise CheckpointError(
             f"speculators_model_type {kind!r}: dflash2rt runs the speculators DFlash drafts "
             f"({', '.join(SPECULATORS_TYPES)}), not other algorithms (EAGLE-3, MTP, ...)")
@@ -97,7 +98,7 @@ def _aux_layers(d: dict[str, Any]) -> list[int]:
     aux = d.get("aux_hidden_state_layer_ids")
     if not isinstance(aux, list) or not aux:
         raise CheckpointError("speculators config lacks aux_hidden_state_layer_ids")
-    aux = [int_field({"aux_hidden_state_layer_ids": a}, "aux_hidden_state_layer_ids")
+    aux = [int_field({"aux_hidden_state_layer_ids": a}, "aux_hidden_state_layer_ids", "")
            for a in aux]
     if min(aux) < 1:
         raise CheckpointError(
