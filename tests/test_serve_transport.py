@@ -19,22 +19,10 @@ from dflash2rt.serve.jobs import Event, Job, Mailbox
 from dflash2rt.serve.live import LiveServer
 from dflash2rt.serve.server import Server
 from dflash2rt.serve.sse_client import HTTPStatusError, SSEConnection
+from test_sse_client import events as answers     # each body's events on one connection
 
 MODEL = "stdlib-code"
 WAIT_S = 120.0
-
-
-def _events(base: str, bodies: list[dict]) -> list[list[str]]:
-    """Each body's events through one SSEConnection (one connection, kept between them)."""
-    conn = SSEConnection(base, selectors.DefaultSelector())
-    try:
-        out = []
-        for body in bodies:
-            conn.send("/v1/completions", body)
-            out.append(conn.wait(WAIT_S))
-        return out
-    finally:
-        conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +173,7 @@ def test_a_served_whole_answer_posts_no_token_events():
         whole = httpx.post(s.base + "/v1/completions", json=body, timeout=WAIT_S).json()
         kinds_whole = [k for _, k in posted]
         posted.clear()
-        (events,) = _events(s.base, [{**body, "stream": True}])
+        (events,) = answers(s.base, [{**body, "stream": True}])
     assert kinds_whole == ["done"]
     assert [k for _, k in posted].count("tokens") >= 2 and posted[-1][1] == "done"
     text = "".join(json.loads(e)["choices"][0]["text"] for e in events if e != "[DONE]")
@@ -209,7 +197,7 @@ def test_a_served_stream_gathers_tokens_and_says_what_the_whole_answer_says():
             "ignore_eos": True, "logprobs": 0}
     with LiveServer(server) as s:
         whole = httpx.post(s.base + "/v1/completions", json=body, timeout=WAIT_S).json()
-        (events,) = _events(s.base, [{**body, "stream": True}])
+        (events,) = answers(s.base, [{**body, "stream": True}])
     chunks = [json.loads(e)["choices"][0] for e in events if e != "[DONE]"]
     sizes = [len(c["logprobs"]["tokens"]) for c in chunks if c["logprobs"]]
     assert sizes[0] == 1 and all(n >= 4 for n in sizes[1:-1]) and sum(sizes) == 19
