@@ -7,6 +7,7 @@ rate rule."""
 from __future__ import annotations
 
 import json
+import re
 import selectors
 import threading
 import types
@@ -285,3 +286,39 @@ def test_an_idle_engine_loop_runs_a_signal_that_another_thread_received():
         timer.cancel()
         signal.signal(signal.SIGUSR1, old)
     assert handled == [signal.SIGUSR1] and not gave_up
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 99999, "8000", True, 80.0, None])
+def test_a_port_outside_its_range_is_refused(port):
+    from dflash2rt.errors import InvalidInputError
+    from dflash2rt.serve import check_port
+
+    with pytest.raises(InvalidInputError, match=f"port must be an integer in \\[0, 65535\\], "
+                                                f"got {re.escape(repr(port))}"):
+        check_port(port)
+
+
+def test_ports_at_the_ends_of_the_range():
+    from dflash2rt.serve import check_port
+
+    for port in (0, 1, 8000, 65535):
+        check_port(port)
+
+
+def test_a_server_that_cannot_listen_fails_naming_the_address():
+    """A port in use: uvicorn logs the bind error and exits its thread; run_server must not
+    return as if the server had run and stopped."""
+    import socket
+
+    from dflash2rt.errors import InvalidInputError
+    from dflash2rt.serve import run_server
+
+    server = build_server(MODEL, "cpu", max_num_seqs=1, max_model_len=64)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(InvalidInputError,
+                           match=f"could not listen on http://127.0.0.1:{port} "):
+            run_server(server, "127.0.0.1", port, drain_timeout=1.0, log_level="critical")
+    assert server.scheduler.failed is None

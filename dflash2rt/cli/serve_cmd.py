@@ -54,8 +54,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..serve import build_server, run_server
+    from ..serve import build_server, check_port, run_server
 
+    check_port(args.port)                  # before the models load
     model = tuple(args.model.split(",", 1)) if "," in args.model else args.model
     server = build_server(
         model, args.backend, draft=args.draft, revision=args.revision,

@@ -118,6 +118,11 @@ def _slots(pair: Any, max_num_seqs: int, rows: int, spec: bool,
     return slots
 
 
+def check_port(port: Any) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InvalidInputError(f"port must be an integer in [0, 65535], got {port!r}")
+
+
 def run_server(server: Any, host: str = "127.0.0.1", port: int = 8000,
                drain_timeout: float = 30.0, log_level: str = "info") -> None:
     """Serve until SIGINT / SIGTERM; in-flight requests get ``drain_timeout`` seconds, then
@@ -132,17 +137,23 @@ def run_server(server: Any, host: str = "127.0.0.1", port: int = 8000,
 
     from .app import create_app
 
+    check_port(port)
     config = uvicorn.Config(create_app(server), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=drain_timeout, lifespan="on")
     http = uvicorn.Server(config)
+    failed: list[BaseException] = []
+    stopped: list[int] = []
 
     def serve_http() -> None:
         try:
             http.run()
+        except BaseException as exc:   # noqa: BLE001 - uvicorn exits (SystemExit) on a failed bind
+            failed.append(exc)
         finally:                    # whatever ended the HTTP side (a port in use too) ends the loop
             server.close(0)
 
     def stop(signum: int, frame: object) -> None:
+        stopped.append(signum)
         http.should_exit = True
 
     main = threading.current_thread() is threading.main_thread()
@@ -160,3 +171,8 @@ def run_server(server: Any, host: str = "127.0.0.1", port: int = 8000,
             signal.signal(s, handler)
     if server.scheduler.failed is not None:
         raise server.scheduler.failed
+    if not http.started and not stopped:
+        why = next((f": {type(e).__name__}: {e}" for e in failed
+                    if not isinstance(e, SystemExit)), " (uvicorn logged why above)")
+        raise InvalidInputError(f"the server could not listen on http://{host}:{port}{why}; "
+                                f"choose another --host / --port")
