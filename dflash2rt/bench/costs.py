@@ -30,7 +30,8 @@ import torch
 from ..backend import Backend, Fallbacks
 from ..engine.engine import Engine
 from ..engine.memory import cache_bytes
-from ..engine.request import Request, SamplingParams
+from ..engine.request import Request, SamplingParams, is_int
+from ..errors import InvalidInputError
 from ..engine.runner import Runner
 from ..engine.state import BatchState
 from ..models.kv_cache import KVCache
@@ -54,7 +55,7 @@ def expected_len(alpha: float, block: int) -> float:
 def alpha_for(tau: float, block: int) -> float:
     """The per-slot acceptance α with expected_len(α, block) = tau (bisection)."""
     if not 1 <= tau <= block:
-        raise ValueError(f"tau must be in [1, {block}] for block {block}, got {tau}")
+        raise InvalidInputError(f"tau must be in [1, {block}] for block {block}, got {tau}")
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
@@ -168,6 +169,10 @@ def measure_costs(pair: ModelPair, backend: Backend, *, blocks: Sequence[int] = 
     checked), with both figures."""
     if pair.draft is None:
         raise ValueError("the cost model needs a draft (a target-only pair has no spec step)")
+    for name, values, least in (("blocks", blocks, 1), ("contexts", contexts, 1),
+                                ("batches", batches, 1), ("reps", [reps], 1)):
+        if not values or any(not is_int(v) or v < least for v in values):
+            raise InvalidInputError(f"{name} must be integers >= {least}, got {values!r}")
     blocks = sorted(set(blocks) | {1})
     bw = copy_bandwidth(backend.device)
     alpha = alpha_for(tau, tau_block) if tau is not None else None

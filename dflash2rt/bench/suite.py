@@ -10,6 +10,8 @@ from typing import Any, Callable, Sequence
 
 from ..backend import Backend
 from ..engine.engine import Engine
+from ..engine.request import is_int
+from ..errors import InvalidInputError
 from ..models.pair import ModelPair
 from .hf_baseline import HFGreedy, hf_available
 from .measure import (ADAPTIVE, FIXED, HF, SEED, SPEC, TARGET_ONLY, TEMPERATURES, Temperature,
@@ -39,6 +41,12 @@ def run_bench(pair: ModelPair, model_dir: Path, backend: Backend | str | None = 
     ``temperatures``: the first must be T = 0 (the greedy checks and the T = 0 keys)."""
     if not temperatures or temperatures[0].temperature != 0:
         raise ValueError("the bench's first temperature must be T = 0 (greedy)")
+    for name, value, least in (("max_new", max_new, 1), ("repeats", repeats, 1),
+                               ("n_prompts", n_prompts, 1)):
+        if not is_int(value) or value < least:
+            raise InvalidInputError(f"{name} must be an integer >= {least}, got {value!r}")
+    if not blocks or any(not is_int(b) or b < 2 for b in blocks):
+        raise InvalidInputError(f"blocks must be block sizes >= 2, got {tuple(blocks)!r}")
     with Engine(pair, resolve_backend(backend)) as engine:   # graphs captured once, replayed
         return _bench(pair, model_dir, engine, max_new, repeats, blocks, n_prompts, with_hf, log,
                       tuple(temperatures))
@@ -50,6 +58,14 @@ def parse_temperatures(text: str) -> tuple[Temperature, ...]:
     out = [TEMPERATURES[0]]
     for item in filter(None, (x.strip() for x in text.split(","))):
         v, _, top_p = item.partition(":")
+        try:
+            values = float(v), float(top_p or 1.0)
+        except ValueError:
+            raise InvalidInputError(f"temperatures take T or T:TOP_P, comma-separated, got "
+                                    f"{item!r}") from None
+        if not (values[0] >= 0 and 0 < values[1] <= 1) or values[0] == float("inf"):
+            raise InvalidInputError(f"temperature {item!r}: T must be a finite number >= 0 "
+                                    f"and top-p in (0, 1]")
         t = next((x for x in TEMPERATURES if x.temperature == float(v) and not top_p), None) \
             or Temperature(f"T={v}" + (f" top-p {top_p}" if top_p else ""), float(v),
                            float(top_p or 1.0))
