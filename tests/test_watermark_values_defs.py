@@ -17,20 +17,10 @@ import torch
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.watermark import values
 from dflash2rt.watermark.detect import check_tokens
+from test_watermark_detect_reference import philox      # Philox-4x32-10 of Python integers
 
 M32 = 0xFFFFFFFF
 CONTEXT_KEY = (0x6A09E667, 0x3C6EF372)      # the documented public key of the context hash
-
-
-def philox(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
-    """Philox-4x32-10 (Random123's rounds and constants) of Python integers."""
-    c0, c1, c2, c3 = counter
-    k0, k1 = key
-    for _ in range(10):
-        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
-        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & M32, (p0 >> 32) ^ c3 ^ k1, p0 & M32
-        k0, k1 = (k0 + 0x9E3779B9) & M32, (k1 + 0xBB67AE85) & M32
-    return c0, c1, c2, c3
 
 
 def context(window: list[int]) -> int:
