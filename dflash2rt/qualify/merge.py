@@ -181,15 +181,26 @@ def render_html(names: list[str], vrows: list[dict[str, Any]],
 
 
 def merge(dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
-    reports = []
+    names, vrows, checks = [], [], []
     for d in dirs:
         f = Path(d) / "report.json"
         if not f.is_file():
             raise InvalidInputError(f"{d}: no report.json (run dflash2rt qualify --out {d})")
-        reports.append(json.loads(f.read_text(encoding="utf-8")))
-    names = [str(r.get("backend", "?")) for r in reports]
-    vrows = [_verdict_row(summarize(r)) for r in reports]
-    checks = [_checks(r) for r in reports]
+        try:
+            r = json.loads(f.read_text(encoding="utf-8"))
+            if not isinstance(r, dict):
+                raise TypeError(f"a JSON {type(r).__name__}, not an object")
+            name, vrow, c = str(r.get("backend", "?")), _verdict_row(summarize(r)), _checks(r)
+            alone = [{"check": k, "values": [v], "differs": False} for k, v in c.items()]
+            markdown([name], [vrow], alone)          # its values render, or it is refused here
+            render_html([name], [vrow], alone)
+            names.append(name)
+            vrows.append(vrow)
+            checks.append(c)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            raise InvalidInputError(f"{f} is not a report dflash2rt qualify wrote "
+                                    f"({type(exc).__name__}: {exc}); run qualify again") \
+                from None
     keys = list(dict.fromkeys(k for c in checks for k in c))
     rows = [{"check": k, "values": [c.get(k) for c in checks],
              "differs": len({json.dumps(c.get(k), default=str) for c in checks}) > 1}
