@@ -205,7 +205,9 @@ PATTERNS = [
     ("\u07ff\u0800|\ud7ff\ue000|\uffff\U00010000|\U0010ffff", ""),
     ("[^a\u0800-\u0802]?\u0801", "\u0800\u0802"),
     (r"\S+\s", ""),
-    # a character begun whose only live completions end in 0x80, in 0xBE / 0xBF, or none
+    # a character begun whose only live completions have 0x80 next or last, 0xBE / 0xBF
+    # last, or none
+    ("[^\u0081-\u00bf]", "".join(map(chr, range(0x81, 0xC0)))),
     ("[^\u0801-\u083f]", "".join(map(chr, range(0x801, 0x840)))),
     ("[^\u0800-\u083d]", "".join(map(chr, range(0x800, 0x83E)))),
     ("[^\u0800-\u083f]|x", "".join(map(chr, range(0x800, 0x840)))),
