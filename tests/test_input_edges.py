@@ -256,3 +256,18 @@ def test_swish_is_silu():
         TargetConfig.from_dict({**target, "hidden_act": "gelu"})
     with pytest.raises(CheckpointError, match="gelu"):
         DraftConfig.from_dict({**draft, "hidden_act": "gelu"})
+
+
+@pytest.mark.parametrize("name", ["", " ", "\t\n"])
+def test_an_empty_model_or_draft_name_is_refused(name):
+    from dflash2rt.bundled import model_dir
+
+    with pytest.raises(InvalidInputError, match="the model is an empty string"):
+        resolve_model(name)
+    with pytest.raises(InvalidInputError, match="the draft is an empty string"):
+        resolve_model(MODEL, draft=name)
+    with pytest.raises(InvalidInputError, match="the target is an empty string"):
+        resolve_model((name, None))
+    with pytest.raises(InvalidInputError, match="the model is an empty string"):
+        model_dir(name)
+    assert model_dir(".").is_dir()                     # the current directory, said as such

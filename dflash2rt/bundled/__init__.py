@@ -31,6 +31,9 @@ def bundled_path(name: str) -> Path:
 def model_dir(value: str | Path) -> Path:
     """``value`` as a directory when it is one, else the bundled pair of that name
     (InvalidInputError naming the bundled pairs otherwise)."""
+    if isinstance(value, str) and not value.strip():
+        raise InvalidInputError("the model is an empty string: give a bundled name or a "
+                                "directory (the current directory is '.')")
     path = Path(value)
     return path if path.is_dir() else bundled_path(str(value))
 

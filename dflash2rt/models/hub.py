@@ -239,6 +239,9 @@ def locate(spec: object, revision: str | None = None, what: str = "model",
     bundled pair. Errors name ``what`` (model, target or draft)."""
     if not isinstance(spec, (str, Path)):
         raise InvalidInputError(f"model directories must be paths or hub ids, got {spec!r}")
+    if isinstance(spec, str) and not spec.strip():
+        raise InvalidInputError(f"the {what} is an empty string: give a bundled name, a "
+                                f"directory or a hub id (the current directory is '.')")
     path = Path(spec).expanduser()
     if is_hub_id(spec):
         try:
