@@ -97,3 +97,28 @@ def test_bench_serve_refuses_a_directory_without_prompts(tmp_path, capsys):
 
     assert main(["bench", "serve", "--model", str(tmp_path)]) != 0
     assert f"InvalidInputError: {tmp_path} has no {HELDOUT}" in capsys.readouterr().err
+
+
+def test_bundled_models_are_the_directories_with_both_models(tmp_path, monkeypatch):
+    import dflash2rt.bundled as bundled
+
+    for name, subs in (("b-pair", ("target", "draft")), ("a-pair", ("target", "draft")),
+                       ("target-only", ("target",)), ("draft-only", ("draft",)),
+                       ("empty", ()), ("__pycache__", ()), ("v1.pair", ("target", "draft")),
+                       (".hidden", ("target", "draft")), ("~home", ("target", "draft"))):
+        (tmp_path / name).mkdir()
+        for s in subs:
+            (tmp_path / name / s).mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "target").write_text("a file, not a directory")
+    (tmp_path / "files" / "draft").mkdir()
+    monkeypatch.setattr(bundled, "_ROOT", tmp_path)
+    listed = [".hidden", "a-pair", "b-pair", "v1.pair", "~home"]
+    assert bundled.bundled_models() == listed
+    assert bundled.bundled_path("a-pair") == tmp_path / "a-pair"
+    # a suffix, a leading "." or "~": meant as a path, never taken as a bundled name
+    for name in ("target-only", "empty", "file", "files", "c-pair", "v1.pair", ".hidden",
+                 "~home"):
+        with pytest.raises(InvalidInputError, match=f"bundled: {', '.join(listed)}"):
+            bundled.bundled_path(name)

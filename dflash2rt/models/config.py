@@ -213,6 +213,8 @@ def _check_qwen3_attention(d: dict[str, Any]) -> None:
     types = d.get("layer_types")
     if types is None:
         start = d.get("max_window_layers", 28)
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise CheckpointError(f"max_window_layers must be an integer >= 0, got {start!r}")
         types = ["sliding_attention" if window is not None and i >= start else "full_attention"
                  for i in range(layers)]
     if not isinstance(types, list) or len(types) != layers:

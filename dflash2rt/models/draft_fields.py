@@ -55,11 +55,15 @@ def float_or(d: dict[str, Any], key: str, default: float | None,
 
 def layer_types(d: dict[str, Any], layers: int) -> list[str]:
     """``layer_types`` as written, else as transformers' Qwen3Config derives it (sliding from
-    ``max_window_layers`` on when ``use_sliding_window``)."""
+    ``max_window_layers`` on when ``use_sliding_window`` and a ``sliding_window`` that is not
+    null)."""
     types = d.get("layer_types")
     if types is None:
         start = d.get("max_window_layers", 28)
-        slide = bool(d.get("use_sliding_window", False))
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise CheckpointError(f"max_window_layers must be an integer >= 0, got {start!r}")
+        slide = bool(d.get("use_sliding_window", False)) \
+            and d.get("sliding_window", 4096) is not None
         types = ["sliding_attention" if slide and i >= start else "full_attention"
                  for i in range(layers)]
     if not isinstance(types, list) or len(types) != layers or any(
@@ -71,9 +75,9 @@ def layer_types(d: dict[str, Any], layers: int) -> list[str]:
 def layer_windows(d: dict[str, Any], layers: int) -> tuple[int | None, ...]:
     """Each layer's sliding window (None: full attention)."""
     types = layer_types(d, layers)
-    if not d.get("use_sliding_window", False):
+    window = d.get("sliding_window", 4096)
+    if not d.get("use_sliding_window", False) or window is None:   # transformers: no window
         return (None,) * layers
-    window = d.get("sliding_window") or 4096
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise CheckpointError(f"sliding_window must be a positive integer, got {window!r}")
     return tuple(window if t == "sliding_attention" else None for t in types)
