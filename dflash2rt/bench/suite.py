@@ -4,6 +4,7 @@ fixed-block speculation vs adaptive speculation vs transformers side by side in 
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -59,16 +60,15 @@ def parse_temperatures(text: str) -> tuple[Temperature, ...]:
     for item in filter(None, (x.strip() for x in text.split(","))):
         v, _, top_p = item.partition(":")
         try:
-            values = float(v), float(top_p or 1.0)
+            temp, p = float(v), float(top_p or 1.0)
         except ValueError:
             raise InvalidInputError(f"temperatures take T or T:TOP_P, comma-separated, got "
                                     f"{item!r}") from None
-        if not (values[0] >= 0 and 0 < values[1] <= 1) or values[0] == float("inf"):
+        if not (math.isfinite(temp) and temp >= 0 and 0 < p <= 1):
             raise InvalidInputError(f"temperature {item!r}: T must be a finite number >= 0 "
                                     f"and top-p in (0, 1]")
-        t = next((x for x in TEMPERATURES if x.temperature == float(v) and not top_p), None) \
-            or Temperature(f"T={v}" + (f" top-p {top_p}" if top_p else ""), float(v),
-                           float(top_p or 1.0))
+        t = next((x for x in TEMPERATURES if x.temperature == temp and not top_p), None) \
+            or Temperature(f"T={v}" + (f" top-p {top_p}" if top_p else ""), temp, p)
         if t not in out:
             out.append(t)
     return tuple(out)

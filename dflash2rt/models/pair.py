@@ -29,8 +29,9 @@ class ModelPair:
     name: str = ""
 
     def __post_init__(self) -> None:
-        vocab = self.target.cfg.vocab_size
-        outside = [t for t in self.eos_token_ids if not 0 <= t < vocab]
+        vocab = self.target.cfg.vocab_size      # config.json's EOS ids: checked by TargetConfig
+        tok = () if self.tokenizer is None else self.tokenizer.eos_token_ids
+        outside = sorted({t for t in tok if not 0 <= t < vocab})
         if outside:
             raise CheckpointError(f"the tokenizer's eos_token_id {outside} (generation_config"
                                   f".json or config.json beside tokenizer.json) is outside the "
