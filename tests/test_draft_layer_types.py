@@ -97,3 +97,26 @@ def test_a_target_config_reads_max_window_layers_the_same_way():
             TargetConfig.from_dict(bad)
     full = {**d, "use_sliding_window": True, "sliding_window": None, "max_window_layers": 0}
     assert TargetConfig.from_dict(full).num_hidden_layers == d["num_hidden_layers"]
+
+
+def test_a_target_loads_exactly_when_transformers_slides_no_layer():
+    import json
+
+    from dflash2rt.bundled import bundled_path
+    from dflash2rt.models.config import TargetConfig
+
+    d = json.loads((bundled_path("stdlib-code") / "target" / "config.json").read_text())
+    layers = d["num_hidden_layers"]
+    written = (ABSENT, ["full_attention"] * layers, ["sliding_attention"] * layers)
+    for use, window, start, types in itertools.product(USE, WINDOW, START, written):
+        keys = _config(use, window, start)
+        if types is not ABSENT:
+            keys["layer_types"] = types
+        cfg = transformers.Qwen3Config(num_hidden_layers=layers, **keys)
+        slides = any(cfg.sliding_window is not None and t == "sliding_attention"
+                     for t in cfg.layer_types)
+        if slides:
+            with pytest.raises(CheckpointError, match="sliding-window attention is not supported"):
+                TargetConfig.from_dict({**d, **keys})
+        else:
+            assert TargetConfig.from_dict({**d, **keys}).num_hidden_layers == layers, keys

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash2rt.errors import CheckpointError
+from dflash2rt.models.draft_fields import layer_windows
 from dflash2rt.models.rope import RopeConfig, rope_from_hf
 
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -207,21 +208,13 @@ def _check_keys(d: dict[str, Any], model_type: str) -> None:
 
 
 def _check_qwen3_attention(d: dict[str, Any]) -> None:
-    """Sliding-window layers are not supported: raise unless every layer is full attention, as HF resolves it."""
-    layers = d["num_hidden_layers"]
-    window = d.get("sliding_window", 4096) if d.get("use_sliding_window", False) else None
-    types = d.get("layer_types")
-    if types is None:
-        start = d.get("max_window_layers", 28)
-        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
-            raise CheckpointError(f"max_window_layers must be an integer >= 0, got {start!r}")
-        types = ["sliding_attention" if window is not None and i >= start else "full_attention"
-                 for i in range(layers)]
-    if not isinstance(types, list) or len(types) != layers:
-        raise CheckpointError(f"layer_types must list {layers} entries, got {types!r}")
-    sliding = [i for i, t in enumerate(types) if t != "full_attention"]
+    """Sliding-window layers are not supported: raise unless every layer is full attention, as
+    transformers' Qwen3Config resolves the sliding-window keys (``draft_fields.layer_windows``)."""
+    windows = layer_windows(d, d["num_hidden_layers"])
+    sliding = [i for i, w in enumerate(windows) if w is not None]
     if sliding:
         raise CheckpointError(
-            f"sliding-window attention is not supported (use_sliding_window={d.get('use_sliding_window')}, "
-            f"layer_types marks layers {sliding} as {types[sliding[0]]!r}); only full attention is"
+            f"sliding-window attention is not supported (use_sliding_window="
+            f"{d.get('use_sliding_window')}, sliding_window={d.get('sliding_window', 4096)}, layers "
+            f"{sliding} slide); only full attention is"
         )
