@@ -9,7 +9,6 @@ import math
 import re
 
 import pytest
-import torch
 
 import dflash2rt
 from dflash2rt import get_backend

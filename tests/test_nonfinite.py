@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 import dflash2rt

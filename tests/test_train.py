@@ -12,7 +12,6 @@ from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.errors import InvalidInputError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.draft import DraftModel
-from dflash2rt.models.kv_cache import KVCache
 from dflash2rt.models.pair import ModelPair
 from dflash2rt.models.target import TargetModel
 from dflash2rt.ops.batch import SamplingBatch
@@ -20,7 +19,7 @@ from dflash2rt.ops.selector import SelectorParams, select
 from dflash2rt.train import corpus, distill, generate
 from dflash2rt.train import target as target_mod
 from dflash2rt.train.draft_init import DraftShape, draft_config, init_draft
-from dflash2rt.train.recipe import GEN_MIX, mix_settings
+from dflash2rt.train.recipe_config import GEN_MIX, mix_settings
 from dflash2rt.train.tokenizer import MASK_TOKEN, train_tokenizer
 
 from tiny_models import tiny_pair
@@ -188,6 +187,7 @@ def test_train_cli_sets_the_draft_shape_it_is_given(monkeypatch):
     recipe's."""
     from dflash2rt.cli import build_parser
     from dflash2rt.train import recipe
+    from dflash2rt.train.recipe_config import RecipeConfig
 
     seen = {}
 
@@ -199,13 +199,13 @@ def test_train_cli_sets_the_draft_shape_it_is_given(monkeypatch):
                                       "--block-size", "4"])
     with pytest.raises(SystemExit):
         args.func(args)
-    got, base = seen["cfg"].draft, recipe.RecipeConfig().draft
+    got, base = seen["cfg"].draft, RecipeConfig().draft
     assert (got.selector_top_k, got.block_size) == (64, 4) and base.selector_top_k == 16
     assert dataclasses.replace(got, selector_top_k=16, block_size=base.block_size) == base
 
 
 def test_scaled_recipe_scales_counts_only():
-    from dflash2rt.train.recipe import DEFAULT_MINUTES, RecipeConfig
+    from dflash2rt.train.recipe_config import DEFAULT_MINUTES, RecipeConfig
 
     base = RecipeConfig()
     half = base.scaled(DEFAULT_MINUTES / 2)

@@ -48,7 +48,7 @@ def fake_dist(site: Path, name: str, version: str, *, requires: tuple[str, ...] 
     (unless ``top_level`` is False) top_level.txt; a Triton one owns ``triton/__init__.py``."""
     info = site / f"{re.sub(r'[-.]+', '_', name)}-{version}.dist-info"
     info.mkdir(parents=True)
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     (info / "METADATA").write_text("\n".join(meta) + "\n")
     pkg = "triton" if provides_triton else re.sub(r"[-.]+", "_", name)

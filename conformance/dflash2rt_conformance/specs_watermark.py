@@ -14,7 +14,6 @@ kernels and is checked against the torch ops by the kernel tests."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from dflash2rt.backend import TRITON_INTERPRETER, TRITON_KERNEL

@@ -37,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.recipe import RecipeConfig, run_recipe, target_dir
+    from ..train.recipe import run_recipe, target_dir
+    from ..train.recipe_config import RecipeConfig
 
     cfg = RecipeConfig(seed=args.seed, threads=args.threads)
     if args.minutes is not None:

@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash2rt.errors import InvalidInputError
 from dflash2rt.ops import fused
 from dflash2rt.ops.attention import AttentionFn, attend, attention, write_rows
 from dflash2rt.ops.fused import apply_rotary

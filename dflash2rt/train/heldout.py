@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 from ..backend import Backend
 from ..models.pair import ModelPair
 from .evaluate import measure
-from .recipe import EVAL_SETTINGS
+from .recipe_config import EVAL_SETTINGS
 
 
 def per_slot(hist: Sequence[int], block: int) -> list[float]:
