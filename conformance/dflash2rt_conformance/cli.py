@@ -55,4 +55,8 @@ def pytest_args(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import pytest
 
+    from dflash2rt.registry import Registry, split_device
+
+    if args.backend != "auto":          # a name no plugin installs is a typo: no report to write
+        Registry.discover().entry(split_device(args.backend)[0])
     return int(pytest.main(pytest_args(args)))

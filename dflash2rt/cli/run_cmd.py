@@ -102,17 +102,22 @@ def resolve_model_args(args: argparse.Namespace, device, dtype):
 
 
 def _logit_bias(items: list[str]) -> dict[int, float]:
-    """["ID=BIAS", ...] → {id: bias}; a malformed item is a typed error saying the form."""
+    """["ID=BIAS", ...] → {id: bias}; a malformed item, or a token given twice, is a typed error
+    saying the form."""
     from ..errors import SamplingParamsError
     out: dict[int, float] = {}
     for item in items:
         tok, sep, bias = item.partition("=")
         try:
-            out[int(tok)] = float(bias)
+            key, value = int(tok), float(bias)
         except ValueError:
             sep = ""
         if not sep:
             raise SamplingParamsError(f"--logit-bias takes ID=BIAS (e.g. 42=-5.5), got {item!r}")
+        if key in out:
+            raise SamplingParamsError(f"--logit-bias gives token {key} twice ({out[key]:g} and "
+                                      f"{value:g}): give each token once")
+        out[key] = value
     return out
 
 

@@ -33,9 +33,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import math
+
+    from ..errors import InvalidInputError
     from ..synth import synthesize
     from ..synth.write import GB
 
+    if not (math.isfinite(args.shard_gb) and args.shard_gb > 0):
+        raise InvalidInputError(f"--shard-gb must be a size in GB > 0, got {args.shard_gb}")
     summary = synthesize(args.shape, args.out, args.seed, args.layers, args.draft_layers,
                          max_shard_bytes=int(args.shard_gb * GB), draft_format=args.draft_format,
                          draft_vocab=args.draft_vocab, layout=args.layout)

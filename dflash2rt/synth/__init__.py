@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InvalidInputError
 from ..models.config import TargetConfig
 from ..models.draft_config import DraftConfig
 from ..models.draft_config_write import draft_config_dict
@@ -42,6 +43,10 @@ def synthesize(name: str, out: str | Path, seed: int = 0, layers: int | None = N
     target layers, same layout; ``draft_vocab``: a speculators DFlash draft proposing among
     that many of the target's ids. Returns a summary (sizes, files, seconds)."""
     t0 = time.perf_counter()
+    if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) \
+            or max_shard_bytes < 1:
+        raise InvalidInputError(f"the largest shard must be a positive size, got "
+                                f"{max_shard_bytes!r} bytes (--shard-gb > 0)")
     layout = check_layout(draft_format, layout, draft_vocab)
     shape = get_shape(name, layers)
     out = Path(out)
@@ -53,6 +58,12 @@ def synthesize(name: str, out: str | Path, seed: int = 0, layers: int | None = N
     fixed = _draft_fixed(shape, tcfg, dcfg, seed, dtype)
     if layout == "codebook-weight":
         dshapes = {(n + ".weight" if n in CODEBOOKS else n): s for n, s in dshapes.items()}
+    for sub in ("target", "draft"):
+        try:
+            (out / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidInputError(f"output directory {str(out / sub)!r}: cannot create it "
+                                    f"({exc.strerror})") from None
     tfiles = write_model(out / "target", tcfg_dict, tshapes, seed, dtype, max_shard_bytes)
     write_tokenizer(shape, out / "target")
     dfiles = write_model(out / "draft", dcfg_dict, dshapes, seed + 1, dtype, max_shard_bytes,

@@ -150,7 +150,11 @@ def draft_config(shape: Shape, draft_layers: int | None = None) -> dict[str, Any
     """The published draft config.json re-sized for ``shape``'s target (same dflash_config
     hyper-parameters, sliding-window layers, token ids of the target's vocabulary)."""
     t, d = shape.target, copy.deepcopy(PUBLISHED_DRAFT)
-    n = draft_layers or d["num_hidden_layers"]
+    if draft_layers is not None and (not isinstance(draft_layers, int)
+                                     or isinstance(draft_layers, bool) or draft_layers < 1):
+        raise InvalidInputError(f"draft_layers must be an integer >= 1 (or None for the "
+                                f"published {d['num_hidden_layers']}), got {draft_layers!r}")
+    n = d["num_hidden_layers"] if draft_layers is None else draft_layers
     dc = d["dflash_config"]
     dc.update(mask_token_id=shape.mask_token_id, target_layer_ids=tap_layers(t["num_hidden_layers"]))
     rope = t.get("rope_parameters") or {"rope_theta": t["rope_theta"], "rope_type": "default",

@@ -261,11 +261,16 @@ def _report(out: Path, cfg: RecipeConfig, clock: _Clock, corpus, tok, stream: to
 
 def run_recipe(out: Path, cfg: RecipeConfig, log=None) -> dict:
     """Train and save the pair into ``out``; returns (and writes) ``train_report.json``."""
+    cfg.check()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"output directory {str(out)!r}: cannot create it ({exc.strerror})") \
+            from None
     log = log or Progress("recipe", 1).log
     torch.set_num_threads(cfg.threads)
     torch.set_flush_denormal(True)
     torch.manual_seed(cfg.seed)
-    out.mkdir(parents=True, exist_ok=True)
     clock = _Clock(log)
 
     corpus, tok, stream, held = _tokenize_corpus(cfg, log)
