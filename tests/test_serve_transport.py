@@ -184,7 +184,7 @@ def test_a_served_whole_answer_posts_no_token_events():
 def test_a_stream_interval_below_one_is_refused():
     from dflash2rt.errors import InvalidInputError
 
-    with pytest.raises(InvalidInputError, match="stream_interval must be >= 1"):
+    with pytest.raises(InvalidInputError, match="stream_interval must be an integer >= 1"):
         build_server(MODEL, "cpu", max_num_seqs=1, max_model_len=64, stream_interval=0)
 
 

@@ -54,9 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..serve import build_server, check_port, run_server
+    from ..serve import build_server, check_drain_timeout, check_port, run_server
 
     check_port(args.port)                  # before the models load
+    check_drain_timeout(args.drain_timeout)
     model = tuple(args.model.split(",", 1)) if "," in args.model else args.model
     server = build_server(
         model, args.backend, draft=args.draft, revision=args.revision,
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len, max_queue=args.max_queue,
         kv_cache_gib=args.kv_cache_gib, served_model_name=args.served_model_name,
         chat_template=args.chat_template,
-        api_key=args.api_key or os.environ.get("DFLASH2RT_API_KEY") or None,
+        api_key=(args.api_key if args.api_key is not None
+                 else os.environ.get("DFLASH2RT_API_KEY") or None),
         stream_interval=args.stream_interval)
     s = server.scheduler
     print(f"dflash2rt serve: {', '.join(server.limits.model_names)} on "

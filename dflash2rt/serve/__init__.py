@@ -9,6 +9,7 @@ with uvicorn until SIGINT / SIGTERM, which drain the requests in flight (up to
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ def build_server(model: Any = "stdlib-code", backend: Any = None, *, draft: Any 
     (None: the model's own, if any); ``api_key``: what the /v1 routes require;
     ``stream_interval``: tokens a streamed chunk gathers (``Server``'s)."""
     _require_extra()
+    check_options(max_num_seqs, max_model_len, max_queue, kv_cache_gib, served_model_name,
+                  api_key, stream_interval)
     from ..api import backend_of, measured_table, resolve_model
     from ..engine.engine import Engine
     from ..engine.request import block_size_or_default
@@ -88,6 +91,41 @@ def build_server(model: Any = "stdlib-code", backend: Any = None, *, draft: Any 
                   stream_interval)
 
 
+def _int_at_least(name: str, v: Any, low: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise InvalidInputError(f"{name} must be an integer >= {low}, got {v!r}")
+
+
+def check_options(max_num_seqs: Any, max_model_len: Any, max_queue: Any, kv_cache_gib: Any,
+                  served_model_name: Any, api_key: Any, stream_interval: Any) -> None:
+    """``build_server``'s options, checked before any model loads: each a typed error naming
+    it (an empty API key is refused rather than read as no key: the server would be open)."""
+    _int_at_least("max_num_seqs", max_num_seqs, 1)
+    if max_model_len is not None:
+        _int_at_least("max_model_len", max_model_len, 2)
+    _int_at_least("max_queue", max_queue, 0)
+    _int_at_least("stream_interval", stream_interval, 1)
+    if kv_cache_gib is not None and (isinstance(kv_cache_gib, bool)
+                                     or not isinstance(kv_cache_gib, (int, float))
+                                     or not math.isfinite(kv_cache_gib) or kv_cache_gib <= 0):
+        raise InvalidInputError(f"kv_cache_gib must be a number of GiB > 0, got {kv_cache_gib!r}")
+    if served_model_name is not None and (
+            not isinstance(served_model_name, (list, tuple)) or not served_model_name
+            or any(not isinstance(n, str) or not n.strip() for n in served_model_name)):
+        raise InvalidInputError(f"served_model_name must be a list of non-empty names, got "
+                                f"{served_model_name!r}")
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        raise InvalidInputError(f"api_key must be a non-empty string (None: no key), got "
+                                f"{api_key!r}; an empty key would leave the server open")
+
+
+def check_drain_timeout(drain_timeout: Any) -> None:
+    if isinstance(drain_timeout, bool) or not isinstance(drain_timeout, (int, float)) \
+            or not math.isfinite(drain_timeout) or drain_timeout < 0:
+        raise InvalidInputError(f"drain_timeout must be a number of seconds >= 0, got "
+                                f"{drain_timeout!r}")
+
+
 def _slots(pair: Any, max_num_seqs: int, rows: int, spec: bool,
            kv_cache_gib: float | None) -> int:
     """The batch size: ``max_num_seqs``, lowered to what ``kv_cache_gib`` holds; checked
@@ -95,8 +133,6 @@ def _slots(pair: Any, max_num_seqs: int, rows: int, spec: bool,
     from ..engine.memory import cache_bytes
     from ..models.memory import check_fits
 
-    if max_num_seqs < 1:
-        raise InvalidInputError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
     a = pair.target.cfg
     per = cache_bytes(a.num_hidden_layers, 1, rows, a.num_key_value_heads, a.head_dim,
                       pair.dtype)
@@ -138,6 +174,7 @@ def run_server(server: Any, host: str = "127.0.0.1", port: int = 8000,
     from .app import create_app
 
     check_port(port)
+    check_drain_timeout(drain_timeout)
     config = uvicorn.Config(create_app(server), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=drain_timeout, lifespan="on")
     http = uvicorn.Server(config)
