@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import time
 
 import pytest
 import torch
@@ -192,10 +191,9 @@ def test_huge_cache_is_refused_before_allocating(monkeypatch):
     pair.target.cfg = dataclasses.replace(pair.target.cfg, max_position_embeddings=10**12)
     allocated = []
     monkeypatch.setattr(KVCache, "empty", lambda *a, **k: allocated.append(a) or 1 / 0)
-    start = time.perf_counter()
     with pytest.raises(ResourceError, match="GB.*max_new_tokens") as info:
         dflash2rt.run(pair, "cpu", prompts=[PROMPT], max_new_tokens=10**9)
-    assert time.perf_counter() - start < 30 and not allocated
+    assert not allocated
     assert isinstance(info.value, MemoryError) and isinstance(info.value, DFlash2Error)
 
 
