@@ -176,13 +176,18 @@ class WatermarkBatch:
     def commit_(self, tokens: torch.Tensor, count: torch.Tensor) -> None:
         """Record the contexts of the first ``count`` [R] of tokens [R, T] (committed in order
         after the window) and advance the window over them. Entries past ``count`` are left as
-        they are (no two writes share an index while ``used`` stays below the capacity)."""
+        they are. A block that runs past the record's end writes its tail onto the last entry:
+        every write to an index carries the value that index ends up with (the committed
+        token's context there, else the entry as it was), so their order does not matter."""
         t = tokens.shape[1]
         ctx = self.contexts(tokens)[:, :t]                                 # [R, T]
         m = self.record.shape[1]
-        idx = (self.used.view(-1, 1) + torch.arange(t, device=ctx.device)).clamp(max=m - 1)
-        keep = torch.arange(t, device=ctx.device).view(1, -1) < count.view(-1, 1)
-        self.record.scatter_(1, idx, torch.where(keep, ctx, self.record.gather(1, idx)))
+        used = self.used.view(-1, 1)
+        idx = (used + torch.arange(t, device=ctx.device)).clamp(max=m - 1)
+        src = (idx - used).clamp(min=0, max=t - 1)            # the token whose context lands there
+        kept = src < count.view(-1, 1)
+        value = torch.where(kept, ctx.gather(1, src), self.record.gather(1, idx))
+        self.record.scatter_(1, idx, value)
         ext = torch.cat([self.window, tokens.to(torch.int64)], 1)
         shift = count.view(-1, 1) + torch.arange(self.width, device=ctx.device)
         self.window = ext.gather(1, shift)
