@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from ..backend import Backend
 from ..engine.engine import Engine
-from ..engine.request import is_int
+from ..engine.request import check_count, is_int
 from ..errors import InvalidInputError
 from ..models.pair import ModelPair
 from .hf_baseline import HFGreedy, hf_available
@@ -42,10 +42,8 @@ def run_bench(pair: ModelPair, model_dir: Path, backend: Backend | str | None = 
     ``temperatures``: the first must be T = 0 (the greedy checks and the T = 0 keys)."""
     if not temperatures or temperatures[0].temperature != 0:
         raise ValueError("the bench's first temperature must be T = 0 (greedy)")
-    for name, value, least in (("max_new", max_new, 1), ("repeats", repeats, 1),
-                               ("n_prompts", n_prompts, 1)):
-        if not is_int(value) or value < least:
-            raise InvalidInputError(f"{name} must be an integer >= {least}, got {value!r}")
+    for name, value in (("max_new", max_new), ("repeats", repeats), ("n_prompts", n_prompts)):
+        check_count(name, value, 1)
     if not blocks or any(not is_int(b) or b < 2 for b in blocks):
         raise InvalidInputError(f"blocks must be block sizes >= 2, got {tuple(blocks)!r}")
     with Engine(pair, resolve_backend(backend)) as engine:   # graphs captured once, replayed

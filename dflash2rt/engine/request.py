@@ -199,6 +199,12 @@ def is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def check_count(name: str, value: object, least: int) -> None:
+    """``value`` an integer (``is_int``) >= ``least``, else an InvalidInputError naming it."""
+    if not is_int(value) or value < least:
+        raise InvalidInputError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
 def unicode_problem(s: str) -> str | None:
     """None for text UTF-8 can encode; else what is wrong, e.g. "surrogates not allowed at
     position 3: '\\ud800'" (a lone surrogate can never be tokenized or matched)."""

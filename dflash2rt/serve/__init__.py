@@ -91,20 +91,17 @@ def build_server(model: Any = "stdlib-code", backend: Any = None, *, draft: Any 
                   stream_interval)
 
 
-def _int_at_least(name: str, v: Any, low: int) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise InvalidInputError(f"{name} must be an integer >= {low}, got {v!r}")
-
-
 def check_options(max_num_seqs: Any, max_model_len: Any, max_queue: Any, kv_cache_gib: Any,
                   served_model_name: Any, api_key: Any, stream_interval: Any) -> None:
     """``build_server``'s options, checked before any model loads: each a typed error naming
     it (an empty API key is refused rather than read as no key: the server would be open)."""
-    _int_at_least("max_num_seqs", max_num_seqs, 1)
+    from ..engine.request import check_count
+
+    check_count("max_num_seqs", max_num_seqs, 1)
     if max_model_len is not None:
-        _int_at_least("max_model_len", max_model_len, 2)
-    _int_at_least("max_queue", max_queue, 0)
-    _int_at_least("stream_interval", stream_interval, 1)
+        check_count("max_model_len", max_model_len, 2)
+    check_count("max_queue", max_queue, 0)
+    check_count("stream_interval", stream_interval, 1)
     if kv_cache_gib is not None and (isinstance(kv_cache_gib, bool)
                                      or not isinstance(kv_cache_gib, (int, float))
                                      or not math.isfinite(kv_cache_gib) or kv_cache_gib <= 0):

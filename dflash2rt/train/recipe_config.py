@@ -8,6 +8,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from ..engine.request import check_count, is_int
 from ..errors import InvalidInputError
 from .draft_init import DraftShape
 from .target import TargetShape
@@ -91,13 +92,13 @@ class RecipeConfig:
         """Raise ``InvalidInputError`` naming the first knob a run cannot start from (a count
         below 1, a block below 2, K outside the vocabulary, a scale, rate or weight out of its
         domain), before any work."""
-        if not _is_int(self.seed) or not 0 <= self.seed < 2 ** 63:
+        if not is_int(self.seed) or not 0 <= self.seed < 2 ** 63:
             raise InvalidInputError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         for name in _COUNTS:
-            _at_least(name, getattr(self, name), 1)
+            check_count(name, getattr(self, name), 1)
         for name in ("gen_prompt_tokens", "heldout_tokens"):
             lo_hi = getattr(self, name)
-            if not (isinstance(lo_hi, tuple) and len(lo_hi) == 2 and all(map(_is_int, lo_hi))
+            if not (isinstance(lo_hi, tuple) and len(lo_hi) == 2 and all(map(is_int, lo_hi))
                     and 1 <= lo_hi[0] <= lo_hi[1]):
                 raise InvalidInputError(f"{name} must be (low, high) with 1 <= low <= high, "
                                         f"got {lo_hi!r}")
@@ -108,11 +109,11 @@ class RecipeConfig:
             if not _is_number(v) or v < 0:
                 raise InvalidInputError(f"{name} must be a finite number >= 0, got {v!r}")
         if self.max_files is not None:
-            _at_least("max_files", self.max_files, 1)
+            check_count("max_files", self.max_files, 1)
         d = self.draft
-        _at_least("draft layers", d.layers, 1)
-        _at_least("draft block_size", d.block_size, 2)
-        _at_least("draft selector_top_k", d.selector_top_k, 1)
+        check_count("draft layers", d.layers, 1)
+        check_count("draft block_size", d.block_size, 2)
+        check_count("draft selector_top_k", d.selector_top_k, 1)
         if d.selector_top_k > self.vocab_size:
             raise InvalidInputError(f"draft selector_top_k must be at most the vocabulary "
                                     f"({self.vocab_size}), got {d.selector_top_k}")
@@ -124,17 +125,8 @@ _COUNTS = ("threads", "vocab_size", "target_steps", "target_batch", "seq_len", "
            "draft_anchors", "heldout_prompts", "eval_new_tokens")
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _is_number(v: object) -> bool:
-    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
-
-
-def _at_least(name: str, v: object, low: int) -> None:
-    if not _is_int(v) or v < low:
-        raise InvalidInputError(f"{name} must be an integer >= {low}, got {v!r}")
+    return is_int(v) or (isinstance(v, float) and math.isfinite(v))
 
 
 def _positive(name: str, v: object) -> None:
