@@ -22,7 +22,7 @@ from .engine.policy.table import MeasuredTable
 from .engine.stats import RunStats
 from .errors import ConflictingArgumentsError, InvalidInputError
 from .metrics import check_metrics_path, write_metrics
-from .models.pair import ModelPair
+from .models.pair import ModelPair, check_dtype
 from .models.resolve import ModelSpec, resolve_model
 from .registry import Registry
 from .watermark import WatermarkKey
@@ -165,6 +165,9 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     a = dict(locals())
     if not is_int(tp) or tp < 1:
         raise InvalidInputError(f"tp must be a positive integer, got {tp!r}")
+    if not isinstance(tp_check, bool):
+        raise InvalidInputError(f"tp_check must be True or False, got {tp_check!r}")
+    check_dtype(dtype)                              # the ranks of a tp > 1 run would each raise
     if tp > 1:
         return _run_tp(a)
     return _run(a)
@@ -251,7 +254,12 @@ def measured_table(pair: ModelPair, device: object) -> MeasuredTable:
 def backend_of(backend: str | Backend | None) -> Backend:
     """A Backend object as is; a name (None: $DFLASH2RT_BACKEND, else the best available)
     through the plugin registry."""
-    return backend if isinstance(backend, Backend) else Registry.discover().select(backend).backend
+    if isinstance(backend, Backend):
+        return backend
+    if backend is not None and not isinstance(backend, str):
+        raise InvalidInputError(f"backend must be a name (e.g. 'cpu', 'cuda:1'), a Backend or "
+                                f"None for the best available one, got {backend!r}")
+    return Registry.discover().select(backend).backend
 
 
 def regex_constraint(pair: ModelPair, regex: str) -> TokenAutomaton:

@@ -152,10 +152,13 @@ def test_a_loaded_pair_runs_in_its_own_dtype():
         with pytest.raises(InvalidInputError, match=f"dtype={dtype} for a ModelPair loaded in "
                                                     f"torch.float32"):
             resolve_model(pair, dtype=dtype)
-    for dtype in ("float13", "float32", "bf16", None, 32):
-        with pytest.raises(InvalidInputError, match="dtype must be a torch dtype or 'auto'"):
+    assert resolve_model(pair, dtype="float32") is pair and resolve_model(pair, dtype="float")
+    with pytest.raises(InvalidInputError, match="dtype=torch.bfloat16 for a ModelPair"):
+        resolve_model(pair, dtype="bfloat16")
+    for dtype in ("float13", "bf16", "Float32", None, 32, torch.int32, torch.bool):
+        with pytest.raises(InvalidInputError, match="dtype must be 'auto', a floating-point"):
             resolve_model(pair, dtype=dtype)
-    with pytest.raises(InvalidInputError, match="dtype must be a torch dtype or 'auto'"):
+    with pytest.raises(InvalidInputError, match="dtype must be 'auto', a floating-point"):
         dflash2rt.run(pair, "cpu", prompts=PROMPT, max_new_tokens=2, dtype="int8")
 
 

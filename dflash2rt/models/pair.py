@@ -63,16 +63,30 @@ class ModelPair:
 
 CHECKPOINT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16,
                      "float32": torch.float32, "float64": torch.float64}
+# The strings a caller may give for a dtype: the checkpoint names and vLLM's aliases.
+DTYPE_NAMES = {**CHECKPOINT_DTYPES, "float": torch.float32, "half": torch.float16}
+
+
+def check_dtype(dtype: object) -> torch.dtype | str:
+    """A model dtype as given to ``run`` / ``LLM`` / ``resolve_model``: "auto", a
+    floating-point torch dtype, or one of ``DTYPE_NAMES`` (vLLM's strings) → "auto" or the torch
+    dtype; anything else is an InvalidInputError. Whether a backend runs it is the engine's
+    check."""
+    if isinstance(dtype, str) and (dtype == "auto" or dtype in DTYPE_NAMES):
+        return dtype if dtype == "auto" else DTYPE_NAMES[dtype]
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    raise InvalidInputError(f"dtype must be 'auto', a floating-point torch dtype or one of "
+                            f"{', '.join(repr(n) for n in DTYPE_NAMES)}, got {dtype!r}")
 
 
 def resolve_dtype(dtype: torch.dtype | str, target_dir: str | Path,
                   device: torch.device | str) -> torch.dtype:
     """``"auto"``: float32 on the CPU; elsewhere the checkpoint's dtype (config.json ``dtype`` /
-    ``torch_dtype``; bfloat16 when absent). A torch dtype is returned as is."""
+    ``torch_dtype``; bfloat16 when absent). Any other dtype: ``check_dtype``'s."""
+    dtype = check_dtype(dtype)
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype != "auto":
-        raise InvalidInputError(f"dtype must be a torch dtype or 'auto', got {dtype!r}")
     if torch.device(device).type == "cpu":
         return torch.float32
     cfg = read_config(target_dir)

@@ -12,7 +12,7 @@ import torch
 
 from ..errors import InvalidInputError
 from . import hub
-from .pair import ModelPair, load_pair, resolve_dtype
+from .pair import ModelPair, check_dtype, load_pair, resolve_dtype
 
 ModelSpec = Union[str, Path, tuple, ModelPair]
 
@@ -55,15 +55,16 @@ def resolve_model(model: ModelSpec, device: torch.device | str = "cpu",
     ``draft``: a directory or hub id for the draft (it replaces a draft/ beside the target;
     without one a lone checkpoint runs target-only). ``revision`` / ``draft_revision``: the
     branch, tag or commit of the target's / the draft's hub id (None: main). ``dtype="auto"``:
-    float32 on the CPU, the checkpoint's dtype (bfloat16) on accelerators; a loaded ModelPair
-    runs in its own dtype (another one is refused)."""
+    float32 on the CPU, the checkpoint's dtype (bfloat16) on accelerators; else a
+    floating-point torch dtype or vLLM's names for one ("bfloat16", "float16" / "half",
+    "float32" / "float", "float64"); a loaded ModelPair runs in its own dtype (another one
+    is refused)."""
+    dtype = check_dtype(dtype)                       # before anything is read or fetched
     if isinstance(model, ModelPair):
         if draft is not None or revision or draft_revision:
             raise InvalidInputError("a loaded ModelPair takes no draft, revision or "
                                     "draft_revision")
-        if not (isinstance(dtype, str) and dtype == "auto") and dtype != model.dtype:
-            if not isinstance(dtype, torch.dtype):
-                raise InvalidInputError(f"dtype must be a torch dtype or 'auto', got {dtype!r}")
+        if dtype != "auto" and dtype != model.dtype:
             raise InvalidInputError(f"dtype={dtype} for a ModelPair loaded in {model.dtype}: "
                                     f"a loaded pair runs in its own dtype (load it in {dtype}, "
                                     f"or leave dtype 'auto')")
