@@ -84,3 +84,23 @@ def test_tp_check_false_and_true_run_at_one_rank():
     a = dflash2rt.run(backend="cpu", prompts=PROMPT, tp_check=False, max_new_tokens=4)
     b = dflash2rt.run(backend="cpu", prompts=PROMPT, tp_check=True, max_new_tokens=4)
     assert a.tokens == b.tokens
+
+
+def test_a_checkpoints_identity_is_its_top_level_files(tmp_path):
+    from dflash2rt.models.resolve import _files_identity
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"12345")
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "other.bin").write_bytes(b"x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "absent")
+    ident = _files_identity(str(tmp_path), None)
+    assert [(p, size) for p, size, _ in ident] == [
+        (str(tmp_path / "config.json"), 2), (str(tmp_path / "model.safetensors"), 5)]
+
+
+def test_a_draft_at_the_filesystem_root_is_a_checkpoint_error():
+    from dflash2rt.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="config.json not found"):
+        dflash2rt.LLM(backend="cpu", draft="/")

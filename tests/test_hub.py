@@ -156,3 +156,18 @@ def test_online_fetches_configs_tokenizer_and_safetensors_only(offline_cache, mo
     patterns = calls[0]["allow_patterns"]
     assert "*.safetensors" in patterns and "*config.json" in patterns
     assert all(p.endswith((".json", ".safetensors")) for p in patterns)     # never .bin / .pt
+
+
+@pytest.mark.parametrize("revision", ["", "  ", 5, b"main", ["main"]])
+def test_a_revision_that_is_not_a_name_is_refused_before_the_cache_is_read(
+        revision, offline_cache, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the hub cache was read")
+    monkeypatch.setattr(hub, "snapshot", refuse)
+    match = r"the (model|draft|target)'s revision must be a branch, tag or commit name"
+    for call in (lambda: resolve_model(TARGET, revision=revision),
+                 lambda: resolve_model(TARGET, draft=DRAFT, draft_revision=revision),
+                 lambda: resolve_model((TARGET, DRAFT), revision=revision),
+                 lambda: resolve_model(offline_cache["new"], revision=revision)):
+        with pytest.raises(InvalidInputError, match=match):
+            call()

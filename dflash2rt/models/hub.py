@@ -232,6 +232,13 @@ class Located:
         return replace(self, path=self.path / name)
 
 
+def check_revision(revision: object, what: str) -> None:
+    """A revision is None (main) or a non-blank string (a branch, tag or commit)."""
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise InvalidInputError(f"the {what}'s revision must be a branch, tag or commit name "
+                                f"(None: main), got {revision!r}")
+
+
 def locate(spec: object, revision: str | None = None, what: str = "model",
            weights: bool = True) -> Located:
     """The directory ``spec`` names: an existing local path; else a hub id's snapshot (fetched
@@ -242,6 +249,7 @@ def locate(spec: object, revision: str | None = None, what: str = "model",
     if isinstance(spec, str) and not spec.strip():
         raise InvalidInputError(f"the {what} is an empty string: give a bundled name, a "
                                 f"directory or a hub id (the current directory is '.')")
+    check_revision(revision, what)
     path = Path(spec).expanduser()
     if is_hub_id(spec):
         try:
@@ -278,6 +286,8 @@ def locate_pair(model: object, draft: object = None, revision: str | None = None
     (and draft/), one checkpoint (the target), a hub id of either, a bundled name, or a
     (target, draft) tuple of directories or hub ids. ``draft`` replaces a draft/ beside the
     target. The name: a hub id, else the directory's name."""
+    check_revision(revision, "model")
+    check_revision(draft_revision, "draft")
     if isinstance(model, tuple):                   # its draft_revision is the tuple's draft's
         if len(model) != 2:
             raise InvalidInputError("model as a tuple must be (target_dir, draft_dir)")

@@ -18,12 +18,13 @@ ModelSpec = Union[str, Path, tuple, ModelPair]
 
 
 def _files_identity(*dirs: str | None) -> tuple[tuple[str, int, int], ...]:
-    """(resolved path, size, mtime_ns) of every file under ``dirs``: a checkpoint replaced on
-    disk gets a new identity, so the cache below never hands back stale weights."""
+    """(resolved path, size, mtime_ns) of every file in ``dirs`` (not below them: the loaders
+    read a checkpoint's top level only): a checkpoint replaced on disk gets a new identity, so
+    the cache below never hands back stale weights."""
     out = []
     for d in dirs:
         if d is not None:
-            for f in sorted(Path(d).rglob("*")):
+            for f in sorted(Path(d).iterdir()):
                 if f.is_file():
                     st = f.stat()
                     out.append((str(f.resolve()), st.st_size, st.st_mtime_ns))
