@@ -31,21 +31,12 @@ from dflash2rt.errors import InvalidInputError
 from dflash2rt.models.pair import ModelPair
 from dflash2rt.watermark import WatermarkKey
 
+from fake_clock import Clock
 from test_engine_graphs import ReplayAdapter, _backend
 from tiny_models import tiny_pair
 
 CAPTURE, REPLAY, CATCH_UP = 100.0, 2.0, 5.0
 PROMPTS = [(1, 2, 3), (4, 5, 6, 7, 8), (9,)]
-
-
-class Clock:
-    """A perf_counter that moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class TimedAdapter(ReplayAdapter):

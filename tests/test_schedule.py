@@ -19,6 +19,7 @@ from dflash2rt.engine.policy.schedule import (AdaptiveSchedule, add_measured_beg
 from dflash2rt.engine.policy.table import MIN_STEPS, POOL_MIN, bucket_of
 from dflash2rt.errors import InvalidInputError
 
+from fake_clock import Clock
 from tiny_models import oracle_pair, tiny_pair
 
 CANDS = (1, 2, 4, 8)
@@ -453,9 +454,6 @@ def test_a_spec_step_after_target_only_steps_is_observed_with_its_catch_up(monke
     part of what that step costs the schedule (so switching is not free in its table); the
     run's per-step timing (``step_time``) keeps the step alone. The engine's clock is a
     virtual one (a microsecond a reading, a second a catch-up), so no real time is measured."""
-    import time as _time
-    import types
-
     from dflash2rt.engine import engine as engine_mod, mode as mode_mod, runner as runner_mod
     from dflash2rt.engine import stages
 
@@ -472,21 +470,11 @@ def test_a_spec_step_after_target_only_steps_is_observed_with_its_catch_up(monke
             self.seen.append((block, seconds))
             super().observe(rows, block, accepted, seconds)
 
-    now = [0.0]
-
-    def perf_counter():
-        now[0] += 1e-6
-        return now[0]
-
-    clock = types.SimpleNamespace(**{k: getattr(_time, k) for k in dir(_time)
-                                     if not k.startswith("_")})
-    clock.perf_counter = perf_counter
-    for mod in (engine_mod, mode_mod, runner_mod):
-        monkeypatch.setattr(mod, "time", clock)
+    clock = Clock(now=0.0, tick=1e-6).install(monkeypatch, engine_mod, mode_mod, runner_mod)
     real = stages.catch_up_draft
 
     def slow(*a, **k):
-        now[0] += 1.0
+        clock.now += 1.0
         return real(*a, **k)
 
     monkeypatch.setattr(stages, "catch_up_draft", slow)

@@ -30,6 +30,8 @@ from dflash2rt.models.kv_cache import KVCache
 from dflash2rt.serve import blocks as blocks_mod
 from dflash2rt.serve.blocks import Blocks
 
+from fake_clock import Clock
+
 DOCUMENTED_EPOCH_ROWS = 1024       # docs/serving.md: "past 1,024 rows"
 
 
@@ -97,19 +99,9 @@ def _batch(n: int):
     return st, reqs
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    c = Clock()
-    monkeypatch.setattr(blocks_mod, "time", SimpleNamespace(perf_counter=c))
-    return c
+    return Clock().install(monkeypatch, blocks_mod)
 
 
 @pytest.mark.parametrize("block,spec", [(1, False), (2, True), (3, True), (8, True)])
