@@ -17,7 +17,7 @@ from .constraints import TokenAutomaton
 from .engine.engine import Engine
 from .engine.request import RequestOutput, SamplingParams
 from .engine.stats import RunStats
-from .errors import DFlash2Error
+from .errors import DFlash2Error, InvalidInputError, MissingExtraError
 from .models.pair import ModelPair
 from .watermark import WatermarkKey
 
@@ -64,6 +64,16 @@ class LLMOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
+
+
+def render_chat(template: Any, messages: Any, add_generation_prompt: bool, where: str) -> str:
+    """``template.render`` with its 400s (``serve.errors.APIError``) as InvalidInputErrors."""
+    from .serve.errors import APIError
+
+    try:
+        return template.render(messages, add_generation_prompt)
+    except APIError as exc:
+        raise InvalidInputError(f"{where}{exc.message}") from exc
 
 
 def _llm_output(i: int, prompt: object, out: RequestOutput, tokenizer: Any) -> LLMOutput:
@@ -130,6 +140,72 @@ class LLM:
                                              watermark=key)
         return [_llm_output(i, p, o, self.pair.tokenizer)
                 for i, (p, o) in enumerate(zip(prompt_list, outputs))]
+
+    def chat(self, messages: Sequence[Any], sampling_params: SamplingParams |
+             Sequence[SamplingParams] | None = None, *, chat_template: str | None = None,
+             add_generation_prompt: bool = True, block_size: int | None = None,
+             spec: bool = True, watermark: WatermarkKey | str | Path | None = None,
+             on_tokens: Callable[[int, list[int]], None] | None = None) -> list[LLMOutput]:
+        """vLLM's ``LLM.chat``: ``messages`` is one conversation (a list of OpenAI's
+        ``{"role", "content"}`` messages, content a string or a list of text parts) or a list
+        of conversations. Each is rendered by the chat template as the server's
+        ``/v1/chat/completions`` renders it (``serve/chat.py``: Hugging Face's
+        ``apply_chat_template``, then tokenized without added special tokens) and decoded as
+        ``generate`` decodes a prompt; one ``LLMOutput`` per conversation, its ``prompt`` the
+        rendered text. ``chat_template``: the template itself or a file (None: the model's,
+        from its tokenizer_config.json or chat_template.jinja). The other arguments are
+        ``generate``'s. Needs jinja2 (``pip install 'dflash2rt[serve]'``)."""
+        if self.engine is None or self.pair is None:
+            raise DFlash2Error("this LLM is closed: make a new one")
+        if not isinstance(add_generation_prompt, bool):
+            raise InvalidInputError(f"add_generation_prompt must be True or False, got "
+                                    f"{add_generation_prompt!r}")
+        many = isinstance(messages, (list, tuple)) and len(messages) > 0 and \
+            all(isinstance(m, (list, tuple)) for m in messages)
+        conversations = list(messages) if many else [messages]
+        template = self._chat_template(chat_template)
+        texts, prompts = [], []
+        for i, conv in enumerate(conversations):
+            where = f"conversation {i}: " if many else ""
+            text = render_chat(template, list(conv) if isinstance(conv, tuple) else conv,
+                               add_generation_prompt, where)
+            ids = self.pair.tokenizer.encode(text, add_special_tokens=False)
+            if not ids:
+                raise InvalidInputError(f"{where}the chat template rendered the messages to no "
+                                        f"tokens")
+            texts.append(text)
+            prompts.append(ids)
+        outs = self.generate(prompts, sampling_params, block_size=block_size, spec=spec,
+                             watermark=watermark, on_tokens=on_tokens)
+        for text, out in zip(texts, outs):
+            out.prompt = text
+        return outs
+
+    def _chat_template(self, given: str | None) -> Any:
+        """The compiled template ``chat`` renders with (kept per source)."""
+        try:
+            from .serve.chat import ChatTemplate, find_template, special_tokens
+            import jinja2  # noqa: F401
+        except ImportError as exc:
+            raise MissingExtraError(f"LLM.chat needs jinja2 ({exc.name} is missing): pip "
+                                    f"install 'dflash2rt[serve]'") from exc
+        if given is not None and not isinstance(given, str):
+            raise InvalidInputError(f"chat_template must be a template or a file's path, got "
+                                    f"{given!r}")
+        if self.pair.tokenizer is None:
+            raise InvalidInputError("this model has no tokenizer: chat needs one to tokenize "
+                                    "the rendered messages")
+        src = getattr(self.pair.target, "source_dir", None)
+        target_dir = None if src is None else Path(src)
+        source = find_template(target_dir, given)
+        if source is None:
+            raise InvalidInputError("this model has no chat template (no chat_template in its "
+                                    "tokenizer_config.json, no chat_template.jinja): give "
+                                    "chat_template=, the template or a file")
+        cache = self.__dict__.setdefault("_templates", {})
+        if source not in cache:
+            cache[source] = ChatTemplate(source, special_tokens(target_dir))
+        return cache[source]
 
     def regex_constraint(self, regex: str) -> TokenAutomaton:
         """The constraint for ``SamplingParams(constraint=...)`` that makes an output a full
