@@ -129,3 +129,22 @@ def test_a_closed_llm_refuses_chat():
     llm.close()
     with pytest.raises(DFlash2Error, match="this LLM is closed"):
         llm.chat([{"role": "user", "content": "x"}], SP, chat_template=TEMPLATE)
+
+
+@pytest.mark.parametrize("template, kind", [
+    ("{{ messages[0].content + 1 }}", "TypeError"), ("{{ 1 / 0 }}", "ZeroDivisionError"),
+    ("{% for i in range(10 ** 9) %}{% endfor %}x", "OverflowError"),
+    ("{{ '{:q}'.format(1) }}", "ValueError")])
+def test_a_template_expression_that_fails_is_an_error_naming_it(llm, template, kind):
+    with pytest.raises(InvalidInputError, match=f"the chat template failed on the messages: "
+                                                f"{kind}"):
+        llm.chat([{"role": "user", "content": "x"}], SP, chat_template=template)
+
+
+def test_the_servers_answer_to_a_failing_template_is_a_400_naming_messages():
+    from dflash2rt.serve.chat import ChatTemplate
+    from dflash2rt.serve.errors import APIError
+
+    with pytest.raises(APIError) as info:
+        ChatTemplate("{{ 1 / 0 }}", {}).render([{"role": "user", "content": "x"}], True)
+    assert (info.value.status, info.value.param) == (400, "messages")

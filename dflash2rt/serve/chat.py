@@ -86,12 +86,17 @@ class ChatTemplate:
     def render(self, messages: Any, add_generation_prompt: bool) -> str:
         from jinja2 import TemplateError
 
+        messages = check_messages(messages)
         try:
-            return self.template.render(messages=check_messages(messages),
+            return self.template.render(messages=messages,
                                         add_generation_prompt=add_generation_prompt,
                                         **self.specials)
         except (TemplateError, TemplateRefusal) as exc:
             raise bad("messages", f"the chat template refused the messages: {exc}") from exc
+        except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
+            # the template's own expression failed on these messages (as vLLM, a 400)
+            raise bad("messages", f"the chat template failed on the messages: "
+                                  f"{type(exc).__name__}: {exc}") from exc
 
 
 class TemplateRefusal(Exception):
