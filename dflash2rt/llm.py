@@ -218,6 +218,13 @@ class LLM:
     def tokenizer(self) -> Any:
         return None if self.pair is None else self.pair.tokenizer
 
+    def get_tokenizer(self) -> Any:
+        """The target's tokenizer (vLLM's ``LLM.get_tokenizer``; None for a model without
+        one)."""
+        if self.pair is None:
+            raise DFlash2Error("this LLM is closed: make a new one")
+        return self.pair.tokenizer
+
     def close(self) -> None:
         """Release the engine's graphs and static caches and drop the pair; idempotent."""
         if self.engine is not None:

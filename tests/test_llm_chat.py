@@ -124,11 +124,15 @@ def test_templates_and_arguments_outside_their_domain(llm):
         llm.chat(msgs, SP, chat_template=TEMPLATE, add_generation_prompt="yes")
 
 
-def test_a_closed_llm_refuses_chat():
+def test_a_closed_llm_refuses_chat_and_its_tokenizer():
     llm = LLM("stdlib-code", backend="cpu")
+    tok = llm.get_tokenizer()
+    assert tok is llm.tokenizer and tok.decode(tok.encode("def f(x):")) == "def f(x):"
     llm.close()
     with pytest.raises(DFlash2Error, match="this LLM is closed"):
         llm.chat([{"role": "user", "content": "x"}], SP, chat_template=TEMPLATE)
+    with pytest.raises(DFlash2Error, match="this LLM is closed"):
+        llm.get_tokenizer()
 
 
 @pytest.mark.parametrize("template, kind", [
