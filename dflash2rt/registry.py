@@ -212,9 +212,10 @@ class Registry:
         how = "explicit"
         if name is None:
             name = os.environ.get(ENV_VAR) or "auto"
-            how = f"env {ENV_VAR}" if name != "auto" else "auto"
+            how = f"env {ENV_VAR}"
         if name != "auto":
             return Selection(self.create(name), name, how)
+        how = "auto"                          # asked for by name, by the variable or by default
         chosen, skipped = None, []
         for s in self.statuses():
             if s.opt_in:
