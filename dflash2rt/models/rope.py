@@ -27,6 +27,35 @@ _UNSUPPORTED = {
 }
 
 
+# Fields that must be finite numbers > 0 when given (theta always); yarn's betas may also be 0,
+# which transformers reads as unset (``beta_fast or 32``).
+_POSITIVE = ("theta", "factor", "low_freq_factor", "high_freq_factor", "attention_factor")
+_BETAS = ("beta_fast", "beta_slow")
+
+
+def check_original_max(value: object) -> None:
+    """original_max_position_embeddings: None or an integer in [1, 2**53] (exact as a float; a
+    float with an integer value counts)."""
+    if value is not None and not (_finite(value) and float(value).is_integer()
+                                  and 1 <= value <= 2**53):
+        raise CheckpointError(f"rope original_max_position_embeddings must be an integer in "
+                              f"[1, 2**53], got {value!r:.60}")
+
+
+def _finite(value: object) -> bool:
+    """A number (not a bool) that is finite as a float (an int past float's range is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _finite_positive(value: object) -> bool:
+    return _finite(value) and value > 0
+
+
 @dataclass(frozen=True)
 class RopeConfig:
     """One rope variant; fields that a type does not use stay None."""
@@ -45,19 +74,35 @@ class RopeConfig:
     truncate: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("theta", "factor"):
+        for name in _POSITIVE:
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float))
-                                          and not isinstance(value, bool)
-                                          and math.isfinite(value) and value > 0):
+            if (value is not None or name == "theta") and not _finite_positive(value):
                 raise CheckpointError(f"rope {'rope_theta' if name == 'theta' else name} must "
-                                      f"be a finite number > 0, got {value!r}")
+                                      f"be a finite number > 0, got {value!r:.60}")
+        for name in _BETAS:
+            value = getattr(self, name)
+            if value is not None and not (_finite(value) and value >= 0):
+                raise CheckpointError(f"rope {name} must be a finite number >= 0 (0: the default), "
+                                      f"got {value!r:.60}")
+        for name in ("mscale", "mscale_all_dim"):
+            value = getattr(self, name)
+            if value is not None and not _finite(value):
+                raise CheckpointError(f"rope {name} must be a finite number, got {value!r:.60}")
+        check_original_max(self.original_max_position_embeddings)
+        if not (isinstance(self.truncate, bool)
+                or _finite(self.truncate) and self.truncate in (0, 1)):
+            raise CheckpointError(f"rope truncate must be true or false, got {self.truncate!r:.60}")
+        object.__setattr__(self, "truncate", bool(self.truncate))
         if self.rope_type not in _TYPE_KEYS:
             raise CheckpointError(f"rope type {self.rope_type!r} is not supported (supported: {sorted(_TYPE_KEYS)})")
         if self.rope_type != "default" and self.factor is None:
             raise CheckpointError(f"rope type {self.rope_type!r} needs rope_parameters.factor")
         if self.rope_type == "llama3" and (self.low_freq_factor is None or self.high_freq_factor is None):
             raise CheckpointError("rope type 'llama3' needs rope_parameters.low_freq_factor and high_freq_factor")
+        if self.rope_type == "llama3" and not self.low_freq_factor < self.high_freq_factor:
+            raise CheckpointError(f"rope type 'llama3' needs low_freq_factor < high_freq_factor "
+                                  f"(its blend divides by their difference), got "
+                                  f"{self.low_freq_factor} and {self.high_freq_factor}")
 
     def to_hf_dict(self) -> dict[str, Any] | None:
         """The `rope_scaling` dict HF reads (None for plain rope); rope_theta is written separately."""
@@ -96,14 +141,15 @@ def rope_from_hf(d: dict[str, Any], max_position_embeddings: int) -> RopeConfig:
         # transformers: a top-level original_max_position_embeddings overrides, else default to max_position.
         if d.get("original_max_position_embeddings") is not None:
             raw["original_max_position_embeddings"] = d["original_max_position_embeddings"]
-        raw.setdefault("original_max_position_embeddings", max_position_embeddings)
+        if raw.get("original_max_position_embeddings") is None:
+            raw["original_max_position_embeddings"] = max_position_embeddings
     if rope_type == "yarn" and raw.get("factor") is None:
+        check_original_max(raw["original_max_position_embeddings"])
         raw["factor"] = max_position_embeddings / raw["original_max_position_embeddings"]
-    raw["truncate"] = bool(raw.get("truncate", True))
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
-        raise CheckpointError(f"rope_theta must be a finite number > 0, got {theta!r}")
+    raw.setdefault("truncate", True)
+    theta = float(theta) if _finite_positive(theta) else theta     # RopeConfig refuses the rest
     try:
-        return RopeConfig(rope_type=rope_type, theta=float(theta), **raw)
+        return RopeConfig(rope_type=rope_type, theta=theta, **raw)
     except TypeError as exc:  # a value of the wrong type reaches the dataclass
         raise CheckpointError(f"bad rope parameters {raw}: {exc}") from exc
 
