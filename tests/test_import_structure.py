@@ -26,8 +26,9 @@ LAYERS = (
     {"cpu", "engine", "distributed"},   # distributed: the sharded target, rank launch
     {"bench", "metrics"},            # the one measurement module; a run's metrics export
     {"api", "train", "synth"},
-    {"llm", "serve"},                # vLLM's LLM and the OpenAI server, over api's model
-                                     # resolution and the engine
+    {"serve"},                       # the OpenAI server, over api's model resolution and
+                                     # the engine
+    {"llm"},                         # vLLM's LLM (its chat renders with the server's templates)
     {"qualify"},
     {"cli"},
     {"__main__"},
