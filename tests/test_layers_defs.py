@@ -70,6 +70,14 @@ def _project(a: Attention, x, cos, sin):
     return q, k, v
 
 
+def _write_rows(want_k, want_v, k, v, pos) -> None:
+    """The expected caches: row r's token t's key and value written at slot pos[r, t]."""
+    for r in range(R):
+        for t in range(T):
+            want_k[r, int(pos[r, t])] = torch.tensor(k[r, t], dtype=torch.float64)
+            want_v[r, int(pos[r, t])] = torch.tensor(v[r, t], dtype=torch.float64)
+
+
 def _softmax_mix(qh, keys, vals, scale):
     """softmax(q · k * scale) weighted sum of vals over the given keys."""
     sc = [scale * sum(a * b for a, b in zip(qh, kh)) for kh in keys]
@@ -207,10 +215,7 @@ def test_forward_cached_writes_and_attends_ranges(impl, bias, eps, monkeypatch):
         assert impl.prologues == 1                        # the backend's one kernel
     q, k, v = _project(a, x, cos, sin)
     want_k, want_v = old_k.clone(), old_v.clone()
-    for r in range(R):
-        for t in range(T):
-            want_k[r, int(pos[r, t])] = torch.tensor(k[r, t], dtype=torch.float64)
-            want_v[r, int(pos[r, t])] = torch.tensor(v[r, t], dtype=torch.float64)
+    _write_rows(want_k, want_v, k, v, pos)
     assert torch.allclose(ck, want_k, rtol=1e-12, atol=1e-12)
     assert torch.allclose(cv, want_v, rtol=1e-12, atol=1e-12)
     assert torch.equal(ck[:, 7], old_k[:, 7]) and torch.equal(ck[0, 5:], old_k[0, 5:])
@@ -243,9 +248,6 @@ def test_write_kv_writes_every_row_and_nothing_else(impl, eps):
         with fused.using(impl):
             a.write_kv(x, cos, sin, ck, cv, pos)
     _, k, v = _project(a, x, cos, sin)
-    for r in range(R):
-        for t in range(T):
-            want_k[r, int(pos[r, t])] = torch.tensor(k[r, t], dtype=torch.float64)
-            want_v[r, int(pos[r, t])] = torch.tensor(v[r, t], dtype=torch.float64)
+    _write_rows(want_k, want_v, k, v, pos)
     assert torch.allclose(ck, want_k, rtol=1e-12, atol=1e-12)
     assert torch.allclose(cv, want_v, rtol=1e-12, atol=1e-12)
