@@ -313,7 +313,7 @@ def generate_requests(engine: Engine, prompt_ids: list[tuple[int, ...]],
                       params: list[SamplingParams], **kw: Any
                       ) -> tuple[list[RequestOutput], RunStats]:
     """The one decode path of ``run`` and ``LLM.generate``: a request per prompt, one
-    ``Engine.generate`` call (``kw``: its spec, block_size, on_tokens, watermark)."""
+    ``Engine.generate`` call (``kw``: its spec, block_size, on_tokens, watermark, on_finish)."""
     return engine.generate([Request(p, q) for p, q in zip(prompt_ids, params)], **kw)
 
 

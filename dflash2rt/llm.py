@@ -19,6 +19,7 @@ from .engine.request import RequestOutput, SamplingParams
 from .engine.stats import RunStats
 from .errors import DFlash2Error, InvalidInputError, MissingExtraError
 from .models.pair import ModelPair
+from .progress import Progress, bar_factory
 from .watermark import WatermarkKey
 
 
@@ -117,27 +118,39 @@ class LLM:
         self.engine: Engine | None = Engine(self.pair, self.backend,
                                             table=measured_table(self.pair, self.backend.device))
         self.last_stats: RunStats | None = None
+        self._templates: dict[str, Any] = {}        # chat's compiled templates, by source
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  block_size: int | None = None, spec: bool = True,
                  watermark: WatermarkKey | str | Path | None = None,
-                 on_tokens: Callable[[int, list[int]], None] | None = None
-                 ) -> list[LLMOutput]:
+                 on_tokens: Callable[[int, list[int]], None] | None = None,
+                 use_tqdm: bool | Callable[..., Any] = False) -> list[LLMOutput]:
         """Decode ``prompts`` (a string, or a list of strings and/or token-id lists), one
         ``LLMOutput`` per prompt, in order. ``sampling_params``: None (``SamplingParams()``:
         greedy, 64 new tokens), one for every prompt, or a list, one per prompt.
-        ``block_size``, ``spec``, ``watermark``, ``on_tokens``: as for ``run``. The call's
-        stats: ``self.last_stats``."""
+        ``block_size``, ``spec``, ``watermark``, ``on_tokens``: as for ``run``. ``use_tqdm``:
+        vLLM's progress bar of the prompts processed (True: tqdm's, which must be installed;
+        a callable: called as tqdm is, ``(total=, desc=, dynamic_ncols=)``); off by default
+        (vLLM's is on). The call's stats: ``self.last_stats``."""
         if self.engine is None or self.pair is None:
             raise DFlash2Error("this LLM is closed: make a new one")
+        factory = bar_factory(use_tqdm)
         key = watermark_key(watermark)
         prompt_list = [prompts] if isinstance(prompts, str) else prompts
         prompt_ids = encode_prompts(self.pair, prompts)
         params = params_list(sampling_params, len(prompt_ids))
-        outputs, self.last_stats = generate_requests(self.engine, prompt_ids, params, spec=spec,
-                                             block_size=block_size, on_tokens=on_tokens,
-                                             watermark=key)
+        kw = dict(spec=spec, block_size=block_size, on_tokens=on_tokens, watermark=key)
+        if factory is None:
+            outputs, self.last_stats = generate_requests(self.engine, prompt_ids, params, **kw)
+        else:
+            bar = Progress(factory, len(prompt_ids), on_tokens)
+            try:
+                outputs, self.last_stats = generate_requests(
+                    self.engine, prompt_ids, params, **{**kw, "on_tokens": bar.tokens},
+                    on_finish=bar.finish)
+            finally:
+                bar.close()
         return [_llm_output(i, p, o, self.pair.tokenizer)
                 for i, (p, o) in enumerate(zip(prompt_list, outputs))]
 
@@ -145,7 +158,8 @@ class LLM:
              Sequence[SamplingParams] | None = None, *, chat_template: str | None = None,
              add_generation_prompt: bool = True, block_size: int | None = None,
              spec: bool = True, watermark: WatermarkKey | str | Path | None = None,
-             on_tokens: Callable[[int, list[int]], None] | None = None) -> list[LLMOutput]:
+             on_tokens: Callable[[int, list[int]], None] | None = None,
+             use_tqdm: bool | Callable[..., Any] = False) -> list[LLMOutput]:
         """vLLM's ``LLM.chat``: ``messages`` is one conversation (a list of OpenAI's
         ``{"role", "content"}`` messages, content a string or a list of text parts) or a list
         of conversations. Each is rendered by the chat template as the server's
@@ -176,7 +190,7 @@ class LLM:
             texts.append(text)
             prompts.append(ids)
         outs = self.generate(prompts, sampling_params, block_size=block_size, spec=spec,
-                             watermark=watermark, on_tokens=on_tokens)
+                             watermark=watermark, on_tokens=on_tokens, use_tqdm=use_tqdm)
         for text, out in zip(texts, outs):
             out.prompt = text
         return outs
@@ -202,10 +216,9 @@ class LLM:
             raise InvalidInputError("this model has no chat template (no chat_template in its "
                                     "tokenizer_config.json, no chat_template.jinja): give "
                                     "chat_template=, the template or a file")
-        cache = self.__dict__.setdefault("_templates", {})
-        if source not in cache:
-            cache[source] = ChatTemplate(source, special_tokens(target_dir))
-        return cache[source]
+        if source not in self._templates:
+            self._templates[source] = ChatTemplate(source, special_tokens(target_dir))
+        return self._templates[source]
 
     def regex_constraint(self, regex: str) -> TokenAutomaton:
         """The constraint for ``SamplingParams(constraint=...)`` that makes an output a full

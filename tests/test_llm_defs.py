@@ -56,7 +56,7 @@ def bare(tokenizer=Tok(), source_dir=None, engine=None):
     m.backend = None
     m.engine = Engine() if engine is None else engine
     m.pair = SimpleNamespace(tokenizer=tokenizer, target=SimpleNamespace(source_dir=source_dir))
-    m.last_stats = None
+    m.last_stats, m._templates = None, {}
     return m
 
 

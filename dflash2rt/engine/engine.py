@@ -87,16 +87,18 @@ class Engine:
 
     def generate(self, requests: Sequence[Request], spec: bool = True,
                  block_size: int | None = None, on_tokens: OnTokens | None = None,
-                 watermark: WatermarkKey | None = None
+                 watermark: WatermarkKey | None = None, *,
+                 on_finish: Callable[[int], None] | None = None
                  ) -> tuple[list[RequestOutput], RunStats]:
-        """Decode every request to completion; ``on_tokens(i, ids)`` streams new tokens.
+        """Decode every request to completion; ``on_tokens(i, ids)`` streams new tokens,
+        ``on_finish(i)`` is called once as request i ends (after its last ``on_tokens``).
         ``spec`` with ``block_size=None``: adaptive speculation (``self.policy``); an int
         >= 2: that fixed block. ``watermark``: a WatermarkKey that marks every sampled
         request's tokens (``dflash2rt.watermark.generate``; greedy requests are unchanged and
         unmarked); the key stays out of stats and outputs."""
-        policy = self._policy(requests, spec, block_size, watermark, on_tokens)
+        policy = self._policy(requests, spec, block_size, watermark, on_tokens, on_finish)
         call = policy.begin(requests)
-        stats, out, fallbacks = self._new_run(requests, call, on_tokens, watermark)
+        stats, out, fallbacks = self._new_run(requests, call, on_tokens, watermark, on_finish)
         with torch.inference_mode(), self.backend.run_context():
             stats.compile_s, stats.compile_variants = self.compiler.run(
                 _blocks(policy, call), fallbacks.report)          # before the clock starts
@@ -123,7 +125,8 @@ class Engine:
         return out.finish(), stats
 
     def _policy(self, requests: Sequence[Request], spec: bool, block_size: int | None,
-                watermark: WatermarkKey | None, on_tokens: OnTokens | None = None) -> Policy:
+                watermark: WatermarkKey | None, on_tokens: OnTokens | None = None,
+                on_finish: Callable[[int], None] | None = None) -> Policy:
         """The call's policy, after checking what the call asks: adaptive (``self.policy``)
         for speculation without a block size, else a fixed block (1 for target-only)."""
         pair = self.pair
@@ -140,6 +143,9 @@ class Engine:
         if on_tokens is not None and not callable(on_tokens):
             raise InvalidInputError(f"on_tokens must be None or a callable on_tokens(i, ids), "
                                     f"got {type(on_tokens).__name__}")
+        if on_finish is not None and not callable(on_finish):
+            raise InvalidInputError(f"on_finish must be None or a callable on_finish(i), got "
+                                    f"{type(on_finish).__name__}")
         if spec and pair.draft is None:
             raise InvalidInputError("speculative decoding needs a draft model (or use spec=False)")
         if spec and block_size is None:
@@ -160,7 +166,8 @@ class Engine:
         return policy
 
     def _new_run(self, requests: Sequence[Request], call: Call, on_tokens: OnTokens | None,
-                 watermark: WatermarkKey | None) -> tuple[RunStats, Collector, Fallbacks]:
+                 watermark: WatermarkKey | None, on_finish: Callable[[int], None] | None = None
+                 ) -> tuple[RunStats, Collector, Fallbacks]:
         """The run's stats, its token collector and its fallback recorder."""
         stats = RunStats("spec" if call.spec else "target-only", self.backend.name,
                          str(self.backend.device), call.room if call.spec else 1,
@@ -171,7 +178,7 @@ class Engine:
         if call.spec:
             stats.candidates = candidate_counts(requests, selector_params(pair).top_k)
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens,
-                        pair.target.cfg.vocab_size)
+                        pair.target.cfg.vocab_size, on_finish)
         return stats, out, Fallbacks(self._standing_fallbacks.reported)
 
     def _prefill(self, st: BatchState, requests: Sequence[Request], out: Collector,

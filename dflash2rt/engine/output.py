@@ -42,13 +42,16 @@ class OutputText:
 
 class Collector:
     """``vocab``: the target's vocabulary, for the requests' constraint trackers (one per
-    constrained request: where it reaches a dead end, and a generic hook's next mask)."""
+    constrained request: where it reaches a dead end, and a generic hook's next mask).
+    ``on_tokens(i, ids)``: each request's new tokens as they are kept; ``on_finish(i)``: once
+    per request, when it gets its finish reason (after its last ``on_tokens``)."""
 
     def __init__(self, requests: Sequence[Request], tokenizer: TextTokenizer | None,
                  eos: Sequence[int], on_tokens: Callable[[int, list[int]], None] | None,
-                 vocab: int | None = None) -> None:
+                 vocab: int | None = None,
+                 on_finish: Callable[[int], None] | None = None) -> None:
         self.requests, self.tokenizer, self.eos = requests, tokenizer, tuple(eos)
-        self.on_tokens = on_tokens
+        self.on_tokens, self.on_finish = on_tokens, on_finish
         self.outputs = [RequestOutput(q.prompt_ids) for q in requests]
         self.trackers = {i: ConstraintTracker(q.params.constraint, vocab)
                          for i, q in enumerate(requests) if q.params.constraint is not None}
@@ -70,7 +73,7 @@ class Collector:
         """Append a step's committed tokens to request i, truncating at any stop condition;
         ``logprobs`` (one per token, for a request that asked for them) are kept alongside."""
         o, params = self.outputs[i], self.requests[i].params
-        before = len(o.token_ids)
+        before, was_done = len(o.token_ids), bool(o.finish_reason)
         o.token_ids.extend(tokens)
         if params.logprobs is not None:
             if logprobs is None or len(logprobs) != len(tokens):
@@ -95,6 +98,8 @@ class Collector:
             del o.logprobs[len(o.token_ids):], o.top_logprobs[len(o.token_ids):]
         if self.on_tokens is not None and len(o.token_ids) > before:
             self.on_tokens(i, o.token_ids[before:])
+        if self.on_finish is not None and o.finish_reason and not was_done:
+            self.on_finish(i)
 
     def next_mask(self, i: int) -> np.ndarray | None:
         """Request i's generic constraint hook's mask for its next token (None: it has no
