@@ -13,7 +13,8 @@ from dflash2rt.errors import CheckpointError, DraftMismatchError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.draft_config import DraftConfig
 
-DROP = object()
+from dict_edit import DROP, apply
+
 V = 97
 ARCH = {"model_type": "qwen3", "vocab_size": V, "hidden_size": 64, "intermediate_size": 112,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -33,13 +34,8 @@ V2_ONLY = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top
 
 def edit(base: dict, dflash: dict | None = None, **top) -> dict:
     d = copy.deepcopy(base)
-    for src, dst in ((top, d), (dflash or {}, d["dflash_config"])):
-        for k, v in src.items():
-            if v is DROP:
-                dst.pop(k, None)
-            else:
-                dst[k] = v
-    return d
+    apply(d["dflash_config"], dflash or {})
+    return apply(d, top)
 
 
 def v2(dflash=None, **top) -> DraftConfig:

@@ -12,7 +12,8 @@ from dflash2rt.errors import CheckpointError
 from dflash2rt.models.config import TargetConfig
 from dflash2rt.models.rope import RopeConfig
 
-DROP = object()
+from dict_edit import DROP, apply
+
 # A small valid Qwen3 config: 4 heads over 2 KV heads of 16, 2 layers, 97 ids.
 BASE = {"model_type": "qwen3", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 112,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -23,13 +24,7 @@ INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
 
 
 def raw(**changes) -> dict:
-    d = dict(BASE)
-    for k, v in changes.items():
-        if v is DROP:
-            d.pop(k, None)
-        else:
-            d[k] = v
-    return d
+    return apply(dict(BASE), changes)
 
 
 def parse(**changes) -> TargetConfig:
