@@ -104,3 +104,38 @@ def test_a_draft_at_the_filesystem_root_is_a_checkpoint_error():
 
     with pytest.raises(CheckpointError, match="config.json not found"):
         dflash2rt.LLM(backend="cpu", draft="/")
+
+
+# ---- block_size against the target's context -------------------------------------------------
+
+def test_block_size_at_most_the_targets_context():
+    """A block longer than the target's max_position_embeddings is refused before any cache is
+    made (a block of 10**5 had the step's attention take the machine's memory); the context
+    itself is a valid block."""
+    from dflash2rt.engine.engine import Engine
+    from dflash2rt.engine.request import Request, SamplingParams, block_size_or_default
+    from dflash2rt import get_backend
+    from tiny_models import tiny_pair
+
+    assert block_size_or_default(512, 8, 512) == 512
+    assert block_size_or_default(None, 8, 4) == 8          # the default is not checked here
+    assert block_size_or_default(10**6, 8) == 10**6        # no context given: no bound
+    for bad in (513, 10**5):
+        with pytest.raises(InvalidInputError, match="at most 512.*max_position_embeddings"):
+            block_size_or_default(bad, 8, 512)
+    pair = tiny_pair()                                     # max_position_embeddings 512
+    engine = Engine(pair, get_backend("cpu"))
+    made = []
+    engine.runner.start = lambda *a, **k: made.append(a)   # no cache may be made
+    req = [Request((1, 2, 3), SamplingParams(max_new_tokens=2))]
+    for spec in (True, False):
+        with pytest.raises(InvalidInputError, match="at most 512"):
+            engine.generate(req, spec=spec, block_size=513)
+    assert made == []
+
+
+def test_server_refuses_a_block_past_the_context():
+    pytest.importorskip("fastapi", reason="the server needs dflash2rt[serve]")
+    from dflash2rt.serve import build_server
+    with pytest.raises(InvalidInputError, match="at most 1024"):
+        build_server("stdlib-code", "cpu", block_size=1025)

@@ -196,3 +196,17 @@ def test_logit_bias_flags():
         with pytest.raises(SamplingParamsError, match="ID=BIAS"):
             _logit_bias([bad])
 
+
+
+def test_run_logprobs_without_json_is_refused_before_loading(monkeypatch, capsys):
+    """The text output prints no log-probabilities: asking for them without --json is an error
+    (never computed and dropped), raised before a model is loaded."""
+    from dflash2rt.cli import run_cmd
+
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before --logprobs was checked")
+    monkeypatch.setattr(run_cmd, "_load", refuse)
+    monkeypatch.setattr(run_cmd, "_run_tp", refuse)
+    for extra in ([], ["--tp", "2"]):
+        assert main(["run", "--backend", "cpu", "--prompt", "x", "--logprobs", "2", *extra]) == 2
+        assert "--logprobs needs --json" in capsys.readouterr().err

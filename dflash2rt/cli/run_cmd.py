@@ -191,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
         prompts += read_prompt_file(args.prompt_file)
     if not prompts:
         raise InvalidInputError("give at least one --prompt (or --prompt-file)")
+    if args.logprobs is not None and not args.json:
+        raise InvalidInputError("--logprobs needs --json: the text output has no place for "
+                                "log-probabilities")
     if args.tp != 1:
         return _run_tp(args, prompts)
     if args.metrics is not None:

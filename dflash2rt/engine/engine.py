@@ -154,7 +154,8 @@ class Engine:
             policy: Policy = self.policy
         else:
             block = block_size_or_default(
-                block_size, pair.draft.cfg.block_size if pair.draft is not None else 1)
+                block_size, pair.draft.cfg.block_size if pair.draft is not None else 1,
+                pair.target.cfg.max_position_embeddings)
             if spec and block < 2:
                 raise InvalidInputError(f"block_size must be >= 2 for speculative decoding "
                                         f"(None: adaptive), got {block}")

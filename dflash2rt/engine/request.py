@@ -305,11 +305,16 @@ def stop_cut(text: str, stops: Sequence[str], include: bool = False) -> int | No
     return None if best is None else best[0] + (best[1] if include else 0)
 
 
-def block_size_or_default(block_size: object, default: int) -> int:
-    """``block_size`` checked (an integer >= 1; 0 is not "default"), or ``default`` for None."""
+def block_size_or_default(block_size: object, default: int, most: int | None = None) -> int:
+    """``block_size`` checked (an integer >= 1; 0 is not "default"; at most ``most``, the
+    target's context: a block longer than the context the model holds has no use, and its
+    step's attention grows with its square), or ``default`` for None."""
     if block_size is None:
         return default
     if not is_int(block_size) or block_size < 1:
         raise InvalidInputError(f"block_size must be an integer >= 1 (or None for the draft's "
                                 f"default, {default}), got {block_size!r}")
+    if most is not None and block_size > most:
+        raise InvalidInputError(f"block_size must be at most {most} (the target's "
+                                f"max_position_embeddings), got {block_size!r}")
     return int(block_size)

@@ -67,7 +67,8 @@ def build_server(model: Any = "stdlib-code", backend: Any = None, *, draft: Any 
         if pair.draft is None:
             raise InvalidInputError("this model has no draft: serve it with --no-spec")
         block = None if block_size == "auto" else \
-            block_size_or_default(block_size, pair.draft.cfg.block_size)
+            block_size_or_default(block_size, pair.draft.cfg.block_size,
+                                  pair.target.cfg.max_position_embeddings)
         if block is not None and block < 2:
             raise InvalidInputError(f"block_size must be >= 2 with speculation (or 'auto'), "
                                     f"got {block}")
