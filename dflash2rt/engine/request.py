@@ -151,6 +151,13 @@ VLLM_DEFAULTS: dict[str, tuple[tuple[Any, ...], str]] = {
     "prompt_logprobs": ((None,), "logprobs are of the generated tokens only"),
     "truncate_prompt_tokens": ((None,), "prompts are never truncated: shorten the prompt"),
     "detokenize": ((True,), "every output has its text"),
+    "bad_words": ((None,), "no word is banned: a logit_bias of -100 on its tokens bans them"),
+    "allowed_token_ids": ((None,), "every token may be drawn: a regex constraint limits the "
+                                   "output"),
+    "logits_processors": ((None,), "no per-request logits processors: logit_bias, penalties, "
+                                   "min_p and constraints are the processing"),
+    "skip_special_tokens": ((False,), "special tokens are kept in the output's text"),
+    "spaces_between_special_tokens": ((True,), "the tokenizer's own decoding"),
 }
 
 
