@@ -13,11 +13,12 @@ def counts(s) -> str:
 def stats_line(s) -> str:
     """A run's stats in one line: throughput, τ, block sizes, speculation metrics, where the
     time went, fallbacks."""
-    split = ", ".join(f"{k} {v:.3f}s" for k, v in s.time.items())
+    parts = [f"{k} {v:.3f}s" for k, v in s.time.items()]
     if s.calibration_steps:       # the adaptive schedule's timing steps: part of the wall time
-        split += f", calibration {s.calibration_s:.3f}s ({s.calibration_steps} steps)"
+        parts.append(f"calibration {s.calibration_s:.3f}s ({s.calibration_steps} steps)")
     if s.cost_noise:
-        split += f", {s.cost_noise}"
+        parts.append(str(s.cost_noise))
+    split = ", ".join(parts)
     blocks = f"block {s.block_size}" if not s.adaptive else "adaptive blocks " + ", ".join(
         f"{b}x{n}" for b, n in sorted(s.block_sizes.items()))
     return (f"[{s.mode} on {s.backend}] {s.generated} tokens in {s.wall_s:.2f}s = "

@@ -48,7 +48,8 @@ def num(v: Any) -> str:
             return str(v)
         if abs(v) >= 1e6 or abs(v) < 1e-3:
             return f"{v:.3g}"
-        return f"{v:,.4g}" if abs(v) >= 1e4 else f"{v:.4g}"
+        r = float(f"{v:.4g}")         # 4 significant digits; from 1e4 on with separators
+        return f"{r:,.0f}" if abs(r) >= 1e4 else f"{v:.4g}"
     return str(v)
 
 
@@ -57,16 +58,19 @@ def _scalar(v: Any) -> bool:
 
 
 def text(v: Any) -> str:
-    """One line of plain text (Markdown cells: pipes escaped)."""
+    """One line of plain text (Markdown cells: pipes escaped, once at any depth)."""
+    return _line(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _line(v: Any) -> str:
+    """``text`` before its escaping."""
     if v is None:
         return "–"
     if isinstance(v, dict):
-        s = ", ".join(f"{label(str(k))} {text(x)}" for k, x in v.items()) or "–"
-    elif isinstance(v, (list, tuple)):
-        s = ", ".join(text(x) for x in v) or "none"
-    else:
-        s = num(v)
-    return s.replace("|", "\\|").replace("\n", " ")
+        return ", ".join(f"{label(str(k))} {_line(x)}" for k, x in v.items()) or "–"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_line(x) for x in v) or "none"
+    return num(v)
 
 
 def html(v: Any) -> str:

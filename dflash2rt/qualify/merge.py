@@ -84,7 +84,10 @@ def _cell_text(d: dict[str, Any] | None) -> str:
 
 
 def _cell_html(d: dict[str, Any] | None) -> str:
-    result, _, counts = _cell_text(d).partition(" ")
+    """The result in bold over its counts ("NOT RUN" stays one result)."""
+    if not d:
+        return f"<b>{escape(_cell_text(d))}</b>"
+    result, _, counts = _cell_text(d).rpartition(" ")
     return f"<b>{escape(result)}</b><br>{escape(counts)}"
 
 
