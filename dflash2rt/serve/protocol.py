@@ -131,11 +131,13 @@ def _logit_bias(body: dict, vocab: int) -> dict[int, float]:
         raise bad("logit_bias", "logit_bias must be an object mapping token ids to biases")
     out = {}
     for k, b in v.items():
-        if not re.fullmatch(r"\d+", str(k)) or int(k) >= vocab:
+        digits = str(k).lstrip("0") or "0"   # int() refuses over 4300 digits: not an id
+        if not re.fullmatch(r"[0-9]+", str(k)) or len(digits) > len(str(vocab)) \
+                or int(digits) >= vocab:
             raise bad("logit_bias", f"logit_bias key {k!r} is not a token id in [0, {vocab})")
         if isinstance(b, bool) or not isinstance(b, (int, float)):
             raise bad("logit_bias", f"logit_bias[{k}] must be a number, got {b!r}")
-        out[int(k)] = b
+        out[int(digits)] = b
     return out
 
 
