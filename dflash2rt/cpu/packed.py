@@ -178,7 +178,10 @@ def _fuse(m: nn.Module) -> bool:
         p.weight.data = stacked[start:start + n]          # a view of the stacked storage
         setattr(p, PART_ATTR, True)
         start += n
-    setattr(m, FUSE_ATTR, (stacked, _packed(stacked), [p.weight.shape[0] for p in parts]))
+    # the parts' weights keep their own version counters (``.data`` set): the stack's slot
+    # records theirs too, so an in-place update through a part is packed again
+    setattr(m, FUSE_ATTR, (stacked, [*_packed(stacked), _versions(parts)],
+                           [p.weight.shape[0] for p in parts]))
     setattr(m, method, types.MethodType(_project_qkv if method == "project_qkv" else _gate_up, m))
     return True
 
@@ -194,7 +197,13 @@ def _stacked(m: nn.Module, parts: tuple[nn.Linear, ...], x: torch.Tensor
             or any(p.weight.untyped_storage().data_ptr() != stacked.untyped_storage().data_ptr()
                    for p in parts):
         return None
+    if slot[2:] != [_versions(parts)]:
+        slot[:] = [*_packed(stacked), _versions(parts)]
     return _product(x, stacked, None, slot).split(sizes, dim=-1)
+
+
+def _versions(parts: tuple[nn.Linear, ...]) -> list[int]:
+    return [p.weight._version for p in parts]
 
 
 def _project_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
