@@ -43,6 +43,10 @@ def tensor_files(path: Path) -> list[Path]:
             weight_map = json.loads((path / INDEX_FILE).read_text(encoding="utf-8"))["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{path / INDEX_FILE}: cannot read its weight_map: {exc}") from exc
+        if not isinstance(weight_map, dict) \
+                or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{path / INDEX_FILE}: its weight_map must map tensor names to "
+                                  "shard file names")
         files = [path / name for name in sorted(set(weight_map.values()))]
         for file in files:
             if not file.is_file():

@@ -58,8 +58,10 @@ def cache_dir() -> str:
     env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if env:
         return os.path.expanduser(os.path.expandvars(env))
-    hf = _hub()
-    return str(hf.constants.HF_HUB_CACHE)
+    _hub()                                      # MissingExtraError without it
+    from huggingface_hub import constants       # a submodule the package imports lazily
+
+    return str(constants.HF_HUB_CACHE)
 
 
 def _new_cli() -> bool:
@@ -174,8 +176,8 @@ def _check_snapshot(repo_id: str, revision: str | None, path: Path, weights: boo
             from dflash2rt.models.tokenizer import read_json_object
 
             shards = read_json_object(index).get("weight_map", {})
-            missing = sorted({s for s in shards.values() if not (root / s).is_file()}) \
-                if isinstance(shards, dict) else []
+            missing = sorted({s for s in shards.values() if isinstance(s, str)
+                              and not (root / s).is_file()}) if isinstance(shards, dict) else []
             if missing:
                 raise not_cached(repo_id, revision, off, name(missing[0]))
             continue
