@@ -24,7 +24,7 @@ LAYERS = (
     {"hookspecs"},
     {"plugin_kit", "registry"},      # plugin_kit's graph self-test commits to a models KVCache
     {"cpu", "engine", "distributed"},   # distributed: the sharded target, rank launch
-    {"bench", "metrics"},            # the one measurement module; a run's metrics export
+    {"bench", "metrics", "progress"},   # measurement; a run's metrics export; LLM's bar
     {"api", "train", "synth"},
     {"serve"},                       # the OpenAI server, over api's model resolution and
                                      # the engine
