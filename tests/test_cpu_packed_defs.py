@@ -317,3 +317,18 @@ def test_each_fallback_condition_alone(small, case):
     # separate layers: each packed alone, but a part needing autograd (or all) runs F.linear
     separate = {"replaced": 3, "weight grad": 2, "x grad": 0}.get(case)
     assert ops.ops.count(PACKED_OP) == (1 if fused else separate)
+
+
+def test_in_place_updates_between_one_row_and_many_row_calls(small):
+    """A one-row call runs on the dense stack (which shares the parts' storage) and needs no
+    new packing; the next many-row call after an update packs again, once."""
+    a = _attn()
+    packed.pack_linears([a])
+    one, many = torch.randn(1, 1, 10), torch.randn(1, 4, 10)
+    for scale, proj in ((-2.0, "q_proj"), (0.5, "v_proj"), (3.0, "k_proj")):
+        with torch.no_grad():
+            getattr(a, proj).weight.mul_(scale)
+        with torch.inference_mode():
+            for x in (one, many, many):
+                for g, w in zip(a.project_qkv(x, *_rope(x.shape[1])), _qkv_ref(a, x)):
+                    _close(g, w)

@@ -197,7 +197,7 @@ def _stacked(m: nn.Module, parts: tuple[nn.Linear, ...], x: torch.Tensor
             or any(p.weight.untyped_storage().data_ptr() != stacked.untyped_storage().data_ptr()
                    for p in parts):
         return None
-    if slot[2:] != [_versions(parts)]:
+    if x.numel() != x.shape[-1] and slot[2:] != [_versions(parts)]:    # one row: dense
         slot[:] = [*_packed(stacked), _versions(parts)]
     return _product(x, stacked, None, slot).split(sizes, dim=-1)
 
