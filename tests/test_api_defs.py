@@ -17,6 +17,8 @@ from dflash2rt.engine.stats import RunStats
 from dflash2rt.errors import ConflictingArgumentsError, InvalidInputError
 from dflash2rt.watermark import WatermarkKey
 
+from stub_constraint import Hook
+
 
 class Tok:
     """Characters as token ids."""
@@ -25,19 +27,6 @@ class Tok:
 
     def encode(self, s):
         return [ord(c) for c in s]
-
-
-class Hook:
-    """A constraint hook of one's own."""
-
-    def initial(self):
-        return 0
-
-    def allowed(self, state):
-        return None
-
-    def advance(self, state, token):
-        return state
 
 
 def _pair(tokenizer=True, name="tiny"):
@@ -383,7 +372,6 @@ def test_generate_requests_makes_one_request_per_prompt_in_order():
     (reqs, kw), = seen
     assert [(r.prompt_ids, r.params) for r in reqs] == [((1, 2), a), ((3,), b)]
     assert kw == {"spec": False}
-
 
 
 @pytest.fixture

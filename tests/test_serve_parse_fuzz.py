@@ -14,34 +14,17 @@ from hypothesis import strategies as st
 
 from dflash2rt.bundled import bundled_path
 from dflash2rt.engine.request import SamplingParams
-from dflash2rt.errors import InvalidInputError
 from dflash2rt.models.tokenizer import load_tokenizer
 from dflash2rt.serve import parse
 from dflash2rt.serve.chat import ChatTemplate
 from dflash2rt.serve.errors import APIError
 from dflash2rt.serve.protocol import CHAT, COMPLETION, OURS, Limits
 
+from stub_constraint import Pattern
+
 VOCAB, CONTEXT = 2048, 12                  # a short context: bodies reach its bound often
 TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
 CHAT_TEMPLATE = ChatTemplate(TEMPLATE, {})
-
-
-class Pattern:
-    """A stand-in constraint that remembers the regex it was built from (a constraint hook)."""
-
-    def __init__(self, pattern: str) -> None:
-        if pattern == "(":
-            raise InvalidInputError("the regex does not compile: missing )")
-        self.pattern = pattern
-
-    def initial(self):
-        return 0
-
-    def allowed(self, state):
-        return None
-
-    def advance(self, state, token):
-        return state
 
 
 LIMITS = {block: Limits(("m", "n"), CONTEXT, block, VOCAB, Pattern) for block in (None, 1, 8)}
