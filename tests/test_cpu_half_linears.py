@@ -8,26 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dflash2rt import get_backend
 from dflash2rt.cpu import packed
 from dflash2rt.engine.engine import Engine
 from dflash2rt.engine.request import Request, SamplingParams
 
+from op_log import Ops as _Ops
 from tiny_models import tiny_pair
-
-
-class _Ops(TorchDispatchMode):
-    """The aten ops a call dispatches."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
 
 
 def _strided_inputs(dtype, features):

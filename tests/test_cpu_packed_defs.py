@@ -8,27 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dflash2rt.cpu import packed
 from dflash2rt.models.layers import Attention, SwiGLU
+
+from op_log import Ops as _Ops
 
 pytestmark = pytest.mark.skipif(packed.unavailable() is not None,
                                 reason=f"no oneDNN packing here: {packed.unavailable()}")
 
 PACKED_OP = "mkldnn._linear_pointwise"
-
-
-class _Ops(TorchDispatchMode):
-    """The ops a call dispatches (the packed product is one ``mkldnn._linear_pointwise``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
 
 
 class _Spy:
