@@ -295,15 +295,20 @@ def test_bench_parser_defaults():
          None, False, None, serve_cmd.bench)
 
 
-def test_the_banner_is_flushed_before_serving(monkeypatch):
-    events = []
-
-    class Err:
+def recording_stream(events: list):
+    """A stream class whose writes and flushes are appended to ``events`` in order."""
+    class Stream:
         def write(self, s):
             events.append(("write", s))
 
         def flush(self):
             events.append(("flush",))
+    return Stream
+
+
+def test_the_banner_is_flushed_before_serving(monkeypatch):
+    events = []
+    Err = recording_stream(events)
     rig = Rig(monkeypatch)
     monkeypatch.setattr(dflash2rt.serve, "run_server", lambda *a: events.append(("serve",)))
     monkeypatch.setattr(serve_cmd.sys, "stderr", Err())
@@ -315,13 +320,7 @@ def test_the_banner_is_flushed_before_serving(monkeypatch):
 def test_bench_log_lines_are_flushed(monkeypatch, tmp_path):
     _bench_body_rig(monkeypatch, tmp_path)
     events = []
-
-    class Err:
-        def write(self, s):
-            events.append(("write", s))
-
-        def flush(self):
-            events.append(("flush",))
+    Err = recording_stream(events)
     monkeypatch.setattr(serve_cmd.sys, "stderr", Err())
     monkeypatch.setattr(serve_cmd.sys, "stdout", Err())
     _bench()
