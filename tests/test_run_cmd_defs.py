@@ -14,8 +14,10 @@ import torch
 import dflash2rt.api
 import dflash2rt.metrics
 import dflash2rt.registry
+from dflash2rt.bundled import bundled_path
 from dflash2rt.cli import run_cmd
 from dflash2rt.errors import InvalidInputError, SamplingParamsError
+from dflash2rt.models.tokenizer import load_tokenizer
 from dflash2rt.watermark import WatermarkKey
 
 
@@ -299,12 +301,21 @@ def test_tp_text_and_json_output(monkeypatch, capsys):
     TpRig(monkeypatch, res)
     assert run_cmd._run_tp(_args("--tp", "2"), ["a", [1, 2]]) == 0
     out = capsys.readouterr()
-    assert out.out == "--- [0] stop\naX\n--- [1] length\n[1, 2]Y\n"
+    ids_text = load_tokenizer(bundled_path("stdlib-code") / "target").decode([1, 2])
+    assert ids_text and ids_text != "[1, 2]"
+    assert out.out == f"--- [0] stop\naX\n--- [1] length\n{ids_text}Y\n"
     assert out.err == "TPSTATS<S>\n"
     assert run_cmd._run_tp(_args("--tp", "2", "--json"), ["a", "b"]) == 0
     out = capsys.readouterr()
     assert out.out == json.dumps({"texts": ["X", "Y"], "stats": "S"}, indent=2) + "\n"
     assert out.err == ""
+
+
+def test_tp_token_id_prompts_without_a_tokenizer_print_as_ids(monkeypatch, capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")     # no tokenizer.json
+    TpRig(monkeypatch, Result(["X", "Y"], ["stop", "length"]))
+    assert run_cmd._run_tp(_args("--tp", "2", "--model", str(tmp_path)), ["a", [1, 2]]) == 0
+    assert capsys.readouterr().out == "--- [0] stop\naX\n--- [1] length\n[1, 2]Y\n"
 
 
 # _logit_bias: each malformed part alone.

@@ -280,10 +280,26 @@ def _run_tp(args: argparse.Namespace, prompts: list) -> int:
     if args.json:
         print(json.dumps(res.as_dict(), indent=2))
         return 0
+    shown = _tp_prompts_shown(args, prompts)
     for i, text in enumerate(res.texts):
-        print(f"--- [{i}] {res.outputs[i].finish_reason}\n{prompts[i]}{text}")
+        print(f"--- [{i}] {res.outputs[i].finish_reason}\n{shown[i]}{text}")
     print(tp_stats_line(res.stats), file=sys.stderr)
     return 0
+
+
+def _tp_prompts_shown(args: argparse.Namespace, prompts: list) -> list[str]:
+    """The prompts as printed after a --tp run, whose pair lives in the ranks: token-id prompts
+    decoded with the target's tokenizer (read alone), as the single-process path shows them."""
+    if all(isinstance(p, str) for p in prompts):
+        return prompts
+    from ..models.hub import locate_pair
+    from ..models.tokenizer import load_tokenizer
+
+    target = locate_pair(_model_arg(args.model), args.draft, args.revision,
+                         args.draft_revision, weights=False)[0].path
+    tok = load_tokenizer(target) if (Path(target) / "tokenizer.json").is_file() else None
+    return [p if isinstance(p, str) else tok.decode(p) if tok is not None else str(p)
+            for p in prompts]
 
 
 def _prompt_ids(pair, prompt: str | list[int]) -> list[int]:

@@ -98,12 +98,10 @@ def _hub() -> Any:
 def _errors(hf: Any) -> dict[str, type]:
     """huggingface_hub's exception classes (``errors`` since 0.23, ``utils`` before); one this
     version lacks matches nothing."""
-    from huggingface_hub import utils as mod
-
     try:
         from huggingface_hub import errors as mod
     except ImportError:
-        pass
+        from huggingface_hub import utils as mod
     names = ("LocalEntryNotFoundError", "RepositoryNotFoundError", "RevisionNotFoundError",
              "GatedRepoError", "HFValidationError", "EntryNotFoundError", "HfHubHTTPError")
     never = type("_Never", (Exception,), {})
