@@ -169,3 +169,19 @@ def test_vllm_fields_at_their_default_only(name, taken, refused):
             SamplingParams(max_tokens=7, **{name: v})
     with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_field'"):
         SamplingParams(no_such_field=1)
+
+
+def test_seed_none_is_a_random_seed_the_params_keep(monkeypatch):
+    import dflash2rt.engine.request as request
+
+    drawn = iter([5, 2**62 - 1])
+    monkeypatch.setattr(request.secrets, "randbits", lambda bits: bits == 62 and next(drawn))
+    a = SamplingParams(temperature=1.0, seed=None)
+    b = SamplingParams(max_tokens=3, seed=None)
+    assert (a.seed, b.seed) == (5, 2**62 - 1)
+    assert "seed=5" in repr(a)
+    assert a == SamplingParams(temperature=1.0, seed=5)
+    monkeypatch.undo()
+    seeds = {SamplingParams(temperature=1.0, seed=None).seed for _ in range(8)}
+    assert len(seeds) > 1 and all(0 <= s < 2**62 for s in seeds)
+    assert SamplingParams(temperature=1.0).seed == 0             # no seed given: 0, as before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -47,7 +48,9 @@ class SamplingParams:
     vLLM's field names are accepted as well: ``max_tokens`` is ``max_new_tokens`` and ``stop``
     (a string or a list of strings; None: none) is ``stop_strings``, given to the constructor
     (one of the two names, not both) and read back as properties; ``top_k=-1`` (vLLM's "off")
-    is read as 0. The fields keep dflash2rt's names (``dataclasses.replace``, ``repr``).
+    is read as 0; ``seed=None`` (vLLM's "no seed") draws a random seed in [0, 2**62), which the
+    params keep (``repr`` shows it, so the request can be repeated). The fields keep
+    dflash2rt's names (``dataclasses.replace``, ``repr``).
     """
 
     max_new_tokens: int = 64
@@ -193,6 +196,8 @@ def _accept_vllm_names(init: Callable[..., None]) -> Callable[..., None]:
             _vllm_default(name, kw.pop(name))
         if is_int(kw.get("top_k")) and kw["top_k"] == -1:
             kw["top_k"] = 0
+        if "seed" in kw and kw["seed"] is None:     # vLLM's "no seed": a random one, kept
+            kw["seed"] = secrets.randbits(62)
         init(self, *args, **kw)
     return __init__
 
