@@ -107,7 +107,7 @@ class TargetConfig:
         if not isinstance(d, dict):
             raise CheckpointError(f"config must be a JSON object, got {type(d).__name__}")
         model_type = d.get("model_type")
-        if model_type not in _DEFAULTS:
+        if not isinstance(model_type, str) or model_type not in _DEFAULTS:
             raise CheckpointError(f"model_type {model_type!r} is not supported (supported: qwen3, llama)")
         _check_keys(d, model_type)
         for key in _REQUIRED:
@@ -120,6 +120,9 @@ class TargetConfig:
             raise CheckpointError("quantization_config: quantized checkpoints are not supported")
         for key in _REQUIRED:
             _positive_int(key, d[key])
+        if d["num_hidden_layers"] > MAX_LAYERS:      # before anything is made per layer
+            raise CheckpointError(f"config num_hidden_layers={d['num_hidden_layers']} is more "
+                                  f"than dflash2rt loads (at most {MAX_LAYERS:,})")
         for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
             if not isinstance(d.get(key, False), bool):
                 raise CheckpointError(f"config {key} must be true or false, got {d[key]!r}")
@@ -175,6 +178,11 @@ class TargetConfig:
         else:
             out["use_sliding_window"] = False
         return out
+
+
+# More layers than any checkpoint has: a config beyond it is refused before per-layer lists
+# (windows, weight names) are made for it.
+MAX_LAYERS = 1 << 16
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -100,7 +100,7 @@ class DraftConfig:
             cfg.validate()
             return cfg
         archs = d.get("architectures") or [ARCH_V2]
-        if archs[0] not in (ARCH_V2, ARCH_V1):
+        if not isinstance(archs, list) or archs[0] not in (ARCH_V2, ARCH_V1):
             raise CheckpointError(f"draft architectures {archs} is not {ARCH_V2} or {ARCH_V1}")
         variant = "dflash2" if archs[0] == ARCH_V2 else "dflash1"
         dc = d.get("dflash_config")

@@ -125,6 +125,8 @@ def rope_from_hf(d: dict[str, Any], max_position_embeddings: int) -> RopeConfig:
     raw = dict(raw)
     rope_type = raw.pop("rope_type", None) or raw.pop("type", "default")
     raw.pop("type", None)
+    if not isinstance(rope_type, str):
+        raise CheckpointError(f"rope type must be a string, got {rope_type!r}")
     if rope_type in _UNSUPPORTED:
         raise CheckpointError(f"rope type {rope_type!r} is not supported: {_UNSUPPORTED[rope_type]}")
     if rope_type not in _TYPE_KEYS:
