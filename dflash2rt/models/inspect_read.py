@@ -56,11 +56,16 @@ def read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     if not isinstance(header, dict):
         raise CheckpointError(f"{file}: malformed safetensors header")
     header.pop("__metadata__", None)
-    try:
-        return {name: (tuple(int(x) for x in info["shape"]), str(info["dtype"]))
-                for name, info in header.items()}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{file}: malformed safetensors header ({exc})") from exc
+    out = {}
+    for name, info in header.items():
+        shape = info.get("shape") if isinstance(info, dict) else None
+        dtype = info.get("dtype") if isinstance(info, dict) else None
+        if not isinstance(shape, list) or not isinstance(dtype, str) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
+            raise CheckpointError(f"{file}: malformed safetensors header (tensor {name!r}: "
+                                  f"{info!r:.120}; a shape is a list of sizes, a dtype a name)")
+        out[name] = (tuple(shape), dtype)
+    return out
 
 
 def tensor_headers(loc: hub.Located) -> Found:
