@@ -151,6 +151,15 @@ def test_each_flag_reaches_the_api_alone(monkeypatch, capsys, flags, changed):
     assert loads == [("load", "DEV", changed.get("dtype", "auto"))]
 
 
+def test_block_size_auto_is_the_adaptive_default(capsys):
+    assert _args("--block-size", "auto").block_size is None
+    assert _args().block_size is None and _args("--block-size", "8").block_size == 8
+    for bad in ("Auto", "8.0", ""):
+        with pytest.raises(SystemExit):
+            _args("--block-size", bad)
+        assert f"an integer or 'auto', got {bad!r}" in capsys.readouterr().err
+
+
 def test_prompts_then_the_prompt_file_in_order(monkeypatch, capsys, tmp_path):
     f = tmp_path / "p.json"
     f.write_text(json.dumps(["c", "d"]), encoding="utf-8")

@@ -51,9 +51,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--regex", metavar="PATTERN", default=None,
                    help="constrain the output to match PATTERN (classes, *, +, ?, |, groups; "
                         "EOS allowed where it fully matches); lossless under speculation")
-    p.add_argument("--block-size", type=int, default=None, help="a fixed speculation block "
-                   "(reproducible across machines); default: adaptive, each step's block size "
-                   "chosen from acceptance and measured step cost (1 = a target-only step)")
+    p.add_argument("--block-size", type=_block, default=None, help="a fixed speculation block "
+                   "(reproducible across machines); default ('auto'): adaptive, each step's "
+                   "block size chosen from acceptance and measured step cost (1 = a "
+                   "target-only step)")
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable; the "
                    "text ends where the earliest one starts)")
     p.add_argument("--include-stop-str-in-output", action="store_true",
@@ -119,6 +120,16 @@ def _logit_bias(items: list[str]) -> dict[int, float]:
                                       f"{value:g}): give each token once")
         out[key] = value
     return out
+
+
+def _block(text: str) -> int | None:
+    """--block-size: an integer, or 'auto' (adaptive, the default: None), as serve takes it."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer or 'auto', got {text!r}") from None
 
 
 def _model_arg(text: str):
