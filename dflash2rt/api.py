@@ -48,16 +48,35 @@ class RunResult:
         return out
 
 
-def encode_prompts(pair: ModelPair, prompts: str | Sequence[str] | Sequence[Sequence[int]]
-                   ) -> list[tuple[int, ...]]:
-    """Prompts → token ids: a string, or a list of strings and/or token-id lists."""
-    if isinstance(prompts, str):
+def prompt_list(prompts: Any) -> list[Any]:
+    """The prompts as a list (one string or one vLLM prompt dict is a list of one), each vLLM
+    prompt dict replaced by what it holds: ``{"prompt": text}`` (vLLM's ``TextPrompt``) by
+    the text, ``{"prompt_token_ids": ids}`` (``TokensPrompt``) by the ids."""
+    if isinstance(prompts, (str, dict)):
         prompts = [prompts]
     if not isinstance(prompts, (list, tuple)):
         raise InvalidInputError(f"prompts must be a string or a list of strings / token-id "
                                 f"lists, got {type(prompts).__name__} {prompts!r:.80}")
+    return [_from_dict(i, p) if isinstance(p, dict) else p for i, p in enumerate(prompts)]
+
+
+def _from_dict(i: int, p: dict) -> Any:
+    keys = sorted(map(str, p))
+    if keys == ["prompt"] and isinstance(p["prompt"], str):
+        return p["prompt"]
+    if keys == ["prompt_token_ids"] and isinstance(p["prompt_token_ids"], (list, tuple)):
+        return p["prompt_token_ids"]
+    raise InvalidInputError(f"prompt {i} is a dict with keys {keys} ({p!r:.80}): a dict prompt "
+                            "holds one key, 'prompt' (a string: vLLM's TextPrompt) or "
+                            "'prompt_token_ids' (a list of token ids: TokensPrompt)")
+
+
+def encode_prompts(pair: ModelPair, prompts: str | Sequence[str] | Sequence[Sequence[int]]
+                   ) -> list[tuple[int, ...]]:
+    """Prompts → token ids: a string, or a list of strings and/or token-id lists (and vLLM's
+    prompt dicts: ``prompt_list``)."""
     out = []
-    for i, p in enumerate(prompts):
+    for i, p in enumerate(prompt_list(prompts)):
         if isinstance(p, str):
             out.append(_encode_text(pair, i, p))
             continue

@@ -11,7 +11,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .api import (DEFAULT_MODEL, ModelSpec, backend_of, encode_prompts, generate_requests,
-                  measured_table, params_list, regex_constraint, resolve_model, watermark_key)
+                  measured_table, params_list, prompt_list, regex_constraint, resolve_model,
+                  watermark_key)
 from .backend import Backend
 from .constraints import TokenAutomaton
 from .engine.engine import Engine
@@ -126,7 +127,8 @@ class LLM:
                  watermark: WatermarkKey | str | Path | None = None,
                  on_tokens: Callable[[int, list[int]], None] | None = None,
                  use_tqdm: bool | Callable[..., Any] = False) -> list[LLMOutput]:
-        """Decode ``prompts`` (a string, or a list of strings and/or token-id lists), one
+        """Decode ``prompts`` (a string, or a list of strings and/or token-id lists; vLLM's
+        prompt dicts ``{"prompt": text}`` / ``{"prompt_token_ids": ids}`` as well), one
         ``LLMOutput`` per prompt, in order. ``sampling_params``: None (``SamplingParams()``:
         greedy, 64 new tokens), one for every prompt, or a list, one per prompt.
         ``block_size``, ``spec``, ``watermark``, ``on_tokens``: as for ``run``. ``use_tqdm``:
@@ -137,8 +139,8 @@ class LLM:
             raise DFlash2Error("this LLM is closed: make a new one")
         factory = bar_factory(use_tqdm)
         key = watermark_key(watermark)
-        prompt_list = [prompts] if isinstance(prompts, str) else prompts
-        prompt_ids = encode_prompts(self.pair, prompts)
+        listed = prompt_list(prompts)
+        prompt_ids = encode_prompts(self.pair, listed)
         params = params_list(sampling_params, len(prompt_ids))
         kw = dict(spec=spec, block_size=block_size, on_tokens=on_tokens, watermark=key)
         if factory is None:
@@ -152,7 +154,7 @@ class LLM:
             finally:
                 bar.close()
         return [_llm_output(i, p, o, self.pair.tokenizer)
-                for i, (p, o) in enumerate(zip(prompt_list, outputs))]
+                for i, (p, o) in enumerate(zip(listed, outputs))]
 
     def chat(self, messages: Sequence[Any], sampling_params: SamplingParams |
              Sequence[SamplingParams] | None = None, *, chat_template: str | None = None,

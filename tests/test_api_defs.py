@@ -5,6 +5,7 @@ prompt and ``sampling_params`` domains edge by edge, metrics labels, tables shar
 from __future__ import annotations
 
 import inspect
+import re
 import types
 
 import numpy as np
@@ -259,6 +260,37 @@ def test_prompts_encode_as_the_docstring_says():
 def test_each_bad_prompt_is_refused_alone(prompts, match):
     with pytest.raises(InvalidInputError, match=match):
         _enc(prompts)
+
+
+def test_vllm_prompt_dicts_encode_as_what_they_hold():
+    assert _enc({"prompt": "ab"}) == [(97, 98)]
+    assert _enc({"prompt_token_ids": [5, 6]}) == [(5, 6)]
+    assert _enc(["a", {"prompt": "b"}, {"prompt_token_ids": (1,)}, [2]]) == \
+        [(97,), (98,), (1,), (2,)]
+    assert _enc([{"prompt_token_ids": [1]}], tokenizer=False) == [(1,)]
+    assert api.prompt_list({"prompt": "x"}) == ["x"]
+    assert api.prompt_list(["y", {"prompt_token_ids": [3]}, [4]]) == ["y", [3], [4]]
+
+
+@pytest.mark.parametrize("prompt, shown", [
+    ({}, "[]"), ({"prompt": "a", "prompt_token_ids": [1]}, "['prompt', 'prompt_token_ids']"),
+    ({"prompt": "a", "multi_modal_data": {}}, "['multi_modal_data', 'prompt']"),
+    ({"text": "a"}, "['text']"), ({"prompt": 5}, "['prompt']"),
+    ({"prompt": ["a"]}, "['prompt']"), ({"prompt_token_ids": "12"}, "['prompt_token_ids']"),
+    ({"prompt_token_ids": None}, "['prompt_token_ids']"), ({1: "a"}, "['1']"),
+])
+def test_a_bad_prompt_dict_is_refused_naming_its_keys(prompt, shown):
+    with pytest.raises(InvalidInputError, match=re.escape(f"prompt 1 is a dict with keys {shown}")):
+        _enc(["a", prompt])
+    with pytest.raises(InvalidInputError, match="'prompt' .* or 'prompt_token_ids'"):
+        _enc(prompt)
+
+
+def test_prompt_dicts_are_checked_as_the_prompts_they_hold():
+    with pytest.raises(InvalidInputError, match="prompt 0 is empty"):
+        _enc({"prompt": ""})
+    with pytest.raises(InvalidInputError, match="prompt 1: token ids must be integers, got 'x'"):
+        _enc(["a", {"prompt_token_ids": ["x"]}])
 
 
 def test_text_prompts_need_a_tokenizer():

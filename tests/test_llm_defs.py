@@ -134,6 +134,20 @@ def test_generate_passes_each_argument_and_keeps_the_stats():
     assert m.last_stats == ("stats", 2)
 
 
+def test_generate_takes_vllms_prompt_dicts_as_what_they_hold():
+    m = bare()
+    outs = m.generate([{"prompt": "ab"}, {"prompt_token_ids": [7, 8]}, "c"])
+    (reqs, _), = m.engine.calls
+    assert [p for p, _ in reqs] == [tuple([BOS] + ids("ab")), (7, 8), (BOS, 99)]
+    assert [o.prompt for o in outs] == ["ab", None, "c"]
+    assert [o.prompt_token_ids for o in outs] == [[BOS, 97, 98], [7, 8], [BOS, 99]]
+    [one] = m.generate({"prompt": "xy"})                            # one dict: one prompt
+    assert one.prompt == "xy" and m.engine.calls[1][0][0][0] == (BOS, 120, 121)
+    with pytest.raises(InvalidInputError, match=r"prompt 0 is a dict with keys \['text'\]"):
+        m.generate([{"text": "a"}])
+    assert len(m.engine.calls) == 2
+
+
 @pytest.mark.parametrize("part", ["engine", "pair", "both"])
 def test_a_closed_llm_refuses_each_call_whichever_part_is_gone(part):
     m = bare()
