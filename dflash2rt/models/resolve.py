@@ -62,7 +62,7 @@ def resolve_model(model: ModelSpec, device: torch.device | str = "cpu",
     is refused)."""
     dtype = check_dtype(dtype)                       # before anything is read or fetched
     if isinstance(model, ModelPair):
-        if draft is not None or revision or draft_revision:
+        if draft is not None or revision is not None or draft_revision is not None:
             raise InvalidInputError("a loaded ModelPair takes no draft, revision or "
                                     "draft_revision")
         if dtype != "auto" and dtype != model.dtype:
