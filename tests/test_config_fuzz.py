@@ -116,3 +116,25 @@ def test_layer_counts_past_the_bound_are_refused_before_per_layer_lists():
         with pytest.raises(CheckpointError, match=f"num_hidden_layers={layers} is more than "
                                                   f"dflash2rt loads \\(at most 65,536\\)"):
             TargetConfig.from_dict({**TARGET, "num_hidden_layers": layers})
+
+
+@pytest.mark.parametrize("name", ["generation_config.json", "tokenizer_config.json",
+                                  "config.json"])
+def test_tokenizer_side_files(tmp_path, name):
+    """The files read beside tokenizer.json (EOS / BOS ids, the chat template), each key of
+    the bundled target's set to each value: the tokenizer loads and round-trips, or a typed
+    error."""
+    from dflash2rt.models.tokenizer import load_tokenizer
+    from dflash2rt.serve.chat import find_template
+
+    for f in (ROOT / "target").glob("*.json"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    original = json.loads((ROOT / "target" / name).read_text(encoding="utf-8"))
+
+    def read(cfg):
+        (tmp_path / name).write_text(json.dumps(cfg), encoding="utf-8")
+        tok = load_tokenizer(tmp_path)
+        assert tok.decode(tok.encode("def f(x):", add_special_tokens=False)) == "def f(x):"
+        find_template(tmp_path, None)
+
+    assert _untyped(read, original) == []
