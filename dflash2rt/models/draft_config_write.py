@@ -83,10 +83,14 @@ def _speculators_dict(cfg: DraftConfig) -> dict[str, Any]:
     }
     if kind == "dflash2":
         out.update(conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
-                   selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k,
-                   input_embedding_scale=cfg.input_embedding_scale,
-                   output_multiplier=cfg.output_multiplier,
-                   final_logit_softcapping=cfg.final_logit_softcapping)
+                   selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k)
+    # the flat keys the reader takes for either kind: a v1 draft's only where not the default
+    for key, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                         ("final_logit_softcapping", None)):
+        if kind == "dflash2" or getattr(cfg, key) != default:
+            out[key] = getattr(cfg, key)
+    if cfg.num_target_layers is not None:
+        out["num_target_layers"] = cfg.num_target_layers
     return out
 
 
