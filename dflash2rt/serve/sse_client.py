@@ -108,6 +108,15 @@ class SSEConnection:
         return self._parse(now)
 
     def _parse(self, now: float) -> bool:
+        try:
+            return self._parse_buffer(now)
+        except (IndexError, ValueError) as exc:     # a status line or chunk size unreadable
+            self._state = ENDED
+            self.close()                            # the stream is out of step: not reused
+            raise ConnectionError(f"malformed HTTP response from the server ({exc}): "
+                                  f"{self._buf[:80]!r}") from None
+
+    def _parse_buffer(self, now: float) -> bool:
         buf = self._buf
         while self._state != ENDED:
             if self._state == HEAD:
