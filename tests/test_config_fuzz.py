@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,18 @@ def test_tokenizer_side_files(tmp_path, name):
         find_template(tmp_path, None)
 
     assert _untyped(read, original) == []
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json",
+                                  "model.safetensors.index.json"])
+def test_json_nested_past_the_parsers_depth_is_a_checkpoint_error(tmp_path, name):
+    from dflash2rt.models.hf_loader import read_config, tensor_files
+    from dflash2rt.models.tokenizer import read_json_object
+
+    (tmp_path / name).write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                                 encoding="utf-8")
+    read = {"config.json": lambda: read_config(tmp_path),
+            "generation_config.json": lambda: read_json_object(tmp_path / name),
+            "model.safetensors.index.json": lambda: tensor_files(tmp_path)}[name]
+    with pytest.raises(CheckpointError, match=re.escape(str(tmp_path / name))):
+        read()

@@ -41,7 +41,7 @@ def tensor_files(path: Path) -> list[Path]:
     if (path / INDEX_FILE).is_file():
         try:
             weight_map = json.loads((path / INDEX_FILE).read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise CheckpointError(f"{path / INDEX_FILE}: cannot read its weight_map: {exc}") from exc
         if not isinstance(weight_map, dict) \
                 or not all(isinstance(v, str) for v in weight_map.values()):

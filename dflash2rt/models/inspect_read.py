@@ -51,7 +51,7 @@ def read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
             if not 2 <= n <= _MAX_HEADER:
                 raise CheckpointError(f"{file}: not a safetensors file (header size {n})")
             header = json.loads(f.read(n))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"cannot read the safetensors header of {file}: {exc}") from exc
     if not isinstance(header, dict):
         raise CheckpointError(f"{file}: malformed safetensors header")
@@ -170,7 +170,17 @@ def draft_part(loc: hub.Located, raw: dict[str, Any]
 
 def _speculators_shapes(raw: dict[str, Any]) -> dict[str, Any]:
     """The shapes a speculators config declares (``transformer_layer_config`` for the draft
-    layers, ``draft_vocab_size``, the verifier's aux hidden-state layers)."""
+    layers, ``draft_vocab_size``, the verifier's aux hidden-state layers); a CheckpointError
+    where its sections are not of the kinds the format defines."""
+    try:
+        return _declared_shapes(raw)
+    except (AttributeError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"malformed speculators config ({exc}): speculators_config, "
+                              "transformer_layer_config and each proposal method are objects"
+                              ) from exc
+
+
+def _declared_shapes(raw: dict[str, Any]) -> dict[str, Any]:
     sc = raw.get("speculators_config") or {}
     tl = raw.get("transformer_layer_config") or {}
     methods = sc.get("proposal_methods") or []
@@ -203,7 +213,10 @@ def tokenizer_summary(path: Path) -> dict[str, Any] | None:
     if not file.is_file():
         return None
     data = read_json_object(file)
-    vocab = tokenizer_vocab(data)
+    try:
+        vocab = tokenizer_vocab(data)
+    except (AttributeError, TypeError, ValueError, IndexError, KeyError) as exc:
+        raise CheckpointError(f"{file}: malformed tokenizer.json vocabulary ({exc})") from exc
     ids = set(vocab.values())
     return {"tokens": len(ids), "max_id": max(ids) if ids else -1, "file": str(file)}
 

@@ -37,7 +37,7 @@ def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file holding an object; anything else is a CheckpointError naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:     # RecursionError: nested too deep
         raise CheckpointError(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object")
