@@ -9,6 +9,9 @@ from dflash2rt.errors import CheckpointError
 from dflash2rt.models.draft_fields import layer_windows
 from dflash2rt.models.rope import RopeConfig, rope_from_hf
 
+# More layers than any checkpoint has: a config beyond it is refused before per-layer lists
+# (windows, weight names) are made for it.
+MAX_LAYERS = 1 << 16
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 # Keys whose values dflash2rt reads (for every supported model type).
 _USED = frozenset(
@@ -178,11 +181,6 @@ class TargetConfig:
         else:
             out["use_sliding_window"] = False
         return out
-
-
-# More layers than any checkpoint has: a config beyond it is refused before per-layer lists
-# (windows, weight names) are made for it.
-MAX_LAYERS = 1 << 16
 
 
 def _positive_int(name: str, value: Any) -> None:

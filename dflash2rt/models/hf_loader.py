@@ -39,10 +39,7 @@ def tensor_files(path: Path) -> list[Path]:
     if (path / SINGLE_FILE).is_file():
         return [path / SINGLE_FILE]
     if (path / INDEX_FILE).is_file():
-        try:
-            weight_map = json.loads((path / INDEX_FILE).read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            raise CheckpointError(f"{path / INDEX_FILE}: cannot read its weight_map: {exc}") from exc
+        weight_map = read_json_object(path / INDEX_FILE).get("weight_map")
         if not isinstance(weight_map, dict) \
                 or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(f"{path / INDEX_FILE}: its weight_map must map tensor names to "
