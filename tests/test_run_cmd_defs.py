@@ -447,9 +447,9 @@ def test_prompt_ids_and_shown():
     pair = types.SimpleNamespace(tokenizer=CharTok())
     assert run_cmd._prompt_ids(pair, "hi") == [104, 105]
     assert run_cmd._prompt_ids(pair, (1, 2)) == [1, 2]
-    assert run_cmd._shown(pair, "hi") == "hi"
-    assert run_cmd._shown(pair, [104, 105]) == "hi"
-    assert run_cmd._shown(types.SimpleNamespace(tokenizer=None), [1]) == "[1]"
+    assert run_cmd._shown(pair.tokenizer, "hi") == "hi"
+    assert run_cmd._shown(pair.tokenizer, [104, 105]) == "hi"
+    assert run_cmd._shown(None, [1]) == "[1]"
 
 
 # _LoadWatch and _load: a fake clock and fake peak RSS.

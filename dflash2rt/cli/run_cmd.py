@@ -215,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = "auto" if args.dtype == "auto" else DTYPES[args.dtype]
     pair, loaded = _load(args, selection.backend.device, dtype)
     single = len(prompts) == 1 and not args.json
-    progress = _Progress(pair.tokenizer, single, lambda: _shown(pair, prompts[0]), args.stop,
+    tok = pair.tokenizer
+    progress = _Progress(tok, single, lambda: _shown(tok, prompts[0]), args.stop,
                          lambda: _prompt_ids(pair, prompts[0]), args.include_stop_str_in_output)
     res = api_run(pair, selection.backend, prompts=prompts, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -238,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(file=sys.stderr)
         for i, text in enumerate(res.texts):
-            print(f"--- [{i}] {res.outputs[i].finish_reason}\n{_shown(pair, prompts[i])}{text}")
+            print(f"--- [{i}] {res.outputs[i].finish_reason}\n{_shown(tok, prompts[i])}{text}")
     print(stats_line(res.stats), file=sys.stderr)
     return 0
 
@@ -309,8 +310,7 @@ def _tp_prompts_shown(args: argparse.Namespace, prompts: list) -> list[str]:
     target = locate_pair(_model_arg(args.model), args.draft, args.revision,
                          args.draft_revision, weights=False)[0].path
     tok = load_tokenizer(target) if (Path(target) / "tokenizer.json").is_file() else None
-    return [p if isinstance(p, str) else tok.decode(p) if tok is not None else str(p)
-            for p in prompts]
+    return [_shown(tok, p) for p in prompts]
 
 
 def _prompt_ids(pair, prompt: str | list[int]) -> list[int]:
@@ -318,11 +318,12 @@ def _prompt_ids(pair, prompt: str | list[int]) -> list[int]:
     return list(prompt) if not isinstance(prompt, str) else list(pair.tokenizer.encode(prompt))
 
 
-def _shown(pair, prompt: str | list[int]) -> str:
-    """A prompt as printed: itself, or the decoded text of a token-id prompt."""
+def _shown(tokenizer, prompt: str | list[int]) -> str:
+    """A prompt as printed: itself, or the decoded text of a token-id prompt (its ids without
+    a tokenizer)."""
     if isinstance(prompt, str):
         return prompt
-    return pair.tokenizer.decode(prompt) if pair.tokenizer is not None else str(prompt)
+    return tokenizer.decode(prompt) if tokenizer is not None else str(prompt)
 
 
 class _LoadWatch:
