@@ -30,15 +30,17 @@ class Canned(socketserver.ThreadingTCPServer):
     answer (a close that makes the client's next send fail); ``piece``: it writes the answer
     that many bytes at a time, a moment apart, so the client reads it cut anywhere;
     ``answers``: it answers that many requests, then closes without answering. ``bodies``:
-    each request's body, as it read them."""
+    each request's body, as it read them. ``raw``: ``payload`` is the whole response, status
+    line and head included, written as it is."""
 
     daemon_threads = allow_reuse_address = True
 
     def __init__(self, payload: bytes, status: int = 200, chunked: bool = True,
                  close_after: bool = False, close_header: bool = False,
                  cut: int | None = None, silent: bool = False, reset: bool = False,
-                 piece: int | None = None, answers: int | None = None) -> None:
-        self.payload, self.status, self.chunked = payload, status, chunked
+                 piece: int | None = None, answers: int | None = None,
+                 raw: bool = False) -> None:
+        self.payload, self.status, self.chunked, self.raw = payload, status, chunked, raw
         self.answers, self.bodies = answers, []
         self.close_after, self.close_header, self.cut = close_after, close_header, cut
         self.reset, self.piece = reset, piece
@@ -80,8 +82,8 @@ class Handler(socketserver.StreamRequestHandler):
             framing = b"Transfer-Encoding: chunked\r\n" if srv.chunked else \
                 f"Content-Length: {len(srv.payload)}\r\n".encode()
             extra = b"Connection: close\r\n" if srv.close_header else b""
-            out = f"HTTP/1.1 {srv.status} X\r\n".encode() + framing + extra + b"\r\n" + \
-                srv.payload
+            out = srv.payload if srv.raw else \
+                f"HTTP/1.1 {srv.status} X\r\n".encode() + framing + extra + b"\r\n" + srv.payload
             out = out if srv.cut is None else out[:srv.cut]
             step = srv.piece or len(out)
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -6,8 +6,6 @@ move), and a connection reads "no status yet" as 0 until an answer's head arrive
 from __future__ import annotations
 
 import selectors
-import socketserver
-import threading
 import time
 import types
 
@@ -77,36 +75,6 @@ def test_no_status_reads_as_0_until_the_head_arrives():
         conn.close()
 
 
-class _Raw(socketserver.ThreadingTCPServer):
-    """Reads one request and writes ``raw`` as the whole response, then keeps the socket open
-    until the test ends (so only the bytes, not a close, can end the answer)."""
-
-    daemon_threads = allow_reuse_address = True
-
-    def __init__(self, raw: bytes) -> None:
-        self.raw, self.release = raw, threading.Event()
-        super().__init__(("127.0.0.1", 0), _RawHandler)
-        self.base = f"http://127.0.0.1:{self.server_address[1]}"
-        threading.Thread(target=self.serve_forever, args=(0.02,), daemon=True).start()
-
-    def __enter__(self) -> "_Raw":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release.set()
-        self.shutdown()
-        self.server_close()
-
-
-class _RawHandler(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        while self.rfile.readline() not in (b"\r\n", b""):
-            pass                                   # the head; the body is short and ignored
-        self.wfile.write(self.server.raw)
-        self.wfile.flush()
-        self.server.release.wait(WAIT_S)
-
-
 @pytest.mark.parametrize("raw", [
     b"\r\n\r\n",                                                   # no status line
     b"HTTP/1.1\r\n\r\n",                                           # no status code
@@ -116,7 +84,7 @@ class _RawHandler(socketserver.StreamRequestHandler):
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
 ], ids=["no-status-line", "no-code", "bad-code", "bad-length", "empty-size", "bad-size"])
 def test_a_malformed_response_is_a_connection_error_naming_it(raw):
-    with _Raw(raw) as srv:
+    with Canned(raw, raw=True) as srv:
         conn = SSEConnection(srv.base, selectors.DefaultSelector())
         conn.send("/v1/completions", {})
         with pytest.raises(ConnectionError, match=r"^malformed HTTP response from the server "):
