@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dflash2rt.errors import InvalidInputError
 from dflash2rt.graphs.runner import Bucket, GraphRunner, first_difference, same_memory
 
 from fake_graphs import Rerun
@@ -50,6 +51,13 @@ def test_a_batch_past_the_largest_bucket_names_that_bucket():
     runner = make_runner(FakeAdapter(), torch.zeros(8), buckets=(1, 2, 4))
     runner.run(live(5), fallbacks.append)
     assert fallbacks == ["batch of 5 exceeds the largest graph bucket (4): ran eagerly"]
+
+
+def test_a_step_without_live_inputs_is_refused_naming_the_runner():
+    runner = make_runner(FakeAdapter(), torch.zeros(8), buckets=(1, 2, 4))
+    runner.name = "verify"
+    with pytest.raises(InvalidInputError, match="graph runner 'verify'.*got none"):
+        runner.run({}, [].append)
 
 
 def _sum_runner():

@@ -106,6 +106,9 @@ class GraphRunner:
     def run(self, live: Tensors, report: Callable[[str], None]) -> Tensors:
         """The step's outputs for the live rows (``[:R]`` views of the bucket's outputs);
         ``report(why)`` names every eager run in place of a replay."""
+        if not live:
+            raise InvalidInputError(f"graph runner {self.name!r}: a step needs its live input "
+                                    "tensors, got none")
         rows = next(iter(live.values())).shape[0]
         size = bucket_for(rows, self.buckets)
         if size is None:
