@@ -1,7 +1,7 @@
 """``dflash2rt.run``: the one-call API (load a model pair, decode prompts, return texts and stats),
 and what it shares with ``dflash2rt.LLM`` (:mod:`dflash2rt.llm`: the same, vLLM-shaped, load once
-and ``generate`` many times): prompt encoding and the one decode path; model resolution is
-``dflash2rt.models.resolve``'s (re-exported here)."""
+and ``generate`` many times): the one decode path. Model resolution is
+``dflash2rt.models.resolve``'s (re-exported here), prompt encoding ``dflash2rt.prompts``'."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from .backend import Backend
 from .constraints import TokenAutomaton
 from .engine.engine import Engine
-from .engine.request import Request, RequestOutput, SamplingParams, is_int, unicode_problem
+from .engine.request import Request, RequestOutput, SamplingParams, is_int
 from .engine.policy.adaptive import AdaptivePolicy
 from .engine.policy.table import MeasuredTable
 from .engine.stats import RunStats
@@ -24,6 +24,7 @@ from .errors import ConflictingArgumentsError, InvalidInputError
 from .metrics import check_metrics_path, write_metrics
 from .models.pair import ModelPair, check_dtype
 from .models.resolve import ModelSpec, resolve_model
+from .prompts import encode_prompts
 from .registry import Registry
 from .watermark import WatermarkKey
 
@@ -46,64 +47,6 @@ class RunResult:
                                    [{str(k): v for k, v in t.items()} for t in o.top_logprobs]
                                    for o in self.outputs]
         return out
-
-
-def prompt_list(prompts: Any) -> list[Any]:
-    """The prompts as a list (one string or one vLLM prompt dict is a list of one), each vLLM
-    prompt dict replaced by what it holds: ``{"prompt": text}`` (vLLM's ``TextPrompt``) by
-    the text, ``{"prompt_token_ids": ids}`` (``TokensPrompt``) by the ids."""
-    if isinstance(prompts, (str, dict)):
-        prompts = [prompts]
-    if not isinstance(prompts, (list, tuple)):
-        raise InvalidInputError(f"prompts must be a string or a list of strings / token-id "
-                                f"lists, got {type(prompts).__name__} {prompts!r:.80}")
-    return [_from_dict(i, p) if isinstance(p, dict) else p for i, p in enumerate(prompts)]
-
-
-def _from_dict(i: int, p: dict) -> Any:
-    keys = sorted(map(str, p))
-    if keys == ["prompt"] and isinstance(p["prompt"], str):
-        return p["prompt"]
-    if keys == ["prompt_token_ids"] and isinstance(p["prompt_token_ids"], (list, tuple)):
-        return p["prompt_token_ids"]
-    raise InvalidInputError(f"prompt {i} is a dict with keys {keys} ({p!r:.80}): a dict prompt "
-                            "holds one key, 'prompt' (a string: vLLM's TextPrompt) or "
-                            "'prompt_token_ids' (a list of token ids: TokensPrompt)")
-
-
-def encode_prompts(pair: ModelPair, prompts: str | Sequence[str] | Sequence[Sequence[int]]
-                   ) -> list[tuple[int, ...]]:
-    """Prompts → token ids: a string, or a list of strings and/or token-id lists (and vLLM's
-    prompt dicts: ``prompt_list``)."""
-    out = []
-    for i, p in enumerate(prompt_list(prompts)):
-        if isinstance(p, str):
-            out.append(_encode_text(pair, i, p))
-            continue
-        if hasattr(p, "tolist") and not isinstance(p, (list, tuple)):
-            p = p.tolist()                              # a numpy array or a tensor of ids
-        if not isinstance(p, (list, tuple)):
-            raise InvalidInputError(f"prompt {i} is {type(p).__name__} {p!r:.80}: give a string "
-                                    "or a list of token ids (a one-token prompt is [id])")
-        bad = [t for t in p if not is_int(t)]
-        if bad:
-            raise InvalidInputError(f"prompt {i}: token ids must be integers, got {bad[0]!r}")
-        out.append(tuple(int(t) for t in p))
-    if not out:
-        raise InvalidInputError("no prompts given")
-    return out
-
-
-def _encode_text(pair: ModelPair, i: int, p: str) -> tuple[int, ...]:
-    if pair.tokenizer is None:
-        raise InvalidInputError("text prompts need a tokenizer; pass token id lists")
-    if not p:
-        raise InvalidInputError(f"prompt {i} is empty: give a non-empty string")
-    problem = unicode_problem(p)
-    if problem:
-        raise InvalidInputError(f"prompt {i} is not valid Unicode text ({problem}); fix its "
-                                "encoding")
-    return tuple(pair.tokenizer.encode(p))
 
 
 class _Default:

@@ -10,9 +10,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .api import (DEFAULT_MODEL, ModelSpec, backend_of, encode_prompts, generate_requests,
-                  measured_table, params_list, prompt_list, regex_constraint, resolve_model,
-                  watermark_key)
+from .api import (DEFAULT_MODEL, ModelSpec, backend_of, generate_requests, measured_table,
+                  params_list, regex_constraint, resolve_model, watermark_key)
 from .backend import Backend
 from .constraints import TokenAutomaton
 from .engine.engine import Engine
@@ -21,6 +20,7 @@ from .engine.stats import RunStats
 from .errors import DFlash2Error, InvalidInputError, MissingExtraError
 from .models.pair import ModelPair
 from .progress import Progress, bar_factory
+from .prompts import encode_prompts, prompt_list
 from .watermark import WatermarkKey
 
 

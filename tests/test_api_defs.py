@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dflash2rt import api
+from dflash2rt import prompts as prompts_mod
 from dflash2rt.engine.request import SamplingParams
 from dflash2rt.engine.stats import RunStats
 from dflash2rt.errors import ConflictingArgumentsError, InvalidInputError
@@ -228,7 +229,7 @@ def test_tp_one_runs_here_and_more_ranks_go_to_the_tensor_parallel_path(script, 
 
 
 def _enc(prompts, tokenizer=True):
-    return api.encode_prompts(_pair(tokenizer), prompts)
+    return prompts_mod.encode_prompts(_pair(tokenizer), prompts)
 
 
 def test_prompts_encode_as_the_docstring_says():
@@ -268,8 +269,8 @@ def test_vllm_prompt_dicts_encode_as_what_they_hold():
     assert _enc(["a", {"prompt": "b"}, {"prompt_token_ids": (1,)}, [2]]) == \
         [(97,), (98,), (1,), (2,)]
     assert _enc([{"prompt_token_ids": [1]}], tokenizer=False) == [(1,)]
-    assert api.prompt_list({"prompt": "x"}) == ["x"]
-    assert api.prompt_list(["y", {"prompt_token_ids": [3]}, [4]]) == ["y", [3], [4]]
+    assert prompts_mod.prompt_list({"prompt": "x"}) == ["x"]
+    assert prompts_mod.prompt_list(["y", {"prompt_token_ids": [3]}, [4]]) == ["y", [3], [4]]
 
 
 @pytest.mark.parametrize("prompt, shown", [

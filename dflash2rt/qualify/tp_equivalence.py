@@ -112,7 +112,8 @@ def tp_equivalence(model: Any, prompts, max_new_tokens: int = 64, tp: int = 2,
     ``dflash2rt.run`` takes (a bundled name, a directory, a picklable ModelPair), loaded in
     ``dtype`` ("auto": float32 on the CPU) unless it is a ModelPair."""
     import dflash2rt
-    from dflash2rt.api import encode_prompts, resolve_model
+    from dflash2rt.api import resolve_model
+    from dflash2rt.prompts import encode_prompts
 
     from ..distributed import launch
 
