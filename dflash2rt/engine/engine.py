@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..backend import Backend, Fallbacks, same_device
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, ResourceError
 from ..models.memory import memory_note
 from ..models.pair import ModelPair
 from ..ops.procs import unpack_logprobs
@@ -115,8 +115,10 @@ class Engine:
                     policy.observe(step.rows, block, step.accepted, seconds + step.catch_up_s)
                 policy.end(sum(len(o.token_ids) for o in out.outputs),
                            time.perf_counter() - start - stats.calibration_s)
-            except BaseException:
+            except BaseException as exc:
                 self.close()              # release graphs now, outside any capture
+                if isinstance(exc, torch.OutOfMemoryError):
+                    raise _out_of_memory(exc, len(requests), self.backend.device) from exc
                 raise
             finally:
                 self._end_run(stats, fallbacks, policy)
@@ -241,6 +243,16 @@ class Engine:
         stats.fallbacks = list(fallbacks.reported)
         for (b, k), c in policy.costs.items():
             stats.costs.setdefault(b, {})[k] = c
+
+
+def _out_of_memory(exc: BaseException, n: int, device: object) -> ResourceError:
+    """A step that ran out of device memory: the KV caches were checked before the run, a
+    step's working set (prefill's activations, a block's logits) was not."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ResourceError(f"{device} ran out of memory during a step of a run of {n} requests "
+                         f"({first}); the KV caches fit, the step's working set did not: "
+                         "lower the number of prompts (or max_num_seqs), the prompt length "
+                         "or block_size")
 
 
 def _blocks(policy: Policy, call: Call) -> tuple[int, ...]:
