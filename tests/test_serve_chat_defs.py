@@ -122,6 +122,18 @@ def test_a_template_that_refuses_names_messages(source):
     assert (info.value.status, info.value.param) == (400, "messages")
 
 
+@pytest.mark.parametrize("source, said", [
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+     "the chat template failed on the messages: RecursionError: "),
+    ("{{ 1 // 0 }}", "the chat template failed on the messages: ZeroDivisionError: "),
+    ("{{ messages[7].role + 1 }}", "the chat template refused the messages: ")])
+def test_a_template_whose_own_expression_fails_is_a_400_naming_messages(source, said):
+    with pytest.raises(APIError) as info:
+        _render(source)
+    assert (info.value.status, info.value.param) == (400, "messages")
+    assert info.value.message.startswith(said)
+
+
 def test_the_messages_are_checked_before_rendering():
     with pytest.raises(APIError) as info:
         _render("{{ messages[0].content }}", [GOOD, {"role": "bot", "content": "x"}])

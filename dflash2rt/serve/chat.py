@@ -93,8 +93,9 @@ class ChatTemplate:
                                         **self.specials)
         except (TemplateError, TemplateRefusal) as exc:
             raise bad("messages", f"the chat template refused the messages: {exc}") from exc
-        except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
-            # the template's own expression failed on these messages (as vLLM, a 400)
+        except (ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:
+            # the template's own expression failed on these messages (as vLLM, a 400); a
+            # macro that calls itself without end as well
             raise bad("messages", f"the chat template failed on the messages: "
                                   f"{type(exc).__name__}: {exc}") from exc
 
