@@ -103,6 +103,14 @@ def test_token_id_domain_edges():
         tokens[i] = bad
         with pytest.raises(InvalidInputError, match=rf"token {i} is {bad}"):
             check_tokens(tokens)
+    for array in (np.array([0, top, 7], np.int64), torch.tensor([0, top, 7])):
+        assert check_tokens(array).tolist() == [0, top, 7]
+    with pytest.raises(InvalidInputError, match="token 1 is 4294967295"):
+        check_tokens(np.array([0, top + 1], np.uint64))
+    with pytest.raises(InvalidInputError, match="token 0 is 1.0"):
+        check_tokens(np.array([1.0, 2.0]))
+    with pytest.raises(InvalidInputError, match="token 0 is \\[1, 2\\]"):
+        check_tokens(np.array([[1, 2]]))
     # why the bound is where it is: the top id hashes apart from "before the start"
     assert context([top]) != context([-1])
     assert context([top + 1]) == context([-1])

@@ -62,8 +62,9 @@ def check_context_width(width: object) -> int:
 
 
 def check_tokens(tokens: Sequence[int]) -> torch.Tensor:
-    """A sequence of token ids (ints in [0, 2³² - 2]) → int64 [N]."""
-    if isinstance(tokens, torch.Tensor):
+    """A sequence of token ids (ints in [0, 2³² - 2]; a tensor or a NumPy array of them as
+    well) → int64 [N]."""
+    if isinstance(tokens, (torch.Tensor, np.ndarray)):
         tokens = tokens.tolist()
     if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
         raise InvalidInputError(f"tokens must be a list of integer token ids, got "
