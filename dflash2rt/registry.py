@@ -19,7 +19,7 @@ import pluggy
 
 from . import hookspecs
 from .backend import Backend, BackendSpec, Probe
-from .errors import BackendUnavailableError, UnknownBackendError
+from .errors import BackendUnavailableError, InvalidInputError, UnknownBackendError
 
 ENV_VAR = "DFLASH2RT_BACKEND"
 
@@ -210,6 +210,9 @@ class Registry:
     def select(self, name: str | None = None) -> Selection:
         """Explicit name > $DFLASH2RT_BACKEND > auto (loud when explicit, reasoned when auto)."""
         how = "explicit"
+        if name is not None and not isinstance(name, str):
+            raise InvalidInputError(f"a backend name must be a string (e.g. 'cpu', 'cuda:1', "
+                                    f"'auto') or None for the default, got {name!r}")
         if name is None:
             name = os.environ.get(ENV_VAR) or "auto"
             how = f"env {ENV_VAR}"

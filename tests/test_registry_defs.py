@@ -4,13 +4,14 @@ out by hand for scripted plugins (fake entry points, counted probes): exact rows
 from __future__ import annotations
 
 import dataclasses
+import re
 from types import SimpleNamespace
 
 import pytest
 
 from dflash2rt import registry as registry_mod
 from dflash2rt.backend import BackendSpec, Probe, TorchOpsBackend
-from dflash2rt.errors import BackendUnavailableError, UnknownBackendError
+from dflash2rt.errors import BackendUnavailableError, InvalidInputError, UnknownBackendError
 from dflash2rt.hookspecs import hookimpl
 from dflash2rt.registry import ENV_VAR, BackendStatus, Registry, Selection, split_device
 
@@ -339,6 +340,16 @@ def test_unknown_backend_message_exactly():
     with pytest.raises(UnknownBackendError, match=r"^unknown backend 'x'; installed backends: "
                                                   r"a, b\. "):
         reg.entry("x")
+
+
+@pytest.mark.parametrize("name", [0, 1.5, b"cpu", ["cpu"], True, object()])
+def test_a_name_that_is_not_a_string_is_refused_naming_it(name, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, "cpu")         # not read: the name was given
+    reg = _reg(_Plugin([_spec("cpu", 1, OK)]))
+    with pytest.raises(InvalidInputError, match=r"^a backend name must be a string \(e\.g\. "
+                                                 r"'cpu', 'cuda:1', 'auto'\) or None for the "
+                                                 rf"default, got {re.escape(repr(name))}$"):
+        reg.select(name)
 
 
 def test_unknown_backend_names_the_first_failure_of_that_name_only():
