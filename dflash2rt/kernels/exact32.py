@@ -101,14 +101,18 @@ def accept(u, q_hi, q_lo, p):
 def hit_mass(c, qk, d, K, BLOCK_K: tl.constexpr, LOG_K: tl.constexpr,
              LEVELS_K: tl.constexpr):
     """q(d) as a double-float: the K candidates' q where c == d (``ops.exact32.draft_mass32``;
-    duplicated candidates summed exactly by slices, ``dd_sum``)."""
+    duplicated candidates summed by slices, ``dd_sum``, scaled so that the largest is in
+    [1/2, 1): what the slices lose stays below 2^-52 of it however small the q are)."""
     ks = tl.arange(0, BLOCK_K)
     hit = (c == d) & (ks < K)
     hits = tl.where(hit, qk, 0.0)
     hi = tl.sum(hits, 0)                                # one hit (top-K ids are distinct): exact
     lo = tl.zeros([], tl.float32)
     if tl.sum(hit.to(tl.int32), 0) > 1:                 # duplicated candidates
-        hi, lo = dd_sum(hits, 0, LOG_K, LEVELS_K)
+        f1, f2 = scale_of(tl.max(hits, 0))
+        hi, lo = dd_sum(hits * f1 * f2, 0, LOG_K, LEVELS_K)
+        g = _inverse_pow2(f1) * _inverse_pow2(f2)
+        hi, lo = hi * g, lo * g
     return hi, lo
 
 
@@ -117,14 +121,18 @@ def residual(p, offs, c, qk, K, BLOCK_K: tl.constexpr, LOG_K: tl.constexpr,
              LEVELS_K: tl.constexpr):
     """max(p − Σ_k q_k [c_k = x], 0) at lanes ``offs`` as a double-float (hi, lo)
     (``ops.exact32.residual32``); 0 where not positive (NaN p included, as there). A lane hit
-    by several (duplicated) candidates subtracts their exact sum (``dd_sum``)."""
+    by several (duplicated) candidates subtracts their sum (``dd_sum``, scaled as in
+    ``hit_mass``)."""
     ks = tl.arange(0, BLOCK_K)
     hit = (offs[:, None] == c[None, :]) & (ks < K)[None, :]             # [BLOCK_V, BLOCK_K]
     qm = tl.where(hit, qk[None, :], 0.0)
     neg = -tl.sum(qm, 1)                                                # ≤ 1 hit a lane: exact
     ql = tl.zeros_like(p)
     if tl.max(tl.sum(hit.to(tl.int32), 1), 0) > 1:     # a duplicated candidate
-        qh, ql = dd_sum(qm, 1, LOG_K, LEVELS_K)
+        f1, f2 = scale_of(tl.max(qm, 1))                # per lane, as ``hit_mass``
+        qh, ql = dd_sum(qm * f1[:, None] * f2[:, None], 1, LOG_K, LEVELS_K)
+        g = _inverse_pow2(f1) * _inverse_pow2(f2)
+        qh, ql = qh * g, ql * g
         neg = -qh
     hi = p + neg                                        # TwoSum(p, −q_hi), then − q_lo
     bb = hi - p
@@ -145,6 +153,13 @@ def scale_of(top):
     shift = tl.minimum(tl.maximum(tl.where(ok, -e, 0), -252), 252)
     half = tl.where(shift >= 0, shift // 2, -((1 - shift) // 2))       # floor(shift / 2)
     return _pow2(half), _pow2(shift - half)
+
+
+@triton.jit
+def _inverse_pow2(f):
+    """1 / f for f = 2^k, k in [-126, 126] (``scale_of``'s factors), from its bits: exact, where
+    a float32 division may be approximate on a GPU."""
+    return (0x7F000000 - f.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
