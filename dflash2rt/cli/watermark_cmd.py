@@ -65,7 +65,7 @@ def _read_tokens(path: Path) -> list:
         data = json.loads(path.read_text())
     except OSError as exc:
         raise InvalidInputError(f"cannot read {str(path)!r}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidInputError(f"{str(path)!r} is not JSON ({exc}); --tokens wants a JSON "
                                 "list of token ids") from None
     if not isinstance(data, list):
