@@ -72,7 +72,8 @@ def _levels_card(s: Summary) -> str:
         cls = "why" if lv.result == "fail" else "note"
         why = f'<span class="{cls}" title="{escape(lv.why)}">{_clip(lv.why, 90)}</span>' \
             if lv.why else ""
-        rows.append(f'<tr class="{escape(lv.result.replace(" ", "-"))}" data-level="{lv.name}">'
+        rows.append(f'<tr class="{escape(lv.result.replace(" ", "-"))}" '
+                    f'data-level="{escape(lv.name)}">'
                     f"<td><b>{escape(lv.name)}</b></td><td>{escape(lv.title)}</td>"
                     f"<td>{badge(lv.result)}</td><td class=num>{executed_text(lv)}</td>"
                     f"<td class=num>{lv.passed} / {lv.failed} / {lv.skipped}</td><td>{why}</td>"
