@@ -105,7 +105,7 @@ def check_options(max_num_seqs: Any, max_model_len: Any, max_queue: Any, kv_cach
     check_count("stream_interval", stream_interval, 1)
     if kv_cache_gib is not None and (isinstance(kv_cache_gib, bool)
                                      or not isinstance(kv_cache_gib, (int, float))
-                                     or not math.isfinite(kv_cache_gib) or kv_cache_gib <= 0):
+                                     or not _finite(kv_cache_gib) or kv_cache_gib <= 0):
         raise InvalidInputError(f"kv_cache_gib must be a number of GiB > 0, got {kv_cache_gib!r}")
     if served_model_name is not None and (
             not isinstance(served_model_name, (list, tuple)) or not served_model_name
@@ -117,9 +117,17 @@ def check_options(max_num_seqs: Any, max_model_len: Any, max_queue: Any, kv_cach
                                 f"{api_key!r}; an empty key would leave the server open")
 
 
+def _finite(x: int | float) -> bool:
+    """``math.isfinite``; False for an int too large for a float (not an OverflowError)."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
 def check_drain_timeout(drain_timeout: Any) -> None:
     if isinstance(drain_timeout, bool) or not isinstance(drain_timeout, (int, float)) \
-            or not math.isfinite(drain_timeout) or drain_timeout < 0:
+            or not _finite(drain_timeout) or drain_timeout < 0:
         raise InvalidInputError(f"drain_timeout must be a number of seconds >= 0, got "
                                 f"{drain_timeout!r}")
 
@@ -141,7 +149,8 @@ def _slots(pair: Any, max_num_seqs: int, rows: int, spec: bool,
         per += rows * d.hidden_size * pair.dtype.itemsize
     slots = max_num_seqs
     if kv_cache_gib is not None:
-        fit = int(kv_cache_gib * 2**30 // per)
+        # a budget of the whole batch or more keeps it (a product past 1e308 is inf, not NaN)
+        fit = slots if kv_cache_gib * 2**30 >= slots * per else int(kv_cache_gib * 2**30 // per)
         if fit < 1:
             raise InvalidInputError(f"kv_cache_gib={kv_cache_gib} holds no request of "
                                     f"{rows} rows ({per / 2**30:.3f} GiB each): raise it or "
@@ -200,7 +209,7 @@ def run_server(server: Any, host: str = "127.0.0.1", port: int = 8000,
         thread.start()
         server.scheduler.run_here()
         http.should_exit = True
-        thread.join(drain_timeout + 10)
+        thread.join(min(drain_timeout + 10, threading.TIMEOUT_MAX))
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)

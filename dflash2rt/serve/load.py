@@ -268,8 +268,9 @@ def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
                     row = drive(server.base, server.model, prompts, c, requests, max_tokens,
                                 time_limit, off.alone if c == 1 else None)
                     runs[c].append(row)
-                    if c == 1:
-                        mine, theirs = zip(*row.pop("paired"))
+                    paired = row.pop("paired", None)    # none where every request made 1 token
+                    if paired:
+                        mine, theirs = zip(*paired)
                         ref["tpot_ms"].append(1e3 * statistics.fmean(theirs))
                         ref["tpot_ratio"].append(statistics.fmean(mine)
                                                  / statistics.fmean(theirs))
@@ -281,7 +282,7 @@ def bench_serve(start: Callable[[str], Any], baseline: Callable[[str], Offline],
                         f"mean {row['tpot_ms']['mean']:.2f} ms, acceptance length "
                         f"{row['acceptance_length']:.2f}"
                         + (f"; run() alone {ref['tpot_ms'][-1]:.2f} ms/token, paired ratio "
-                           f"{ref['tpot_ratio'][-1]:.3f}" if c == 1 else "")
+                           f"{ref['tpot_ratio'][-1]:.3f}" if paired else "")
                         + (f"; run() static {ref['tokens_per_s'][-1]:.1f} tok/s" if c == top
                            else ""))
         rows += [{**pooled(runs[c]), "server": name} for c in concurrencies]
