@@ -203,7 +203,7 @@ class Offline:
 
     def __init__(self, pair: Any, backend: Any, block: int | None, prompts: Sequence[str],
                  max_tokens: Lengths, table: Any = None) -> None:
-        from ..api import encode_prompts
+        from ..prompts import encode_prompts
         from ..engine.engine import Engine
 
         self.spec, self.block = block != 1, (None if block is None or block == 1 else block)
