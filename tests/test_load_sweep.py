@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-import dflash2rt.api
+import dflash2rt.prompts
 import dflash2rt.engine.engine
 from dflash2rt.serve import load
 
@@ -292,7 +292,7 @@ class FakeEngine:
 
 @pytest.fixture
 def offline(monkeypatch):
-    monkeypatch.setattr(dflash2rt.api, "encode_prompts",
+    monkeypatch.setattr(dflash2rt.prompts, "encode_prompts",
                         lambda pair, prompts: [(len(p), 1) for p in prompts])
     monkeypatch.setattr(dflash2rt.engine.engine, "Engine", FakeEngine)
 
