@@ -25,6 +25,7 @@ LAYERS = (
     {"plugin_kit", "registry"},      # plugin_kit's graph self-test commits to a models KVCache
     {"cpu", "engine", "distributed"},   # distributed: the sharded target, rank launch
     {"bench", "metrics", "progress"},   # measurement; a run's metrics export; LLM's bar
+    {"prompts"},                     # prompts to ids: run, LLM, the server's load generator
     {"api", "train", "synth"},
     {"serve"},                       # the OpenAI server, over api's model resolution and
                                      # the engine

@@ -43,11 +43,11 @@ def test_a_verdict_without_reasons(result, said):
 
 def test_errors_outside_tests_are_shown_each_with_the_end_of_its_message():
     long = "x" * 10 + "y" * 3000
-    errors = [{"phase": "collect", "where": "suites/a.py", "message": "ImportError: <x>"},
+    errors = [{"phase": "collect", "where": "suite_a", "message": "ImportError: <x>"},
               {"phase": "setup", "where": "b", "message": long}, {"where": "c"}]
     page = _page({"sections": {"conformance": {"errors": errors}}})
     assert ("\n<h3>Errors outside tests (collection, setup, teardown)</h3>\n"
-            "<p><b>collect</b> in <code>suites/a.py</code></p><pre>ImportError: &lt;x&gt;</pre>\n"
+            "<p><b>collect</b> in <code>suite_a</code></p><pre>ImportError: &lt;x&gt;</pre>\n"
             f"<p><b>setup</b> in <code>b</code></p><pre>{'y' * 3000}</pre>\n"
             "<p><b>None</b> in <code>c</code></p><pre></pre>\n") in page
 
