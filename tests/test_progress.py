@@ -32,6 +32,7 @@ class Bar:
 
     def set_postfix_str(self, s, refresh=True):
         self.postfix.append(s)
+        self.refreshes = getattr(self, "refreshes", []) + [refresh]
 
     def close(self):
         self.closed += 1
@@ -126,6 +127,20 @@ def test_progress_counts_prompts_and_output_tokens_per_second(monkeypatch):
     assert seen == [(0, [1, 2, 3]), (1, [4]), (0, [5, 6, 7, 8])]
     assert (bar.n, bar.closed) == (2, 1)
     assert bar.postfix == ["est. speed output: 2.00 toks/s", "est. speed output: 2.00 toks/s"]
+
+
+def test_progress_rate_before_any_time_has_passed_and_under_a_second(monkeypatch):
+    """No time yet: 0 tokens/s (not a division by zero); half a second for one token: 2;
+    the postfix is set without a redraw of its own (the update that follows redraws)."""
+    clock = Clock(now=7.0).install(monkeypatch, progress)
+    p = progress.Progress(Bar, 2)
+    p.tokens(0, [1])
+    p.finish(0)
+    clock.now += 0.5
+    p.finish(1)
+    bar = Bar.made[0]
+    assert bar.postfix == ["est. speed output: 0.00 toks/s", "est. speed output: 2.00 toks/s"]
+    assert bar.refreshes == [False, False] and bar.n == 2
 
 
 def test_progress_refuses_a_non_callable_on_tokens():
