@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
-from ..errors import InvalidInputError
 from . import bench_tools, serve_cmd
+from .bench_tools import comma_numbers
 from .run_cmd import DTYPES
 
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     path = model_dir(args.model or "stdlib-code")
     pair = resolve_model(path, backend.device, DTYPES[args.dtype])
     res = run_bench(pair, path, backend, args.max_new_tokens, args.repeats,
-                    _ints("--blocks", args.blocks), args.prompts, not args.no_hf,
+                    tuple(comma_numbers("--blocks", args.blocks)), args.prompts, not args.no_hf,
                     log, parse_temperatures(args.temperatures))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res, indent=2) + "\n")
@@ -95,14 +95,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"graph capture / compile (untimed warm-up runs): "
           f"{sum(res['capture_s'].values()):.2f} s")
     return 0
-
-
-def _ints(flag: str, text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise InvalidInputError(f"{flag} takes integers, comma-separated, got {text!r}") \
-            from None
 
 
 def _check_source(args: argparse.Namespace) -> None:
@@ -170,9 +162,9 @@ def _costs(args: argparse.Namespace, backend, log) -> int:
         Engine(pair, backend)                       # the model pass first (it may restack)
         hf, shared = HFGreedy.on_weights(config, pair.target)   # one copy: the same memory
         log(f"transformers reads our {shared} weight tensors (shared, not copied)")
-    res = measure_costs(pair, backend, blocks=list(_ints("--blocks", args.blocks)),
-                        contexts=list(_ints("--contexts", args.contexts)),
-                        batches=list(_ints("--batches", args.batches)), tau=tau,
+    res = measure_costs(pair, backend, blocks=comma_numbers("--blocks", args.blocks),
+                        contexts=comma_numbers("--contexts", args.contexts),
+                        batches=comma_numbers("--batches", args.batches), tau=tau,
                         tau_block=tau_block, reps=args.reps, hf=hf, log=log)
     res["pair"] = source
     res["transformers_weights"] = None if hf is None else \

@@ -124,8 +124,8 @@ def _watermark(args: argparse.Namespace) -> int:
 
     backend, pair = _pair(args)
     cfg = WatermarkBenchConfig(
-        lengths=_numbers("--lengths", args.lengths),
-        temperatures=_numbers("--temperatures", args.temperatures, float),
+        lengths=comma_numbers("--lengths", args.lengths),
+        temperatures=comma_numbers("--temperatures", args.temperatures, float),
         null_texts=args.null_texts, keys=args.keys, batch=args.batch,
         block_size=args.block_size, seed=args.seed)
     corpus = load_corpus()
@@ -206,8 +206,8 @@ def _ablation(args: argparse.Namespace) -> int:
     prompts = heldout_prompts(model_dir(args.model), pair)
     res = measure_ablation(pair, prompts, backend, args.max_new_tokens, args.repeats,
                            args.prompts, parse_temperatures(args.temperatures),
-                           _numbers("--batches", args.batches),
-                           _numbers("--blocks", args.blocks), _log,
+                           comma_numbers("--batches", args.batches),
+                           comma_numbers("--blocks", args.blocks), _log,
                            mixed_lengths=args.mixed_lengths)
     res["quick"] = args.quick
     _emit(args, res)
@@ -244,7 +244,7 @@ def _step_profile(args: argparse.Namespace) -> int:
     if args.launches:
         pair = resolve_model(args.model, "cpu", getattr(torch, args.dtype))
         res = {"backend": backend.name, "dtype": args.dtype, "rows": args.rows,
-               "launches": count_launches(pair, backend, _numbers("--blocks", args.blocks),
+               "launches": count_launches(pair, backend, comma_numbers("--blocks", args.blocks),
                                           rows=args.rows)}
         _emit(args, res)
         if not args.json:
@@ -260,8 +260,9 @@ def _step_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _numbers(flag: str, text: str, kind: type = int) -> list:
-    """The comma-separated numbers of ``flag``; InvalidInputError naming it otherwise."""
+def comma_numbers(flag: str, text: str, kind: type = int) -> list:
+    """The comma-separated numbers of ``flag`` (every bench command's lists); InvalidInputError
+    naming it otherwise."""
     from ..errors import InvalidInputError
 
     try:
