@@ -23,6 +23,8 @@ from dflash2rt.bundled import bundled_path
 from dflash2rt.cli import build_parser, main
 from dflash2rt.registry import Registry
 
+from fake_clock import Readings
+
 BACKEND = types.SimpleNamespace(name="cpu", device="dev")
 
 
@@ -135,17 +137,6 @@ def test_shape_flags_out_of_place_are_refused(rig, argv, message):
     assert exc.value.code == message and rig["picked"] == []
 
 
-class Clock:
-    """perf_counter(): 10.0 at the first call, 12.25 after."""
-
-    def __init__(self):
-        self.n = 0
-
-    def __call__(self):
-        self.n += 1
-        return 10.0 if self.n == 1 else 12.25
-
-
 def _costs(monkeypatch):
     calls = []
 
@@ -170,7 +161,7 @@ def test_costs_on_a_shape_with_the_bundled_tau(rig, monkeypatch, capsys, seed, w
         return "SHAPED", {"target_layers": 2, "draft_layers": 1, "target_config": {"c": 1}}
 
     monkeypatch.setattr(dflash2rt.synth.in_memory, "build_pair", build_pair)
-    monkeypatch.setattr(time, "perf_counter", Clock())
+    monkeypatch.setattr(time, "perf_counter", Readings(10.0, 12.25))
     assert main(["bench", "--costs", "--no-hf", "--shape", "toy-qwen3", "--layers", "2",
                  "--blocks", "4", "--contexts", "16,32", "--batches", "2", *seed]) == 0
     assert built == [("toy-qwen3", "dev", torch.float32, want, 2, None)]

@@ -26,6 +26,8 @@ import dflash2rt.train.corpus
 import dflash2rt.train.heldout
 from dflash2rt.cli import bench_tools, build_parser, main
 
+from fake_clock import Readings
+
 
 def _args(*argv: str):
     return build_parser().parse_args(["bench", *argv])
@@ -172,17 +174,6 @@ def test_watermark_cuts_prompts_of_16_to_64_tokens_and_parses_its_lists(monkeypa
     assert out.err == '{"fp": 0}\n'
 
 
-class Clock:
-    """monotonic(): 100.0 at the first call, 142.4 after."""
-
-    def __init__(self):
-        self.n = 0
-
-    def __call__(self):
-        self.n += 1
-        return 100.0 if self.n == 1 else 142.4
-
-
 @pytest.mark.parametrize("token_prompts", [False, True])
 def test_tp_equivalence_prompts_and_its_elapsed_time(monkeypatch, capsys, token_prompts):
     import time
@@ -195,7 +186,7 @@ def test_tp_equivalence_prompts_and_its_elapsed_time(monkeypatch, capsys, token_
                                 to_dict=lambda: {"equal": True})
     tp = Rec(res)
     monkeypatch.setattr(dflash2rt.qualify.tp_equivalence, "tp_equivalence", tp)
-    monkeypatch.setattr(time, "monotonic", Clock())
+    monkeypatch.setattr(time, "monotonic", Readings(100.0, 142.4))
     argv = ["bench", "tp-equivalence", "--prompts", "2", "--tp", "3", "--json"]
     assert main(argv + (["--token-prompts"] if token_prompts else [])) == 0
     want = [[97] * 96, [98, 99]] if token_prompts else ["a" * 100, "bc"]
@@ -205,9 +196,9 @@ def test_tp_equivalence_prompts_and_its_elapsed_time(monkeypatch, capsys, token_
     assert json.loads(out.out) == {"equal": True}
 
 
-@pytest.mark.parametrize("quick, want", [(False, (128, 3, 8)), (True, (8, 1, 1))])
-def test_ablation_fills_unset_counts_from_its_defaults(monkeypatch, capsys, quick, want):
-    backend = _backend()
+def _ablation(monkeypatch, backend):
+    """`bench ablation` over ``backend`` with the pair "PAIR", the prompts ["q"], the table
+    "TABLE" and its measurement recorded (returned; it gives {"rows": []})."""
     _registry(monkeypatch, backend)
     monkeypatch.setattr(dflash2rt.api, "resolve_model", lambda m, dev: "PAIR")
     monkeypatch.setattr(dflash2rt.bundled, "model_dir", lambda m: "dir")
@@ -215,6 +206,13 @@ def test_ablation_fills_unset_counts_from_its_defaults(monkeypatch, capsys, quic
     measure = Rec({"rows": []})
     monkeypatch.setattr(dflash2rt.bench.ablation, "measure_ablation", measure)
     monkeypatch.setattr(dflash2rt.bench.ablation, "ablation_table", lambda res: "TABLE")
+    return measure
+
+
+@pytest.mark.parametrize("quick, want", [(False, (128, 3, 8)), (True, (8, 1, 1))])
+def test_ablation_fills_unset_counts_from_its_defaults(monkeypatch, capsys, quick, want):
+    backend = _backend()
+    measure = _ablation(monkeypatch, backend)
     assert main(["bench", "ablation", "--batches", "1,2", "--blocks", "3"]
                 + (["--quick"] if quick else [])) == 0
     (pair, prompts, b, n, repeats, count, temps, batches, blocks, log), kw = measure.calls[0]
@@ -225,13 +223,7 @@ def test_ablation_fills_unset_counts_from_its_defaults(monkeypatch, capsys, quic
 
 
 def test_ablation_keeps_counts_given_and_prints_json_not_the_table(monkeypatch, capsys):
-    _registry(monkeypatch, _backend())
-    monkeypatch.setattr(dflash2rt.api, "resolve_model", lambda m, dev: "PAIR")
-    monkeypatch.setattr(dflash2rt.bundled, "model_dir", lambda m: "dir")
-    monkeypatch.setattr(dflash2rt.bench.suite, "heldout_prompts", lambda root, pair: ["q"])
-    measure = Rec({"rows": []})
-    monkeypatch.setattr(dflash2rt.bench.ablation, "measure_ablation", measure)
-    monkeypatch.setattr(dflash2rt.bench.ablation, "ablation_table", lambda res: "TABLE")
+    measure = _ablation(monkeypatch, _backend())
     assert main(["bench", "ablation", "--max-new-tokens", "5", "--repeats", "2", "--prompts",
                  "4", "--json", "--mixed-lengths"]) == 0
     (_, _, _, n, repeats, count, *_), kw = measure.calls[0]

@@ -27,6 +27,8 @@ if not interpreting():
     pytest.skip("TRITON_INTERPRET is off in this process (a GPU is present, see conftest.py)",
                 allow_module_level=True)
 from dflash2rt.kernels import selector  # noqa: E402
+from test_exact32_sweep import _rational_index as exact_inverse_cdf  # noqa: E402
+from test_verify_kernel_sweep import draw as inverse_cdf, first_max  # noqa: E402
 
 INF = math.inf
 
@@ -42,27 +44,11 @@ def unary(val, mult, cap):
     return cap * math.tanh(x / cap) if cap is not None else x
 
 
-def first_max(row):
-    best, at = -INF, 0
-    for i, x in enumerate(row):
-        if x > best:
-            best, at = x, i
-    return at
-
-
 def softmax(row, temp):
     top = max(row)
     ex = [math.exp((x - top) / temp) for x in row]
     s = math.fsum(ex)
     return [x / s for x in ex]
-
-
-def inverse_cdf(law, u):
-    total, cdf, count = math.fsum(law), 0.0, 0
-    for w in law:
-        cdf += w
-        count += cdf <= u * total
-    return min(count, max(i for i, w in enumerate(law) if w > 0))
 
 
 def keyed_pick(key, ctx, cand, law):
@@ -189,18 +175,6 @@ def test_a_context_both_recorded_and_an_earlier_slot_s_is_not_fresh():
     _check(got, want)
     cands = [candidates(row, k) for row in logits[:, 1].tolist()]
     assert any(w[0][1] != c[w[3][1]] for w, c in zip(want, cands))   # the keyed pick differs
-
-
-def exact_inverse_cdf(law, u):
-    """The inverse CDF in exact rationals: the count of prefix sums <= u · total, capped."""
-    from fractions import Fraction
-
-    law = [Fraction(w) for w in law]
-    total, cdf, count = sum(law), Fraction(0), 0
-    for w in law:
-        cdf += w
-        count += cdf <= Fraction(u) * total
-    return min(count, max(i for i, w in enumerate(law) if w > 0))
 
 
 @pytest.mark.parametrize("k", [3, 33])

@@ -174,7 +174,7 @@ def test_a_zero_uniform_accepts_exactly_the_drafts_with_mass(fp64):
     """u = 0: 0 · q(d) < p(d) holds iff p(d) > 0 (strict), so row 0's draft with p = 0 is
     rejected at slot 0 and row 1 (every draft with mass) runs to the bonus."""
     g = torch.Generator().manual_seed(11)
-    r, gamma, v, k = 2, 2, 8, 2
+    r, gamma, v = 2, 2, 8
     logits = torch.randn(r, gamma + 1, v, generator=g)
     cand = torch.tensor([[[3, 6], [1, 2]], [[0, 5], [4, 7]]])
     q = torch.tensor([[[0.5, 0.5], [0.25, 0.75]], [[0.5, 0.5], [0.5, 0.5]]])
@@ -313,21 +313,29 @@ def _marked(draft, seed):
     return wm.marks(draft)
 
 
-def test_keyed_residual_without_the_mass_q_covers():
-    """Rows rejected at slot 0 (p(d) = 0) whose q covers p's three likeliest tokens (q ≥ p
-    there): the keyed draw is over (p - q)+, which gives those tokens no mass, not over p."""
-    g = torch.Generator().manual_seed(16)
-    r, gamma, v, k = 6, 2, 40, 4
+def rejected_covering(seed, r, gamma, slot, v=40, k=4):
+    """Random logits (× 3), candidates and q = 1/4 of R rows, where ``slot``'s draft
+    (candidate 0) has p = 0 and its other three candidates, p's three likeliest tokens there
+    (``top`` [R, 3]), have q = 1 ≥ p: (logits, top, cand, q)."""
+    g = torch.Generator().manual_seed(seed)
     logits = torch.randn(r, gamma + 1, v, generator=g) * 3
-    top = logits[:, 0].topk(3, -1).indices                      # [R, 3]
+    top = logits[:, slot].topk(3, -1).indices                   # [R, 3]
     cand = torch.stack([torch.randperm(v, generator=g)[:k] for _ in range(r * gamma)])
     cand = cand.view(r, gamma, k)
     for i in range(r):
         others = [t for t in range(v) if t not in top[i].tolist()]
-        cand[i, 0] = torch.tensor([others[i]] + top[i].tolist())
-        logits[i, 0, others[i]] = -INF
+        cand[i, slot] = torch.tensor([others[i]] + top[i].tolist())
+        logits[i, slot, others[i]] = -INF                       # p(d) = 0: rejected
     q = torch.full((r, gamma, k), 0.25)
-    q[:, 0, 1:] = 1.0
+    q[:, slot, 1:] = 1.0
+    return logits, top, cand, q
+
+
+def test_keyed_residual_without_the_mass_q_covers():
+    """Rows rejected at slot 0 (p(d) = 0) whose q covers p's three likeliest tokens (q ≥ p
+    there): the keyed draw is over (p - q)+, which gives those tokens no mass, not over p."""
+    r, gamma = 6, 2
+    logits, top, cand, q = rejected_covering(16, r, gamma, slot=0)
     draft = cand[..., 0].clone()
     sampling = SamplingBatch.build([1.0] * r, [0] * r, [1.0] * r)
     noise = BlockNoise.draw(torch.arange(r), torch.zeros(r, dtype=torch.long),

@@ -20,7 +20,8 @@ if not interpreting():
     pytest.skip("TRITON_INTERPRET is off in this process (a GPU is present, see conftest.py)",
                 allow_module_level=True)
 from dflash2rt.kernels.tuning import Tuning  # noqa: E402
-from test_verify_kernel_sweep import FP64, _marked, _noise, check  # noqa: E402
+from test_verify_kernel_sweep import (FP64, _marked, _noise, check,  # noqa: E402
+                                      rejected_covering)
 
 INF = math.inf
 
@@ -81,18 +82,8 @@ def test_a_rejection_at_the_last_slot_draws_that_slots_residual(fp64):
     """Slots 0 and 1 accepted (u = 0, p(d) > 0), slot 2's draft has p = 0: the emitting law is
     (p_2 - q_2)+ with slot 2's uniform, and q_2 = 1 on p_2's three likeliest tokens takes them
     out of it (slot 1's candidates and uniform are other ones)."""
-    g = torch.Generator().manual_seed(33)
-    r, gamma, v, k = 4, 3, 40, 4
-    logits = torch.randn(r, gamma + 1, v, generator=g) * 3
-    top = logits[:, 2].topk(3, -1).indices                      # [R, 3]
-    cand = torch.stack([torch.randperm(v, generator=g)[:k] for _ in range(r * gamma)])
-    cand = cand.view(r, gamma, k)
-    for i in range(r):
-        others = [t for t in range(v) if t not in top[i].tolist()]
-        cand[i, 2] = torch.tensor([others[i]] + top[i].tolist())
-        logits[i, 2, others[i]] = -INF                          # p_2(d) = 0: rejected
-    q = torch.full((r, gamma, k), 0.25)
-    q[:, 2, 1:] = 1.0
+    r, gamma = 4, 3
+    logits, top, cand, q = rejected_covering(33, r, gamma, slot=2)
     draft = cand[..., 0].clone()
     noise = _noise([[0.0, 0.0, 0.5]] * r, [[0.1, 0.3, 0.6], [0.2, 0.9, 0.4], [0.7, 0.05, 0.95],
                                            [0.5, 0.5, 0.01]], [0.5] * r)
