@@ -69,6 +69,14 @@ SELECT_CASES = [
     SelectCase(name="v160_k128_sampled", r=2, gamma=3, v=160, k=128, rank=3, temps=[1.0, 0.7]),
     SelectCase(name="few_finite_k64", r=2, gamma=3, v=80, k=64, rank=3, temps=[1.0, 0.0],
                tail=70),
+    # The walk that scores only the rows it reads (ops.selector.ROW_WALK_MIN_K = 128 on):
+    # ties (lowest index wins), fewer finite logits than K, a bad anchor codebook row.
+    SelectCase(name="row_walk_ties_v150_k128", r=3, gamma=4, v=150, k=128, rank=3,
+               temps=[0.0, 1.0, 0.5], ties=True),
+    SelectCase(name="row_walk_few_finite_v200_k128", r=2, gamma=3, v=200, k=128, rank=3,
+               temps=[1.0, 0.0], tail=150),
+    SelectCase(name="row_walk_nan_codebook_v130_k128", r=3, gamma=3, v=130, k=128, rank=3,
+               temps=[1.0, 1.0, 0.0], nan_codebook=1),
     SelectCase(name="nan_codebook_lattice_flagged", r=3, gamma=3, v=43, k=4, rank=3,
                temps=[1.0, 1.0, 0.0], nan_codebook=1),
     SelectCase(name="tiny_temperatures_no_overflow", r=3, gamma=4, v=31, k=5, rank=3,

@@ -12,6 +12,10 @@ False over double-float float32 sums (``exact32.inverse_cdf32``: the same index 
 (2^-40 + K·2^-53)·total of a CDF breakpoint; no float64 tensor). A lattice row the walk reads that holds NaN /
 +inf or no finite entry flags the request (``bad_lattice``): its draft is not drawn from a law.
 
+From ``ROW_WALK_MIN_K`` candidates on, the unmasked walk scores only the lattice row it reads
+at each slot (K·r work per slot, not the whole [K, K] slot lattice's K²·r, nor a law drawn for
+each of its K rows): the same rows, up to float32 rounding of the sum over r.
+
 The walk's draws are an argument (``ops.draws``): the walk uniforms [R, γ], or a
 ``DrawSource`` whose ``WalkDraw`` replaces the sampled rows' draw at each slot once the walk
 knows the lattice row it reads — the watermark (``dflash2rt.watermark.generate.KeyedDraws``)
@@ -38,6 +42,9 @@ from . import exact32
 from .batch import SamplingBatch
 from .draws import WalkDraw, WalkDraws, walk_draws
 from .sampling import bad_rows, inverse_cdf, scale
+
+
+ROW_WALK_MIN_K = 128     # from this K on, the unmasked walk scores only the rows it reads
 
 
 @dataclass(frozen=True)
@@ -131,8 +138,13 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
     check_select_args(logits, proj, pred_codebook, succ_codebook, params, u_walk)
     bad = bad_rows(logits).any(dim=-1)                                    # [R]
     vals, cand = topk_lowest_index(logits, k)                             # [R, γ, K]
-    score = lattice(unary_scores(vals, params), cand, anchor, proj, pred_codebook,
-                    succ_codebook)                                        # [R, γ, K, K]
+    unary = unary_scores(vals, params)
+    if mask is None and k >= ROW_WALK_MIN_K:
+        pick, q, bad_lattice = _row_walk(unary, cand, anchor, proj, pred_codebook,
+                                         succ_codebook, sampling, u_walk, has_fp64, walk)
+        return SelectorOut(cand.gather(-1, pick.unsqueeze(-1)).squeeze(-1), cand, q, bad,
+                           bad_lattice)
+    score = lattice(unary, cand, anchor, proj, pred_codebook, succ_codebook)  # [R, γ, K, K]
     if mask is not None:
         return _masked_walk(score, cand, sampling, u_walk, has_fp64, walk, mask, bad)
     choice = torch.argmax(score, dim=-1)                                  # greedy, lowest on ties
@@ -168,6 +180,42 @@ def select(logits: torch.Tensor, proj: torch.Tensor, anchor: torch.Tensor,
         q = torch.where(sampling.greedy.view(r, 1, 1), q, q_s)
     return SelectorOut(cand.gather(-1, pick.unsqueeze(-1)).squeeze(-1), cand, q, bad,
                        bad_lattice)
+
+
+def _row_walk(unary: torch.Tensor, cand: torch.Tensor, anchor: torch.Tensor,
+              proj: torch.Tensor, pred_codebook: torch.Tensor, succ_codebook: torch.Tensor,
+              sampling: SamplingBatch, u_walk: torch.Tensor, has_fp64: bool | None,
+              walk: WalkDraw | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The unmasked walk that scores, at each slot, only the lattice row of the candidate it
+    took at the slot before (the anchor's at slot 0), and draws from that row's law alone; picks
+    and flags as ``select``'s whole-lattice walk. → (pick [R, γ], q [R, γ, K], bad_lattice
+    [R])."""
+    r, gamma, k = cand.shape
+    right = succ_codebook[cand].float()                                   # [R, γ, K, r]
+    scale_e = proj.float()                                                # [R, γ, r]
+    token = anchor.to(torch.int64)                                        # the predecessor
+    greedy, sampled = sampling.greedy, ~sampling.greedy
+    picks, qs = [], []
+    bad_lattice = torch.zeros(r, dtype=torch.bool, device=cand.device)
+    for e in range(gamma):
+        left = pred_codebook[token].float() * scale_e[:, e]               # [R, r]
+        row = unary[:, e] + (left.unsqueeze(1) @ right[:, e].transpose(-1, -2)).squeeze(1)
+        nxt = torch.argmax(row, dim=-1)                                   # greedy, lowest on ties
+        row_bad = bad_rows(row)
+        q = torch.nn.functional.one_hot(nxt, k).float()
+        if sampling.any_sampled:
+            law, drawn = _draw(row, sampling, u_walk[:, e], has_fp64)    # [R, K], [R]
+            row_bad = row_bad | (sampled & (drawn < 0))
+            nxt = torch.where(sampled, drawn.clamp(min=0), nxt)
+            if walk is not None:
+                nxt, bad_e = walk.pick(e, law, cand[:, e], nxt, greedy)
+                row_bad = row_bad | bad_e
+            q = torch.where(greedy.view(r, 1), q, law)
+        bad_lattice = bad_lattice | row_bad
+        token = cand[:, e].gather(1, nxt.view(r, 1)).view(r)
+        picks.append(nxt)
+        qs.append(q)
+    return torch.stack(picks, 1), torch.stack(qs, 1), bad_lattice
 
 
 def _draw(rows: torch.Tensor, sampling: SamplingBatch, u: torch.Tensor, has_fp64: bool | None

@@ -25,10 +25,9 @@ i + 1); a ``RunCache`` keeps them, so that a run cut short resumes. Tokens/s are
 on a shared machine they measure the other load more than K.
 
 K may be the whole vocabulary (``"full"``): the torch ops accept any 1 <= K <= V
-(``ops.selector.check_select_args``; verify takes any K). It costs far more per step than the
-others: the selector builds the whole [γ, K, K] lattice, and the sampled walk draws (softmax,
-float64 inverse CDF) every one of its K x K rows per slot, though the walk reads γ of them.
-So it may decode only the first ``full_vocab_prompts`` prompts; every row then also gives
+(``ops.selector.check_select_args``; verify takes any K). It costs more per step than the
+others: the selector's walk scores and draws only the lattice rows it reads
+(``ops.selector.ROW_WALK_MIN_K``), but over all V candidates. So it may decode only the first ``full_vocab_prompts`` prompts; every row then also gives
 ``tau_subset``, its τ on those prompts, for a paired comparison.
 """
 
