@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..errors import InvalidInputError
 from ..ops.batch import BlockNoise
 from ..ops.rng import ROUNDS
 from .launch import launch
@@ -64,8 +65,9 @@ def uniform_words(seed: torch.Tensor, request: torch.Tensor, first: torch.Tensor
     """seed, request, first: [R] integer tensors → float32 [4, R, n]: the four streams'
     uniforms at positions first[r] + lead + e (``ops.rng.uniform_words`` of the same keys)."""
     if seed.dim() != 1 or request.shape != seed.shape or first.shape != seed.shape:
-        raise ValueError(f"noise kernel: seed, request and first must be [R], got "
-                         f"{tuple(seed.shape)}, {tuple(request.shape)}, {tuple(first.shape)}")
+        raise InvalidInputError(
+            f"noise kernel: seed, request and first must be [R], got {tuple(seed.shape)}, "
+            f"{tuple(request.shape)}, {tuple(first.shape)}")
     r = seed.shape[0]
     out = torch.empty(4, r, n, dtype=torch.float32, device=first.device)
     if r == 0 or n == 0:
