@@ -59,5 +59,6 @@ INTERPRET_REASON = ("TRITON_INTERPRET=1 is set in this process, so Triton would 
 
 
 def interpreting() -> bool:
-    """True when Triton's interpreter replaces its compiler in this process."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton's interpreter replaces its compiler in this process: TRITON_INTERPRET
+    read as Triton reads it (1, true, on, yes or y in any case; anything else is off)."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes", "y")
