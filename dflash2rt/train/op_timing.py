@@ -57,7 +57,8 @@ def time_ops(backend: Backend, captured: dict[int, dict[str, list]], rounds: int
     per call (``*_ms``; ``*_ms_median`` the median round's), its ratio to the first K's
     (``*_vs_first_k``), and the median over rounds of that ratio within a round
     (``*_vs_first_k_paired``: steadier under a slow drift of the machine, but not under
-    another process's bursts on a shared one, which the fastest round leaves out)."""
+    another process's bursts on a shared one, which the fastest round leaves out; the unpaired
+    ratio where no round timed the first K above 0 s)."""
     ks = list(captured)
     ops = ("select", "verify")
     secs: dict[int, dict[str, list[float]]] = {k: {op: [] for op in ops} for k in ks}
@@ -95,7 +96,8 @@ def time_ops(backend: Backend, captured: dict[int, dict[str, list]], rounds: int
             row[f"{op}_ms_median"] = 1e3 * statistics.median(secs[k][op])
             row[f"{op}_vs_first_k"] = min(secs[k][op]) / max(min(secs[ref][op]), 1e-12)
             row[f"{op}_vs_first_k_paired"] = statistics.median(
-                a / b for a, b in zip(secs[k][op], secs[ref][op]) if b > 0)
+                [a / b for a, b in zip(secs[k][op], secs[ref][op]) if b > 0]
+                or [row[f"{op}_vs_first_k"]])
             row[f"{op}_ms_rounds"] = [1e3 * x for x in secs[k][op]]
             row[f"{op}_repeats"] = reps[k, op]
         out[k] = row
