@@ -58,6 +58,21 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: two wait on each other when a busy machine preempts one
+    (tiny forwards then run many times slower), and the recipe's results are bit-identical for
+    a fixed thread count; what pytest-xdist workers use anyway (above)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 # The slow tier's rule (tests/slow_guard.py): a test here that trains, or starts pytest, the
 # conformance suite, qualify, the compile check or a browser, fails unless marked slow.
 TESTS = Path(__file__).resolve().parent

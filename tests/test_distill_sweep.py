@@ -26,16 +26,7 @@ BACKEND = TorchOpsBackend("cpu", "cpu", (torch.float32, torch.float64))
 MASK = 60
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on a shared, busy machine two threads of these tiny forwards wait on
-    each other (many times slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 # ---------------------------------------------------------------- sample_batch

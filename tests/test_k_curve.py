@@ -4,7 +4,6 @@ tokens; sane fields and greedy tokens equal to target-only at every K. No timing
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dflash2rt.train.k_curve import k_curve, load_heldout, markdown_table, resolve_ks, \
     with_top_k
@@ -14,18 +13,6 @@ from dflash2rt.bench.measure import TEMPERATURES
 @pytest.fixture(scope="module")
 def heldout():
     return load_heldout("stdlib-code", 1)
-
-
-@pytest.fixture
-def one_thread():
-    """One torch thread: two wait on each other when a busy machine preempts one (this test
-    then took 20x longer); what pytest-xdist workers use anyway (tests/conftest.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_with_top_k_leaves_the_pair_alone(heldout):

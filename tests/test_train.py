@@ -92,15 +92,6 @@ def _tiny_run(seed: int) -> tuple[TargetModel, DraftModel, list[float]]:
     return target, draft, losses + [h["ce"] + h["sel"] + h["kl"] + h["selkl"] for h in hist]
 
 
-@pytest.fixture
-def one_thread():
-    """The recipe's thread count (results are bit-identical for a fixed thread count)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.slow                       # trains the tiny target and draft
 def test_tiny_run_is_bit_reproducible_from_its_seed(one_thread):
     t1, d1, l1 = _tiny_run(0)
