@@ -198,8 +198,8 @@ def _row_walk(unary: torch.Tensor, cand: torch.Tensor, anchor: torch.Tensor,
     picks, qs = [], []
     bad_lattice = torch.zeros(r, dtype=torch.bool, device=cand.device)
     for e in range(gamma):
-        left = pred_codebook[token].float() * scale_e[:, e]               # [R, r]
-        row = unary[:, e] + (left.unsqueeze(1) @ right[:, e].transpose(-1, -2)).squeeze(1)
+        row = lattice_rows(unary[:, e], token.view(r, 1), scale_e[:, e], pred_codebook,
+                           right[:, e]).squeeze(1)                        # [R, K]
         nxt = torch.argmax(row, dim=-1)                                   # greedy, lowest on ties
         row_bad = bad_rows(row)
         q = torch.nn.functional.one_hot(nxt, k).float()
@@ -275,6 +275,14 @@ def lattice(unary: torch.Tensor, cand: torch.Tensor, anchor: torch.Tensor, proj:
     """
     r, gamma, k = cand.shape
     pred = torch.cat([anchor.to(torch.int64).view(r, 1, 1).expand(r, 1, k), cand[:, :-1]], 1)
-    left = pred_codebook[pred].float() * proj.float().unsqueeze(2)       # [R, γ, K, r]
-    right = succ_codebook[cand].float()                                   # [R, γ, K, r]
-    return unary.unsqueeze(2) + left @ right.transpose(-1, -2)            # [R, γ, K, K]
+    return lattice_rows(unary, pred, proj.float(), pred_codebook,
+                        succ_codebook[cand].float())                      # [R, γ, K, K]
+
+
+def lattice_rows(unary: torch.Tensor, pred: torch.Tensor, proj: torch.Tensor,
+                 pred_codebook: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """The lattice rows of predecessor tokens pred [..., P]: unary [..., K] + Σ_d A[pred, d] ·
+    P[d] · right[c, d] with proj [..., r] (float32) and right [..., K, r] the successor codebook
+    rows of the candidates (float32) → [..., P, K] float32."""
+    left = pred_codebook[pred].float() * proj.unsqueeze(-2)              # [..., P, r]
+    return unary.unsqueeze(-2) + left @ right.transpose(-1, -2)
