@@ -223,20 +223,6 @@ def test_measure_rows_first_temperature_not_greedy(fake_profile):
                         "4.00), adaptive 4.0 tok/s (x1.00, tau 2.00)")
 
 
-def test_measure_rows_without_prompts_has_no_rates():
-    """No prompt: no samples, 0 tokens, 0 tok/s, no speedup (logged as x0.00)."""
-    lines: list[str] = []
-    res = rows.measure_rows(Scripted(ROUNDS), {1: []}, 4, 4, 1, temperatures=(T1,),
-                            profile=(), log=lines.append)
-    (r,) = res["rows"]
-    assert r["tokens"] == 0 and r["seeds"] == []
-    for c in r["contenders"].values():
-        assert c["tokens_per_s"] == 0.0 and c["speedup_vs_target_only"] is None
-        assert c["speedup_of_medians"] is None
-    assert lines == ["T=1, batch 1: target-only 0.0 tok/s, fixed 0.0 tok/s (x0.00, tau 0.00), "
-                     "adaptive 0.0 tok/s (x0.00, tau 0.00)"]
-
-
 def test_block_sweep_fitted_model():
     """target-only: 2.5 s wall a call, 0.5 s of it capture, 0.4 s prefill, 4 new tokens:
     t_target = (2.5 - 0.5 - 0.4) / 4 = 0.4 s; spec: 2 steps (tau 2), draft 0.1 + select 0.3
@@ -258,3 +244,18 @@ def test_block_sweep_fitted_model():
         assert r["capture_s"] == 0.5 * 4
     assert lines == ["block  2: tau 2.00, speedup x2.00 (model x1.00)",
                      "block  4: tau 2.00, speedup x2.00 (model x1.00)"]
+
+
+@pytest.mark.parametrize("call", [
+    lambda eng: rows.compare([], eng, None, 4, 4, 1, log=lambda s: None),
+    lambda eng: rows.measure_rows(eng, {2: [], 1: PROMPTS}, 4, 4, 1, log=lambda s: None),
+])
+def test_an_empty_prompt_list_is_refused_before_any_call(call):
+    """Every rate and ratio is per prompt: no prompts is an InvalidInputError naming the
+    function, raised before the engine decodes anything (no division by zero)."""
+    from dflash2rt.errors import InvalidInputError
+
+    eng = Scripted(ROUNDS)
+    with pytest.raises(InvalidInputError, match="at least one prompt"):
+        call(eng)
+    assert eng.counts == {}

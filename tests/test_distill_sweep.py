@@ -476,6 +476,17 @@ def recorders(monkeypatch):
     return batches
 
 
+@pytest.mark.parametrize("every", [0, -3, 2.0, True])
+def test_train_draft_refuses_a_bad_progress_interval(recorders, every):
+    """``every`` is a count of steps: 0, negatives, floats and booleans are refused by name
+    before any step."""
+    pair = tiny_pair("dflash2", block=4, seed=2, dtype=torch.float32)
+    with pytest.raises(InvalidInputError, match="every must be an integer >= 1"):
+        distill.train_draft(pair.draft, pair.target, _train_data(pair), 2, 2, 3, 0.01, 5,
+                            every=every)
+    assert recorders == [] and FakeOptimizer.made == []
+
+
 def _train_data(pair, n_seq=4, length=10, prompt=3):
     """``n_seq`` sequences of the target's taps, each with the target's top-4 law per row."""
     seqs = [[(5 * s + 7 * i + 1) % MASK for i in range(length)] for s in range(n_seq)]

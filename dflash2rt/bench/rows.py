@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 from ..engine.engine import Engine
 from ..engine.request import Request
+from ..errors import InvalidInputError
 from . import measure
 from .measure import (ADAPTIVE, ENGINE_CONTENDERS, FIXED, HF, SAMPLED_OVER_GREEDY_GOAL, SEED, SPEC,
                       STEP_PHASES, TARGET_ONLY, TEMPERATURES, Measurement, Temperature,
@@ -51,6 +52,7 @@ def compare(batch: Sequence[Sequence[int]], engine: Engine, hf: Any | None, max_
             block: int, repeats: int, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Target-only, speculative (``block``) and, with ``hf``, transformers greedy on ``batch``
     (one request per prompt, decoded as one batch), warmed up, then interleaved."""
+    _need_prompts(batch, "compare()")
     reqs = requests(batch, max_new)
     contenders = [engine_contender(TARGET_ONLY, engine, [reqs], False),
                   engine_contender(SPEC, engine, [reqs], True, block)]
@@ -63,6 +65,12 @@ def compare(batch: Sequence[Sequence[int]], engine: Engine, hf: Any | None, max_
         f"tau {res['tau']:.2f})"
         + (f", hf {res['hf_tokens_per_s']:.1f} tok/s" if m.get(HF) else ""))
     return with_deprecated_aliases(res)
+
+
+def _need_prompts(prompts: Sequence[Sequence[int]], where: str) -> None:
+    """Every rate and ratio is per prompt: an empty list has none to give."""
+    if len(prompts) == 0:
+        raise InvalidInputError(f"{where} needs at least one prompt, got none")
 
 
 def _key(t: Temperature, contender: str) -> str:
@@ -104,6 +112,7 @@ def measure_rows(engine: Engine, prompts_by_batch: dict[int, Sequence[Sequence[i
     capture: dict[int, float] = {}
     modes = ((TARGET_ONLY, False, None), (FIXED, True, block), (ADAPTIVE, True, None))
     for batch, prompts in prompts_by_batch.items():
+        _need_prompts(prompts, f"measure_rows() at batch {batch}")
         batches, contenders = _contenders(engine, prompts, batch, max_new, temperatures, modes, hf)
         m = measure.measure(contenders, repeats)
         capture[batch] = sum(x.capture_s for x in m.values())

@@ -239,6 +239,10 @@ def train_draft(draft: DraftModel, target: TargetModel, data: DistillData, steps
     from .progress import Progress
     from .target import cosine_lr, make_optimizer
 
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise InvalidInputError(f"every must be an integer >= 1 (steps between progress "
+                                f"lines), got {every!r}")
+
     gen = torch.Generator().manual_seed(seed)
     backend = TorchOpsBackend("cpu-train", "cpu", (torch.float32,))
     target.requires_grad_(False)
