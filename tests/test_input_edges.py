@@ -15,7 +15,7 @@ import dflash2rt
 from dflash2rt.api import resolve_model
 from dflash2rt.bundled import bundled_path
 from dflash2rt.cli import main
-from dflash2rt.cli.run_cmd import _safe_len
+from dflash2rt.cli.run_progress import safe_len
 from dflash2rt.engine.request import Request, SamplingParams
 from dflash2rt.errors import (CheckpointError, DFlash2Error, InvalidInputError, ResourceError,
                               SamplingParamsError)
@@ -216,10 +216,10 @@ def test_streamed_stdout_equals_the_api_text_with_a_stop_string(capsys):
 
 
 def test_stop_string_tail_is_held_back():
-    assert _safe_len("x = ab", ["abc"]) == 4
-    assert _safe_len("x = abc d", ["abc"]) == 4
-    assert _safe_len("x = a", ["ab", "zz"]) == 4
-    assert _safe_len("x = y", ["ab"]) == 5
+    assert safe_len("x = ab", ["abc"]) == 4
+    assert safe_len("x = abc d", ["abc"]) == 4
+    assert safe_len("x = a", ["ab", "zz"]) == 4
+    assert safe_len("x = y", ["ab"]) == 5
 
 
 @pytest.mark.parametrize("args", [("--temperature", "-1"), ("--block-size", "0"),

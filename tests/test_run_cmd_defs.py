@@ -15,7 +15,7 @@ import dflash2rt.api
 import dflash2rt.metrics
 import dflash2rt.registry
 from dflash2rt.bundled import bundled_path
-from dflash2rt.cli import run_cmd
+from dflash2rt.cli import run_cmd, run_progress
 from dflash2rt.errors import InvalidInputError, SamplingParamsError
 from dflash2rt.models.tokenizer import load_tokenizer
 from dflash2rt.watermark import WatermarkKey
@@ -340,7 +340,7 @@ def test_logit_bias_items():
         run_cmd._logit_bias(["4=1", "5=0", "+4=-0.5"])
 
 
-# _safe_len against scans of every position.
+# safe_len against scans of every position.
 
 def _ref_safe(text, stops, include):
     for p in range(len(text)):
@@ -363,24 +363,24 @@ def test_safe_len_against_every_short_text():
             text = "".join(chars)
             for stops in stop_sets:
                 for include in (False, True):
-                    assert run_cmd._safe_len(text, stops, include) == \
+                    assert run_progress.safe_len(text, stops, include) == \
                         _ref_safe(text, stops, include), (text, stops, include)
 
 
 def test_safe_len_hand_values():
-    assert run_cmd._safe_len("xab", ["abc"]) == 1
-    assert run_cmd._safe_len("xa", ["abc"]) == 1
-    assert run_cmd._safe_len("xab", ["ab"]) == 1
-    assert run_cmd._safe_len("xab", ["ab"], True) == 3
-    assert run_cmd._safe_len("", ["ab"]) == 0
-    assert run_cmd._safe_len("abc", []) == 3
+    assert run_progress.safe_len("xab", ["abc"]) == 1
+    assert run_progress.safe_len("xa", ["abc"]) == 1
+    assert run_progress.safe_len("xab", ["ab"]) == 1
+    assert run_progress.safe_len("xab", ["ab"], True) == 3
+    assert run_progress.safe_len("", ["ab"]) == 0
+    assert run_progress.safe_len("abc", []) == 3
 
 
-# _Progress: what reaches stdout / stderr after each chunk.
+# Progress: what reaches stdout / stderr after each chunk.
 
 def test_progress_streams_the_held_back_text(capsys):
     shown = []
-    prog = run_cmd._Progress(CharTok(), True, lambda: shown.append(1) or "P>", ["cd"],
+    prog = run_progress.Progress(CharTok(), True, lambda: shown.append(1) or "P>", ["cd"],
                              lambda: _ids("pp"))
     assert capsys.readouterr().out == "" and shown == []
     prog(0, _ids("ab"))
@@ -398,7 +398,7 @@ def test_progress_streams_the_held_back_text(capsys):
 
 def test_progress_echoes_the_prompt_once_even_for_held_back_text(capsys):
     shown = []
-    prog = run_cmd._Progress(CharTok(), True, lambda: shown.append(1) or "P>", ["ab"])
+    prog = run_progress.Progress(CharTok(), True, lambda: shown.append(1) or "P>", ["ab"])
     prog(0, _ids("a"))
     assert capsys.readouterr().out == "P>" and shown == [1]
     prog(0, _ids("b"))
@@ -408,13 +408,13 @@ def test_progress_echoes_the_prompt_once_even_for_held_back_text(capsys):
 
 
 def test_progress_with_include_keeps_the_stop(capsys):
-    prog = run_cmd._Progress(CharTok(), True, lambda: "", ["cd"], include_stop=True)
+    prog = run_progress.Progress(CharTok(), True, lambda: "", ["cd"], include_stop=True)
     prog(0, _ids("abcdz"))
     assert capsys.readouterr().out == "abcd"
 
 
 def test_progress_waits_for_an_incomplete_character(capsys):
-    prog = run_cmd._Progress(CharTok(), True, lambda: "P", [])
+    prog = run_progress.Progress(CharTok(), True, lambda: "P", [])
     prog(0, [0xFFFD])
     assert capsys.readouterr().out == ""
     prog(0, _ids("a"))
@@ -426,14 +426,14 @@ def test_progress_waits_for_an_incomplete_character(capsys):
 
 
 def test_progress_finish_alone_writes_prompt_and_text(capsys):
-    prog = run_cmd._Progress(CharTok(), True, lambda: "P", ["x"])
+    prog = run_progress.Progress(CharTok(), True, lambda: "P", ["x"])
     prog.finish("abc")
     assert capsys.readouterr().out == "Pabc\n"
 
 
 @pytest.mark.parametrize("tokenizer, stream", [(CharTok(), False), (None, True), (None, False)])
 def test_progress_counts_tokens_on_stderr_otherwise(capsys, tokenizer, stream):
-    prog = run_cmd._Progress(tokenizer, stream, lambda: "P", [])
+    prog = run_progress.Progress(tokenizer, stream, lambda: "P", [])
     assert prog.stream_text is False
     prog(0, [1, 2])
     prog(1, [])
@@ -545,12 +545,12 @@ def test_progress_flushes_after_each_step(monkeypatch):
     err, out = Recorder(), Recorder()
     monkeypatch.setattr(sys, "stderr", err)
     monkeypatch.setattr(sys, "stdout", out)
-    prog = run_cmd._Progress(None, False, lambda: "P", [])
+    prog = run_progress.Progress(None, False, lambda: "P", [])
     prog(0, [1])
     prog(0, [2, 3])
     assert [e for e in err.events if e != ("write", "")] == [
         ("write", "\r1 tokens generated"), ("flush",),
         ("write", "\r3 tokens generated"), ("flush",)]
-    prog = run_cmd._Progress(CharTok(), True, lambda: "P", [])
+    prog = run_progress.Progress(CharTok(), True, lambda: "P", [])
     prog(0, _ids("a"))
     assert out.events == [("write", "P"), ("write", "a"), ("flush",)]

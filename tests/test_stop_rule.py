@@ -107,11 +107,11 @@ def test_the_rule_itself():
 def test_cli_streaming_prints_exactly_the_api_text(pair, capsys, include):
     """The CLI's hold-back streams prompt + the API's text and nothing after it, fed the
     committed tokens one step at a time (the second step completes both stops at once)."""
-    from dflash2rt.cli.run_cmd import _Progress
+    from dflash2rt.cli.run_progress import Progress
 
     res = dflash2rt.run(pair, "cpu", prompts=[list(A)], max_new_tokens=6, stop=("bc", "ab"),
                         block_size=4, include_stop_str_in_output=include)
-    prog = _Progress(pair.tokenizer, True, lambda: "P:", ["bc", "ab"], lambda: list(A), include)
+    prog = Progress(pair.tokenizer, True, lambda: "P:", ["bc", "ab"], lambda: list(A), include)
     prog(0, [CA[0]])
     prog(0, [CA[1]])
     prog.finish(res.texts[0])
