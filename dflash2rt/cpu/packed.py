@@ -103,7 +103,7 @@ FLAT_ATTR = "_dflash2rt_flat"
 def _flat_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if x.dim() <= 2:
         return F.linear(x, self.weight, self.bias)
-    return F.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias).view(
+    return F.linear(x.flatten(0, -2), self.weight, self.bias).view(  # reshape(-1, 0) raises
         *x.shape[:-1], self.weight.shape[0])
 
 
