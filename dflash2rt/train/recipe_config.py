@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..engine.request import check_count, is_int
 from ..errors import InvalidInputError
+from ..ops.sampling import check_sampling_params
 from .draft_init import DraftShape
 from .target import TargetShape
 
@@ -90,8 +91,8 @@ class RecipeConfig:
 
     def check(self) -> None:
         """Raise ``InvalidInputError`` naming the first knob a run cannot start from (a count
-        below 1, a block below 2, K outside the vocabulary, a scale, rate or weight out of its
-        domain), before any work."""
+        below 1, a block below 2, K outside the vocabulary, a scale, rate, weight or generation
+        mix out of its domain), before any work."""
         if not is_int(self.seed) or not 0 <= self.seed < 2 ** 63:
             raise InvalidInputError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         for name in _COUNTS:
@@ -117,6 +118,7 @@ class RecipeConfig:
         if d.selector_top_k > self.vocab_size:
             raise InvalidInputError(f"draft selector_top_k must be at most the vocabulary "
                                     f"({self.vocab_size}), got {d.selector_top_k}")
+        _check_mix(self.gen_mix)
 
 
 # The integer knobs that must be at least 1.
@@ -151,3 +153,18 @@ def mix_settings(mix: tuple[tuple[float, float, float], ...], count: int, seed: 
         temps.append(float(pick[0]))
         top_ps.append(float(pick[1]))
     return temps, top_ps
+
+
+def _check_mix(mix: object) -> None:
+    """``gen_mix``: (temperature, top_p) pairs a request may carry, each with a share >= 0, some
+    share > 0 (else every prompt would fall back to the last setting)."""
+    if not (isinstance(mix, tuple) and mix and all(
+            isinstance(m, tuple) and len(m) == 3 and _is_number(m[2]) and m[2] >= 0 for m in mix)
+            and sum(m[2] for m in mix) > 0):
+        raise InvalidInputError(f"gen_mix must be (temperature, top_p, share >= 0) triples with "
+                                f"a share > 0, got {mix!r}")
+    for t, p, _ in mix:
+        try:
+            check_sampling_params(t, 0, p)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"gen_mix: {exc}") from None
