@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..errors import InvalidInputError
 from ..models.config import TargetConfig
 from ..models.target import TargetModel
 from .progress import Progress
@@ -65,6 +66,9 @@ def token_stream(docs: list[list[int]], eos_id: int) -> torch.Tensor:
 
 def sample_windows(stream: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
     """[batch, length] windows at seeded random offsets."""
+    if stream.numel() <= length:
+        raise InvalidInputError(f"a stream of {stream.numel()} tokens is too short for windows "
+                                f"of {length} tokens (it needs at least {length + 1})")
     starts = torch.randint(0, stream.numel() - length, (batch,), generator=gen)
     return torch.stack([stream[s:s + length] for s in starts.tolist()])
 
