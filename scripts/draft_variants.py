@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import json
 import time
@@ -66,7 +67,7 @@ def distill_data(cfg: RecipeConfig, target, cache: Path) -> tuple[DistillData, .
 
 def tv_soft_losses(logits, scores, cand, batch, w):
     """``distill._soft_losses`` with the selector's soft term replaced by total variation."""
-    loss_kl, _, _ = _KL_SOFT[0](logits, scores, cand, batch, w)
+    loss_kl = distill.slot_kl(logits, batch, w)
     pc = distill.candidate_mass(cand, batch.soft_ids, batch.soft_p)
     mass = pc.sum(-1)
     acc = torch.minimum(pc, torch.softmax(scores, dim=-1)).sum(-1)          # [R, N, γ]
@@ -78,7 +79,7 @@ def tv_soft_losses(logits, scores, cand, batch, w):
     return loss_kl, loss_tv, extra
 
 
-_KL_SOFT = [distill._soft_losses]
+KL_SOFT = distill._soft_losses        # the recipe's own soft losses
 
 
 @contextlib.contextmanager
@@ -87,7 +88,7 @@ def soft_losses(fn):
     try:
         yield
     finally:
-        distill._soft_losses = _KL_SOFT[0]
+        distill._soft_losses = KL_SOFT
 
 
 def grown(cfg: RecipeConfig, target, shipped: DraftModel) -> DraftModel:
@@ -117,6 +118,18 @@ def measure(draft: DraftModel, target, val, val_soft, prompts, cfg: RecipeConfig
     return res
 
 
+def plan(name: str, shipped: DraftModel, target, cfg: RecipeConfig, args) -> tuple:
+    """(draft, steps, lr, batch seed, soft losses) of a variant; 0 steps for ``base``."""
+    if name == "layers2":
+        shape = dataclasses.replace(cfg.draft, layers=2)
+        draft = DraftModel(draft_config(target.cfg, shape, shipped.cfg.mask_token_id))
+        init_draft(draft, torch.Generator().manual_seed(cfg.seed + 6))
+        return draft, cfg.draft_steps, cfg.draft_lr, cfg.seed + 7, KL_SOFT
+    draft = grown(cfg, target, shipped) if name == "grow" else copy.deepcopy(shipped)
+    steps = 0 if name == "base" else args.steps
+    return draft, steps, args.lr, args.seed, tv_soft_losses if name == "tv" else KL_SOFT
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(VARIANTS))
@@ -134,32 +147,21 @@ def main() -> None:
     torch.set_flush_denormal(True)
     bp = bundled_path("stdlib-code")
     cfg = RecipeConfig(target_dir="stdlib-code")
-    target = load_pair(bp / "target", bp / "draft").target      # with the draft's taps
+    shipped_pair = load_pair(bp / "target", bp / "draft")
+    target, shipped = shipped_pair.target, shipped_pair.draft    # the target with the taps
     data, val, val_soft = distill_data(cfg, target, args.data_dir)
     prompts = [p["prompt_ids"] for p in json.loads((bp / "heldout_prompts.json").read_text())]
     results = {}
     for name in names:
-        draft = load_pair(bp / "target", bp / "draft").draft
-        if name == "layers2":
-            shape = dataclasses.replace(cfg.draft, layers=2)
-            draft = DraftModel(draft_config(target.cfg, shape, draft.cfg.mask_token_id))
-            init_draft(draft, torch.Generator().manual_seed(cfg.seed + 6))
+        draft, steps, lr, seed, losses = plan(name, shipped, target, cfg, args)
+        if steps:
             t0 = time.perf_counter()
-            distill.train_draft(draft, target, data, cfg.draft_steps, cfg.draft_seqs_per_step,
-                                cfg.draft_anchors, cfg.draft_lr, cfg.seed + 7, cfg.slot_decay,
-                                cfg.selector_weight, every=50, soft_weight=cfg.soft_weight,
-                                hard_weight=cfg.hard_weight, hard_argmax=cfg.hard_argmax)
-            log(f"{name}: {cfg.draft_steps} steps in {time.perf_counter() - t0:.0f} s")
-        elif name != "base":
-            if name == "grow":
-                draft = grown(cfg, target, draft)
-            t0 = time.perf_counter()
-            with soft_losses(tv_soft_losses if name == "tv" else _KL_SOFT[0]):
-                distill.train_draft(draft, target, data, args.steps, cfg.draft_seqs_per_step,
-                                    cfg.draft_anchors, args.lr, args.seed, cfg.slot_decay,
+            with soft_losses(losses):
+                distill.train_draft(draft, target, data, steps, cfg.draft_seqs_per_step,
+                                    cfg.draft_anchors, lr, seed, cfg.slot_decay,
                                     cfg.selector_weight, every=50, soft_weight=cfg.soft_weight,
                                     hard_weight=cfg.hard_weight, hard_argmax=cfg.hard_argmax)
-            log(f"{name}: {args.steps} steps in {time.perf_counter() - t0:.0f} s")
+            log(f"{name}: {steps} steps in {time.perf_counter() - t0:.0f} s")
         results[name] = measure(draft, target, val, val_soft, prompts, cfg)
         log(f"{name}: {json.dumps(results[name])}")
     print("| variant | val T=0 τ | val T=1 acc / slot | val T=1 τ | τ T=0 | τ T=0.7 p0.95 "

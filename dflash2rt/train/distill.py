@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend import TorchOpsBackend
+from ..engine.request import check_count
 from ..errors import InvalidInputError
 from ..models.draft import DraftModel
 from ..models.target import TargetModel
@@ -203,15 +204,22 @@ def _selector_ce(scores: torch.Tensor, hit_h: torch.Tensor, w: torch.Tensor) -> 
     return (sel_ce.sum(dim=(0, 1)) / present_h.sum(dim=(0, 1)).clamp(min=1) * w).sum()
 
 
+def slot_kl(logits: torch.Tensor, batch: Batch, w: torch.Tensor) -> torch.Tensor:
+    """Per-slot KL(p_target ‖ q_draft) over the target's top M in ``batch``, a slot-weighted
+    mean."""
+    sp, si = batch.soft_p, batch.soft_ids                                    # [R, N, γ, M]
+    logp = F.log_softmax(logits, dim=-1)
+    kl = (sp * (torch.log(sp.clamp(min=1e-30)) - logp.gather(-1, si))).sum(-1)   # [R, N, γ]
+    return (kl.mean(dim=(0, 1)) * w).sum()
+
+
 def _soft_losses(logits: torch.Tensor, scores: torch.Tensor, cand: torch.Tensor, batch: Batch,
                  w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """(per-slot KL(p_target ‖ q_draft) over the target's top M, mass-weighted KL(p̃ ‖ q) of the
     selector, metrics ``kl``, ``selkl``, ``mass``, ``acc1``, ``tau1``) against the target's law
     in ``batch``."""
     sp, si = batch.soft_p, batch.soft_ids                                    # [R, N, γ, M]
-    logp = F.log_softmax(logits, dim=-1)
-    kl = (sp * (torch.log(sp.clamp(min=1e-30)) - logp.gather(-1, si))).sum(-1)   # [R, N, γ]
-    loss_kl = (kl.mean(dim=(0, 1)) * w).sum()
+    loss_kl = slot_kl(logits, batch, w)
     pc = candidate_mass(cand, si, sp)                                        # [R, N, γ, K]
     mass = pc.sum(-1)                                                        # [R, N, γ]
     pt = pc / mass.clamp(min=1e-12).unsqueeze(-1)                            # p̃ on the candidates
@@ -239,9 +247,7 @@ def train_draft(draft: DraftModel, target: TargetModel, data: DistillData, steps
     from .progress import Progress
     from .target import cosine_lr, make_optimizer
 
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-        raise InvalidInputError(f"every must be an integer >= 1 (steps between progress "
-                                f"lines), got {every!r}")
+    check_count("every", every, 1)                     # steps between progress lines
 
     gen = torch.Generator().manual_seed(seed)
     backend = TorchOpsBackend("cpu-train", "cpu", (torch.float32,))
