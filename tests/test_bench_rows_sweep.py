@@ -11,6 +11,7 @@ import pytest
 from dflash2rt.bench import measure as bm, rows
 from dflash2rt.engine.request import RequestOutput
 from dflash2rt.engine.stats import RunStats
+from dflash2rt.errors import InvalidInputError
 
 T0, T07, T1 = bm.TEMPERATURES
 
@@ -253,8 +254,6 @@ def test_block_sweep_fitted_model():
 def test_an_empty_prompt_list_is_refused_before_any_call(call):
     """Every rate and ratio is per prompt: no prompts is an InvalidInputError naming the
     function, raised before the engine decodes anything (no division by zero)."""
-    from dflash2rt.errors import InvalidInputError
-
     eng = Scripted(ROUNDS)
     with pytest.raises(InvalidInputError, match="at least one prompt"):
         call(eng)
