@@ -11,7 +11,9 @@ same decision bit for bit. On the first rejection draw from norm((p_j - q_j)_+) 
 that mass is 0 — and after a fully accepted block draw the bonus from p_γ: by inverse CDF over
 float64 sums, or over exact double-float (p - q)+ and double-float prefix sums, which agree with
 float64 except within (2^-40 + V·2^-53)·total of a CDF breakpoint (``exact32``). Tokens
-with p = 0 are never emitted. Acceptance, residual and bonus uniforms are separate inputs (separate RNG streams).
+with p = 0 are never emitted. Acceptance, residual and bonus uniforms are separate inputs
+(separate RNG streams). Sampled rows flagged in ``block`` are verified as a whole block instead
+(``ops.block_verify``: never fewer kept drafts in expectation, the same output law).
 A sampled row whose q is not finite and non-negative, or gives its own draft token no mass (NaN
 included), is flagged ``bad_q``; any other row with nothing to draw from is flagged ``bad``.
 
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import BackendError, InvalidInputError, NonFiniteLogitsError
-from . import exact32
+from . import block_verify, exact32
 from .batch import BlockNoise, SamplingBatch
 from .draws import Draws, EmitDraw, verify_draws
 from .sampling import bad_rows, inverse_cdf, target_probs
@@ -115,15 +117,18 @@ def check_verify_args(logits: torch.Tensor, draft: torch.Tensor, candidates: tor
 
 def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor,
            sampling: SamplingBatch, noise: Draws, check: bool = True,
-           has_fp64: bool | None = None) -> VerifyOut:
+           has_fp64: bool | None = None, block: torch.Tensor | None = None) -> VerifyOut:
     """logits [R, γ+1, V] of the verify pass over [anchor, d_1..d_γ]; draft [R, γ];
     candidates, q [R, γ, K]; ``noise``: the draws (a ``BlockNoise``, or a ``DrawSource``).
     With ``check`` a NaN row raises at once; the engine passes False and checks ``bad`` at its
     one device→host synchronisation per step. ``has_fp64`` False takes the float32 formulation
-    (None: ``exact32.fp64_enabled()``)."""
+    (None: ``exact32.fp64_enabled()``). ``block`` [R] bool: the sampled rows verified as a
+    block (``ops.block_verify``; the float64 formulation, ordinary draws), None: none."""
     noise, marks = verify_draws(noise, draft, has_fp64)   # a source's draws: raises if it can't
     fp64 = exact32.fp64_enabled(has_fp64)
     _require_fp64(marks, fp64)
+    if block is not None:
+        _require_block(marks, fp64)
     r, rows, v = check_verify_args(logits, draft, candidates, q)
     gamma = rows - 1
     bad = bad_rows(logits).any(dim=1)
@@ -136,6 +141,10 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
             exact32.draft_mass32(draft, candidates, q)                              # [R, γ]
         acc_s, emitted_s = _verify_sampled(logits, draft, candidates, q, (q_d, q_lo), sampling,
                                            noise, marks)
+        if block is not None:
+            acc_b, emitted_b = _verify_block(logits, draft, candidates, q, q_d, sampling, noise)
+            acc_s = torch.where(block, acc_b, acc_s)
+            emitted_s = torch.where(block, emitted_b, emitted_s)
         acc = torch.where(sampling.greedy, acc, acc_s)
         emitted = torch.where(sampling.greedy, emitted, emitted_s)
         bad_q = ~sampling.greedy & law_broken(q, q_d)
@@ -144,6 +153,27 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
     if check:
         out.raise_if_bad()
     return out
+
+
+def _require_block(marks: EmitDraw | None, fp64: bool) -> None:
+    if not fp64:
+        raise BackendError("block verification needs the float64 formulation; this device has "
+                           "no float64: verify these requests with verification='token'")
+    if marks is not None:
+        raise InvalidInputError("block verification does not take the watermark's keyed draws: "
+                                "watermarked requests verify with verification='token'")
+
+
+def _verify_block(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
+                  q: torch.Tensor, q_d: torch.Tensor, sampling: SamplingBatch,
+                  noise: BlockNoise) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification of every row (``ops.block_verify``) → (accept_len [R], token [R])."""
+    p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                     top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows,
+                     min_p=sampling.min_p)                                         # [R, γ+1, V]
+    acc, _, drawn = block_verify.verify_block_sampled(p, draft, candidates, q, q_d, noise.accept,
+                                                      noise.residual, noise.bonus)
+    return acc, drawn
 
 
 def _verify_sampled(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
