@@ -78,7 +78,8 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
         logit_bias: dict[int, float] | None = _Default(None),
         logprobs: int | None = _Default(None), logprobs_mode: str = _Default("raw"),
         regex: str | None = None, constraint: Any = _Default(None),
-        num_candidates: int | None = _Default(None), metrics: str | Path | None = None,
+        num_candidates: int | None = _Default(None), verification: str = _Default("token"),
+        metrics: str | Path | None = None,
         watermark: WatermarkKey | str | Path | None = None,
         tp: int = 1, tp_check: bool = False) -> RunResult | None:
     """Decode ``prompts`` with speculative decoding (``spec=False``: target only).
@@ -88,7 +89,8 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
     "z-lab/Qwen3-8B-DFlash-b16"``, a (target, draft) tuple, or a loaded ModelPair).
 
     The sampling keywords (``max_new_tokens`` to ``logprobs_mode``, ``stop`` being
-    ``stop_strings``, ``constraint`` and ``num_candidates``) are ``SamplingParams``'s fields,
+    ``stop_strings``, ``constraint``, ``num_candidates`` and ``verification``) are
+    ``SamplingParams``'s fields,
     one set for every prompt. ``sampling_params`` instead: a ``dflash2rt.SamplingParams`` for
     every prompt, or a list of them, one per prompt (as vLLM's ``LLM.generate``); giving it
     with any sampling keyword is a ``ConflictingArgumentsError``, a list of the wrong length an
@@ -138,7 +140,8 @@ def run(model: ModelSpec = DEFAULT_MODEL, backend: str | Backend | None = None, 
 _SAMPLING_KEYWORDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop",
                       "stop_token_ids", "include_stop_str_in_output", "repetition_penalty",
                       "frequency_penalty", "presence_penalty", "min_p", "logit_bias",
-                      "logprobs", "logprobs_mode", "constraint", "num_candidates")
+                      "logprobs", "logprobs_mode", "constraint", "num_candidates",
+                      "verification")
 
 
 def _run(a: dict[str, Any], group: Any = None) -> RunResult | None:

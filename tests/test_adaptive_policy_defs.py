@@ -25,9 +25,10 @@ CANDS = (1, 2, 4, 8)
 COSTS = {1: 1.0, 2: 1.6, 4: 1.8, 8: 2.2}       # speculation pays at the prior
 
 
-def _req(temperature=0.0, top_p=1.0, top_k=0, cands=None, budget=16):
+def _req(temperature=0.0, top_p=1.0, top_k=0, cands=None, budget=16, rule="token"):
     return Request((1, 2), SamplingParams(max_new_tokens=budget, temperature=temperature,
-                                          top_p=top_p, top_k=top_k, num_candidates=cands))
+                                          top_p=top_p, top_k=top_k, num_candidates=cands,
+                                          verification=rule))
 
 
 def ref_mode(reqs):
@@ -35,6 +36,8 @@ def ref_mode(reqs):
     for q in reqs:
         if q.params.temperature > 0:
             base = "sampled"
+    if "block" in [q.params.verification for q in reqs]:
+        base += ", block verification"
     counts = sorted({q.params.num_candidates for q in reqs} - {None})
     if not counts:
         return base
@@ -47,11 +50,15 @@ def ref_law(reqs):
     one = (first.temperature, first.top_p, first.top_k)
     if first.num_candidates is not None:
         one += (first.num_candidates,)
+    if first.verification == "block" and first.temperature != 0:
+        one += ("block",)
     for q in reqs[1:]:
         p = q.params
         mine = (p.temperature, p.top_p, p.top_k)
         if p.num_candidates is not None:
             mine += (p.num_candidates,)
+        if p.verification == "block" and p.temperature != 0:
+            mine += ("block",)
         if mine != one:
             return "mixed"
     return one
@@ -61,7 +68,8 @@ def test_mode_and_law_of_a_batch():
     rng = random.Random(1)
     kinds = [dict(), dict(temperature=0.5), dict(temperature=1.0), dict(temperature=1.5),
              dict(temperature=1.0, top_p=0.9), dict(top_k=5), dict(cands=8), dict(cands=32),
-             dict(temperature=0.7, cands=4)]
+             dict(temperature=0.7, cands=4), dict(rule="block"),
+             dict(temperature=1.0, rule="block"), dict(temperature=0.7, cands=4, rule="block")]
     for _ in range(300):
         reqs = [_req(**rng.choice(kinds)) for _ in range(rng.randint(1, 4))]
         assert mode_of(reqs) == ref_mode(reqs)
@@ -69,6 +77,10 @@ def test_mode_and_law_of_a_batch():
     one = [_req(temperature=0.5, cands=3)]
     assert (mode_of(one), law_of(one)) == ("sampled, candidates 3", (0.5, 1.0, 0, 3))
     assert mode_of([_req(cands=8), _req(cands=2), _req()]) == "greedy, candidates 2 8 trained"
+    assert (mode_of([_req(temperature=1.0, rule="block")]),
+            law_of([_req(temperature=1.0, rule="block")])) == \
+        ("sampled, block verification", (1.0, 1.0, 0, "block"))
+    assert law_of([_req(rule="block"), _req()]) == (0.0, 1.0, 0)     # greedy: one law
 
 
 class Plan(CallPlan):

@@ -95,7 +95,8 @@ KEYWORDS = [("max_new_tokens", 7, "max_new_tokens", 7), ("temperature", 0.5, "te
             ("presence_penalty", 0.5, "presence_penalty", 0.5), ("min_p", 0.1, "min_p", 0.1),
             ("logit_bias", {3: 1.0}, "logit_bias", {3: 1.0}), ("logprobs", 2, "logprobs", 2),
             ("logprobs_mode", "processed", "logprobs_mode", "processed"),
-            ("num_candidates", 2, "num_candidates", 2)]
+            ("num_candidates", 2, "num_candidates", 2),
+            ("verification", "block", "verification", "block")]
 
 
 def test_no_keyword_gives_the_default_sampling_params_for_every_prompt(script):
@@ -135,7 +136,7 @@ def test_any_sampling_keyword_with_sampling_params_is_a_conflict_even_at_its_def
                 "stop": (), "stop_token_ids": (), "include_stop_str_in_output": False,
                 "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
                 "min_p": 0.0, "logit_bias": None, "logprobs": None, "logprobs_mode": "raw",
-                "constraint": None, "num_candidates": None}
+                "constraint": None, "num_candidates": None, "verification": "token"}
     with pytest.raises(ConflictingArgumentsError, match=rf": {name} given with sampling_"):
         api.run(prompts=["a"], sampling_params=SamplingParams(), **{name: defaults[name]})
     assert script.resolved == [] and script.decodes == []

@@ -88,7 +88,8 @@ def params(draw, max_new: int) -> SamplingParams:
         logit_bias=draw(_one_of({}, {5: 3.0}, {EOS: -100.0, 20: 1.5})),
         logprobs=draw(_one_of(None, 0, 1, 3)), logprobs_mode=draw(_one_of("raw", "processed")),
         constraint=draw(st.sampled_from(CONSTRAINTS)),
-        num_candidates=draw(_one_of(None, 1, 2, 9, VOCAB)))     # the draft's trained K is 4
+        num_candidates=draw(_one_of(None, 1, 2, 9, VOCAB)),     # the draft's trained K is 4
+        verification=draw(_one_of("token", "block")))
 
 
 @st.composite
@@ -123,10 +124,12 @@ def _same(got, want, where: str) -> None:
 
 def check_batch(engine: Engine, reqs: list[Request], watermarked: bool, spec: bool) -> None:
     """Each request of ``reqs`` run in the batch and alone (same key, same mode; target-only
-    requests without a candidate count, which only drafts take)."""
-    if not spec:
-        reqs = [dataclasses.replace(q, params=dataclasses.replace(q.params, num_candidates=None))
-                for q in reqs]
+    requests without a candidate count or block verification, which only drafts take, and
+    watermarked ones verified token by token, as the watermark asks)."""
+    if not spec or watermarked:          # target-only: no drafts; watermarked: token by token
+        reqs = [dataclasses.replace(q, params=dataclasses.replace(
+            q.params, verification="token",
+            num_candidates=q.params.num_candidates if spec else None)) for q in reqs]
     kw = dict(spec=spec, block_size=BLOCK if spec else None, watermark=KEY if watermarked else None)
     batch, _ = engine.generate(reqs, **kw)
     for i, q in enumerate(reqs):

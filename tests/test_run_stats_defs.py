@@ -22,7 +22,7 @@ def fresh_fields(mode: str, block: int) -> dict:
     return {
         "mode": mode, "backend": "cpu", "device": "cpu", "block_size": block,
         "requests": 0, "adaptive": False, "call_plan": "", "cost_noise": "",
-        "block_sizes": {}, "candidates": {}, "costs": {}, "step_time": {},
+        "block_sizes": {}, "candidates": {}, "block_verified": 0, "costs": {}, "step_time": {},
         "calibration_steps": 0, "calibration_s": 0.0, "draft_deferred": 0,
         "steps": 0, "request_steps": 0, "committed": 0, "generated": 0, "accept_hist": [],
         "num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,

@@ -32,6 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-candidates", type=int, default=None, metavar="K",
                    help="candidates per draft slot the selector offers (default: the draft's "
                         "trained count; any K keeps decoding lossless)")
+    p.add_argument("--verification", choices=("token", "block"), default="token",
+                   help="sampled drafts verified slot by slot (token) or as a whole block "
+                        "(block: the same law, more drafts kept; float64 devices)")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="over prompt + output tokens: a positive logit / r, else × r (1 = off)")
     p.add_argument("--frequency-penalty", type=float, default=0.0,
@@ -174,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
                   logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs,
                   logprobs_mode=args.logprobs_mode,
                   regex=args.regex, metrics=args.metrics, watermark=key,
-                  num_candidates=args.num_candidates)
+                  num_candidates=args.num_candidates, verification=args.verification)
     if args.json:
         print(file=sys.stderr)
         print(json.dumps({**res.as_dict(), "load": loaded}, indent=2))
@@ -231,7 +234,7 @@ def _run_tp(args: argparse.Namespace, prompts: list) -> int:
                   logit_bias=_logit_bias(args.logit_bias), logprobs=args.logprobs,
                   logprobs_mode=args.logprobs_mode, regex=args.regex, metrics=args.metrics,
                   watermark=key, tp=args.tp, tp_check=args.tp_check,
-                  num_candidates=args.num_candidates)
+                  num_candidates=args.num_candidates, verification=args.verification)
     if res is None:                      # a rank other than 0 (torchrun)
         return 0
     if args.json:

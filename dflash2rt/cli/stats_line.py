@@ -4,10 +4,13 @@ from __future__ import annotations
 
 
 def counts(s) -> str:
-    """The requests at each candidate count ("candidates 16x2, 64x1, "; "" when none)."""
-    if not s.candidates:
-        return ""
-    return "candidates " + ", ".join(f"{k}x{n}" for k, n in s.candidates.items()) + ", "
+    """The requests at each candidate count and those verified as a block ("candidates 16x2,
+    64x1, block-verified 1, "; "" when none of either)."""
+    out = ""
+    if s.candidates:
+        out = "candidates " + ", ".join(f"{k}x{n}" for k, n in s.candidates.items()) + ", "
+    block = getattr(s, "block_verified", 0)
+    return out + (f"block-verified {block}, " if block else "")
 
 
 def stats_line(s) -> str:

@@ -25,6 +25,7 @@ from ..ops.procs import unpack_logprobs
 from ..watermark import WatermarkKey
 from ..watermark.sampler import require_fp64
 from .candidates import check_no_counts, counts as candidate_counts
+from .verification import block_rows, check_rule
 from .output import Collector, drop_finished, host_masks, verify_masks
 from .precompile import CompileAhead
 from .policy import Call, Live, Policy
@@ -166,6 +167,7 @@ class Engine:
             q.validate(pair.target.cfg.vocab_size)
         if not spec:
             check_no_counts(requests)
+        check_rule(requests, spec, watermark)
         return policy
 
     def _new_run(self, requests: Sequence[Request], call: Call, on_tokens: OnTokens | None,
@@ -180,6 +182,7 @@ class Engine:
         pair = self.pair
         if call.spec:
             stats.candidates = candidate_counts(requests, selector_params(pair).top_k)
+            stats.block_verified = block_rows(requests)
         out = Collector(requests, pair.tokenizer, pair.eos_token_ids, on_tokens,
                         pair.target.cfg.vocab_size, on_finish)
         return stats, out, Fallbacks(self._standing_fallbacks.reported)

@@ -29,13 +29,15 @@ from ..watermark import generate as wm_generate
 from ..watermark.generate import KeyedDraws, WatermarkBatch
 from . import candidates
 
-EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs, constraints or a "
-               "candidate count of their own run "
+EAGER_PROCS = ("steps of batches with logit processors, min-p, logprobs, constraints, a "
+               "candidate count of their own or block verification run "
                "eagerly (graphs do not take their state as inputs)")
 CONSTRAINT_WALK_OPS = ("constrained steps walk the selector with torch ops (the walk's "
                        "constraint mask has no kernel)")
 WATERMARK_OPS = ("watermarked steps select and verify with torch ops (this backend's kernels do "
                  "not run the keyed draws)")
+BLOCK_VERIFY_OPS = ("block-verified steps verify with torch ops (this backend's verify kernel "
+                    "decides token by token)")
 
 
 class RowExtension:
@@ -61,6 +63,10 @@ class RowExtension:
 
     def draws(self, noise: BlockNoise) -> DrawSource | None:
         """The block's draw source for select / verify in place of ``noise``, or None."""
+        return None
+
+    def verify_rows(self) -> torch.Tensor | None:
+        """[R] bool: the rows verified as a block (``ops.block_verify``), or None."""
         return None
 
     def next_draw(self, lens: torch.Tensor) -> EmitDraw | None:
@@ -233,6 +239,32 @@ class Candidates(RowExtension):
         return candidates.limit(logits, self.requested, self.per_row, trained)
 
 
+@dataclass(frozen=True)
+class BlockVerify(RowExtension):
+    """Block verification (``SamplingParams.verification``): ``rows`` [R] bool on the device,
+    the rows that asked for it. Verify takes the torch ops (``ops.verify`` with ``block``)."""
+
+    rows: torch.Tensor
+
+    @classmethod
+    def build(cls, asked: Sequence[str], device: torch.device) -> "BlockVerify | None":
+        """None when no row asks for it."""
+        if all(a != "block" for a in asked):
+            return None
+        return cls(torch.tensor([a == "block" for a in asked], dtype=torch.bool, device=device))
+
+    def take(self, idx):
+        return BlockVerify(self.rows[torch.tensor(list(idx), dtype=torch.int64,
+                                                  device=self.rows.device)])
+
+    def verify_rows(self):
+        return self.rows
+
+    def reports(self, kind, implementation):
+        return [BLOCK_VERIFY_OPS] if kind == "verify" \
+            and implementation.get("verify") != TORCH_OPS else []
+
+
 def build(requests: Sequence, vocab: int | None, device: torch.device,
           watermark: WatermarkBatch | None = None) -> tuple[RowExtension, ...]:
     """The active extensions of a batch of engine Requests, in hook order: those its requests
@@ -248,7 +280,8 @@ def build(requests: Sequence, vocab: int | None, device: torch.device,
         constraint = ConstraintBatch.build([q.params.constraint for q in requests], vocab,
                                            device)
     own = Candidates.build([q.params.num_candidates for q in requests], device)
+    block = BlockVerify.build([q.params.verification for q in requests], device)
     return tuple(e for e in (None if procs is None else Procs(procs),
                              None if watermark is None else Watermark(watermark),
-                             None if constraint is None else Constraint(constraint), own)
+                             None if constraint is None else Constraint(constraint), own, block)
                  if e is not None)

@@ -45,6 +45,11 @@ class SamplingParams:
     (None: the draft's trained ``selector_top_k``; 1 to the vocabulary size otherwise): a
     proposal setting, so any value keeps verification lossless (``engine.candidates``).
 
+    ``verification``: how a sampled request's drafts are verified: "token" (the default; slot
+    by slot, ``ops.verify``) or "block" (the block as a whole, ``ops.block_verify``: the same
+    output law, never fewer accepted drafts in expectation; float64 devices, torch ops, not
+    with the watermark). Greedy requests verify the same either way.
+
     vLLM's field names are accepted as well: ``max_tokens`` is ``max_new_tokens`` and ``stop``
     (a string or a list of strings; None: none) is ``stop_strings``, given to the constructor
     (one of the two names, not both) and read back as properties; ``top_k=-1`` (vLLM's "off")
@@ -71,6 +76,7 @@ class SamplingParams:
     logprobs_mode: str = "raw"
     constraint: Any = field(default=None, hash=False)
     num_candidates: int | None = None
+    verification: str = "token"
 
     def __post_init__(self) -> None:
         if not is_int(self.max_new_tokens) or not 1 <= self.max_new_tokens < 2**63:
@@ -118,6 +124,9 @@ class SamplingParams:
                                           f"count) or an integer >= 1, got "
                                           f"{self.num_candidates!r}")
             object.__setattr__(self, "num_candidates", int(self.num_candidates))
+        if self.verification not in VERIFICATIONS:
+            raise SamplingParamsError(f"verification must be one of {VERIFICATIONS}, got "
+                                      f"{self.verification!r}")
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise SamplingParamsError(
                 f"constraint must be None or a hook with initial(), allowed(state) and "
@@ -301,6 +310,7 @@ def stop_at(tokens: Sequence[int], params: SamplingParams, eos: Sequence[int]
 
 
 LOGPROBS_MODES = ("raw", "processed")
+VERIFICATIONS = ("token", "block")
 
 
 def stop_cut(text: str, stops: Sequence[str], include: bool = False) -> int | None:

@@ -12,7 +12,9 @@ constraint masks), before the backend's verify (so a kernel backend verifies pro
 too); ``draft_logits`` shapes the proposals; a walk mask sends the selector's walk through the
 torch ops; a draw source (the watermark's keyed draws, ``watermark.generate.KeyedDraws``) replaces
 the block's noise in the backend's select / verify, and a next-token draw replaces the uniform of
-``sample_next`` (target-only and first tokens, torch); every extension advances by the committed
+``sample_next`` (target-only and first tokens, torch); rows that ask for block verification
+(``verify_rows``) send verify through the torch ops (``ops.verify`` with ``block``); every
+extension advances by the committed
 tokens (``commit``). With logprobs requested, each step also returns the emitted tokens'
 log-probabilities under the final law (``ops.procs.token_logprobs``).
 """
@@ -30,6 +32,7 @@ from ..models.target import TargetOutput
 from ..ops.batch import BlockNoise
 from ..ops.procs import token_logprobs
 from ..ops import selector as ops_selector
+from ..ops import verify as ops_verify
 from ..ops.selector import SelectorOut, SelectorParams
 from ..ops.staging import to_device
 from ..ops.verify import VerifyOut, sample_next
@@ -180,8 +183,13 @@ def verify_block(pair: ModelPair, st: BatchState, backend: Backend, sel: Selecto
                       attn=backend.attention)                           # writes all B rows' K/V
     logits = processed(st, out.logits, sel.draft)
     draws = _only((e.draws(noise) for e in st.extensions), "block's draws") or noise
-    ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, draws,
-                         check=False)
+    block = _only((e.verify_rows() for e in st.extensions), "block verification")
+    if block is not None:                                  # block verification: torch ops
+        ver = ops_verify.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, draws,
+                                check=False, has_fp64=backend.has_fp64, block=block)
+    else:
+        ver = backend.verify(logits, sel.draft, sel.candidates, sel.q, st.sampling, draws,
+                             check=False)
     return out, ver, logprobs_of(st, logits, ver.tokens, out.logits)
 
 

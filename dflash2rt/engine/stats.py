@@ -22,6 +22,7 @@ class RunStats:
     block_sizes: dict[int, int] = field(default_factory=dict)  # block → steps (1: target-only)
     candidates: dict[int, int] = field(default_factory=dict)   # candidates per draft slot →
                                    # requests selecting at that count (spec runs; engine.candidates)
+    block_verified: int = 0        # requests verified as a block (spec runs; engine.verification)
     costs: dict[int, dict[int, float]] = field(default_factory=dict)  # block → bucket → seconds
     # block → bucket → [steps, seconds] of this run's real decode steps (capture excluded):
     # what the steps cost, beside ``costs`` (what the schedule's table predicted)

@@ -5,8 +5,9 @@ vLLM's extra parameters (sent by OpenAI's clients in ``extra_body``, so at the t
 body) are taken the way vLLM takes them: ``top_k``, ``min_p``, ``repetition_penalty``,
 ``ignore_eos``, ``stop_token_ids``, ``include_stop_str_in_output``, a regex constraint as
 ``structured_outputs={"regex": ...}`` (or the older ``guided_regex``); dflash2rt's own:
-``block_size`` (the server's fixed block; another value is refused) and ``num_candidates``
-(candidates per draft slot, ``SamplingParams.num_candidates``). Fields the server does
+``block_size`` (the server's fixed block; another value is refused), ``num_candidates``
+(candidates per draft slot, ``SamplingParams.num_candidates``) and ``verification`` ("token"
+or "block", ``SamplingParams.verification``). Fields the server does
 not implement are refused by name (400), never ignored, except the metadata ``user``.
 """
 
@@ -17,7 +18,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..engine.request import SamplingParams, is_int
+from ..engine.request import VERIFICATIONS, SamplingParams, is_int
 from ..errors import DFlash2Error
 from .errors import APIError, bad
 
@@ -25,7 +26,7 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_
           "stop", "presence_penalty", "frequency_penalty", "logit_bias", "seed", "user",
           "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids",
           "include_stop_str_in_output", "structured_outputs", "guided_regex", "block_size",
-          "num_candidates"}
+          "num_candidates", "verification"}
 COMPLETION = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 CHAT = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens",
                  "response_format", "add_generation_prompt"}
@@ -182,6 +183,13 @@ def sampling_params(body: dict, limits: Limits, max_tokens: int | None,
     if candidates is not None and not 1 <= candidates <= limits.vocab:
         raise bad("num_candidates", f"num_candidates must lie in [1, {limits.vocab}] (the "
                                     f"vocabulary), got {candidates}")
+    verification = body.get("verification", "token")
+    if verification not in VERIFICATIONS:
+        raise bad("verification", f"verification must be one of {', '.join(VERIFICATIONS)}, "
+                                  f"got {verification!r}")
+    if verification == "block" and limits.block == 1:
+        raise bad("verification", "this server decodes target-only (started with --no-spec): "
+                                  "there are no drafts to verify as a block; omit verification")
     temperature = _number(body, "temperature", 1.0)
     seed = integer(body, "seed", None)
     if seed is None:
@@ -203,7 +211,8 @@ def sampling_params(body: dict, limits: Limits, max_tokens: int | None,
             frequency_penalty=_number(body, "frequency_penalty", 0.0),
             repetition_penalty=_number(body, "repetition_penalty", 1.0),
             logit_bias=_logit_bias(body, limits.vocab), logprobs=logprobs,
-            constraint=_regex(body, limits), num_candidates=candidates)
+            constraint=_regex(body, limits), num_candidates=candidates,
+            verification=verification)
     except DFlash2Error as exc:
         name = re.match(r"[a-z_]+", str(exc))          # the messages begin with the field
         param = None if name is None else OURS.get(name.group(), name.group())

@@ -24,6 +24,7 @@ import torch
 
 from ..backend import Fallbacks
 from ..engine.candidates import check_no_counts, counts as candidate_counts
+from ..engine.verification import block_rows, check_rule
 from ..engine.engine import Engine
 from ..engine.output import Collector
 from ..engine.policy.table import bucket_of
@@ -101,6 +102,7 @@ class Scheduler:
             j.request.validate(self.vocab)
         if self.block == 1:
             check_no_counts([j.request for j in jobs])
+        check_rule([j.request for j in jobs], self.block != 1)
         with self._cv:
             if self._error is not None:
                 raise Overloaded(f"the engine loop stopped: {self._error}")
@@ -256,6 +258,7 @@ class Scheduler:
         if self.blocks.spec:
             for k, n in candidate_counts([j.request for j in jobs], self.trained_k).items():
                 self.stats.candidates[k] = self.stats.candidates.get(k, 0) + n
+            self.stats.block_verified += block_rows([j.request for j in jobs])
         for i, (job, h) in enumerate(zip(jobs, host)):
             job.collector = Collector([job.request], pair.tokenizer, pair.eos_token_ids, None,
                                       self.vocab)

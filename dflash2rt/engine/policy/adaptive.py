@@ -22,9 +22,12 @@ from .table import CostNoise, MeasuredTable, bucket_of, cost_noise
 def law_of(requests: Sequence) -> Hashable:
     """What a batch's acceptance depends on besides the pair: its requests' shared
     (temperature, top_p, top_k), with their candidate count where they set one
-    (``SamplingParams.num_candidates``), else "mixed" (the acceptance pool's key)."""
+    (``SamplingParams.num_candidates``) and "block" where they verify as a block, else "mixed"
+    (the acceptance pool's key)."""
     laws = {(q.params.temperature, q.params.top_p, q.params.top_k)
             + (() if q.params.num_candidates is None else (q.params.num_candidates,))
+            + (("block",) if q.params.verification == "block" and q.params.temperature > 0
+               else ())
             for q in requests}
     return laws.pop() if len(laws) == 1 else "mixed"
 
@@ -32,8 +35,11 @@ def law_of(requests: Sequence) -> Hashable:
 def mode_of(requests: Sequence) -> str:
     """"sampled" if any request samples, else "greedy" (as SamplingBatch.any_sampled); where
     requests set candidate counts, the counts too ("sampled, candidates 32 trained"), since
-    the select width they make costs a step more or less (the measured table's key)."""
+    the select width they make costs a step more or less, and block verification, whose
+    verify runs the torch ops (the measured table's key)."""
     mode = "sampled" if any(q.params.temperature > 0 for q in requests) else "greedy"
+    if any(q.params.verification == "block" for q in requests):
+        mode += ", block verification"                 # the torch-ops verify: its own cost
     asked = {q.params.num_candidates for q in requests}
     if asked == {None}:
         return mode
