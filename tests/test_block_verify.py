@@ -58,7 +58,7 @@ def _module_law(paths, v, gamma):
     cand = torch.arange(v).expand(n, gamma, v).contiguous()
     q_d = q.gather(-1, draft.unsqueeze(-1)).squeeze(-1)
     w = block_verify.keep_weights(p[:, :gamma].gather(-1, draft.unsqueeze(-1)).squeeze(-1), q_d)
-    h = block_verify.keep_probs(w, p, q).numpy()                                 # [n, γ]
+    h = block_verify.keep_probs(w, p, *block_verify.distinct(cand, q)).numpy()   # [n, γ]
     out: dict[tuple, float] = {}
     kept = 0.0
     for t in range(gamma + 1):
@@ -122,7 +122,9 @@ def test_equal_laws_keep_every_draft():
                                   torch.tensor([[0.2, 0.7, 0.4]], dtype=torch.float64))
     assert w.tolist() == [[1.0, 1.0, 1.0, 1.0]]
     p = torch.full((1, 4, 3), 1 / 3, dtype=torch.float64)
-    assert block_verify.keep_probs(w, p, p[:, :3]).tolist() == [[1.0, 1.0, 1.0]]
+    cand = torch.arange(3).expand(1, 3, 3)
+    assert block_verify.keep_probs(w, p, *block_verify.distinct(cand, p[:, :3])).tolist() == \
+        [[1.0, 1.0, 1.0]]
 
 
 def test_keep_weights_carry_the_surplus_and_cap_at_one():
@@ -132,13 +134,38 @@ def test_keep_weights_carry_the_surplus_and_cap_at_one():
         [[1.0, 0.25, 0.75, 1.0, 0.5, 0.0, 0.0]]
 
 
+def test_distinct_merges_repeated_candidates_at_their_first_place():
+    cand = torch.tensor([[[5, 2, 5, 9, 2, 5]]])
+    q = torch.tensor([[[0.25, 0.125, 0.25, 0.0625, 0.0625, 0.25]]])
+    ids, mass = block_verify.distinct(cand, q)
+    assert ids.tolist() == [[[2, 2, 5, 5, 5, 9]]]
+    assert mass.dtype == torch.float64
+    assert mass.tolist() == [[[0.1875, 0.0, 0.75, 0.0, 0.0, 0.0625]]]
+
+
+def test_keep_probs_count_a_repeated_candidate_once():
+    """The same law as two candidate lists, one with repeats: the same h."""
+    w = torch.tensor([[1.0, 0.5, 0.75]], dtype=torch.float64)
+    p = torch.tensor([[[0.25] * 4, [0.5, 0.125, 0.125, 0.25], [0.25] * 4]],
+                     dtype=torch.float64)
+    plain = block_verify.distinct(torch.tensor([[[0, 1, 2], [0, 3, 1]]]),
+                                  torch.tensor([[[0.5, 0.25, 0.25], [0.125, 0.5, 0.375]]]))
+    twice = block_verify.distinct(torch.tensor([[[0, 1, 2, 2], [3, 0, 3, 1]]]),
+                                  torch.tensor([[[0.5, 0.25, 0.125, 0.125],
+                                                 [0.25, 0.125, 0.25, 0.375]]]))
+    h = block_verify.keep_probs(w, p, *plain)
+    assert torch.equal(h, block_verify.keep_probs(w, p, *twice))
+    r = 0.5 * 1.0 - (min(0.25, 0.125) + min(0.0625, 0.375) + min(0.125, 0.5))
+    assert h[0, 0].item() == pytest.approx(r / (r + 0.5), rel=1e-15) and h[0, 1].item() == 0.75
+
+
 def test_keep_probs_by_hand():
     """w_1 = 0.5; r_1 = Σ (0.5 · (0.6, 0.4) − (0.1, 0.9))_+ = 0.2; h_1 = 0.2 / (0.2 + 0.5);
     h_2 = w_2."""
     w = torch.tensor([[1.0, 0.5, 0.3]], dtype=torch.float64)
     p = torch.tensor([[[0.5, 0.5], [0.6, 0.4], [1.0, 0.0]]], dtype=torch.float64)
     q = torch.tensor([[[0.5, 0.5], [0.1, 0.9]]], dtype=torch.float64)
-    h = block_verify.keep_probs(w, p, q)
+    h = block_verify.keep_probs(w, p, *block_verify.distinct(torch.arange(2).expand(1, 2, 2), q))
     assert h[0, 0].item() == pytest.approx(0.2 / 0.7, rel=1e-15)
     assert h[0, 1].item() == 0.3
 
@@ -269,3 +296,46 @@ def test_without_float64_block_verification_is_refused():
     with pytest.raises(BackendError, match="float64"):
         verify(logits, draft, cand, q, sampling, noise, block=torch.ones(4, dtype=torch.bool),
                has_fp64=False)
+
+
+def _last_slot_at(p, q, draft, eta):
+    """verify_block_sampled with every uniform at 1 but the last slot's, ``eta`` → τ."""
+    gamma = draft.shape[1]
+    cand = torch.arange(p.shape[-1]).expand(1, gamma, -1).contiguous()
+    q_d = q.gather(-1, draft.unsqueeze(-1)).squeeze(-1)
+    at = torch.ones(1, gamma, dtype=torch.float64)
+    at[0, -1] = eta
+    return int(block_verify.verify_block_sampled(p, draft, cand, q, q_d, at,
+                                                 torch.full((1, gamma), 0.5),
+                                                 torch.full((1,), 0.5))[0])
+
+
+@pytest.mark.parametrize("p_rows,q_rows,h", [
+    ([[0.125, 0.375, 0.25, 0.25]], [[0.5, 0.25, 0.125, 0.125]], 0.25),   # γ = 1: h_1 = p/q
+    ([[0.5, 0.25, 0.125, 0.125], [0.25] * 4],                             # γ = 2: h_1 = 1,
+     [[0.5, 0.25, 0.125, 0.125]] * 2, 0.5),                               # h_2 = w_2 = 0.5
+])
+def test_a_uniform_equal_to_the_keep_probability_does_not_keep(p_rows, q_rows, h):
+    gamma = len(q_rows)
+    p = torch.tensor([p_rows + [[0.25] * 4]], dtype=torch.float64)
+    q = torch.tensor([q_rows], dtype=torch.float64)
+    draft = torch.zeros(1, gamma, dtype=torch.int64)
+    below = torch.nextafter(torch.tensor(h, dtype=torch.float64), torch.tensor(0.0)).item()
+    assert _last_slot_at(p, q, draft, h) == 0
+    assert _last_slot_at(p, q, draft, below) == gamma
+
+
+def test_an_empty_residual_emits_from_the_target_row():
+    """Rounding aside, a block stops before a slot whose residual is empty only when its
+    uniforms are at 1: with p = q the residual (p − q)_+ is 0, and the emitted token is drawn
+    from p (never -1 from a zero law)."""
+    p = torch.tensor([[[0.5, 0.25, 0.25], [0.25, 0.5, 0.25]]], dtype=torch.float64)
+    q = p[:, :1].clone()
+    draft, cand = torch.tensor([[1]]), torch.arange(3).view(1, 1, 3)
+    q_d = torch.tensor([[0.25]], dtype=torch.float64)
+    for u, want in ((0.1, 0), (0.6, 1), (0.9, 2)):
+        tau, law, tok = block_verify.verify_block_sampled(
+            p, draft, cand, q, q_d, torch.ones(1, 1, dtype=torch.float64),
+            torch.full((1, 1), u), torch.full((1,), 0.5))
+        assert tau.tolist() == [0] and law.tolist() == [[0.5, 0.25, 0.25]]
+        assert tok.tolist() == [want]

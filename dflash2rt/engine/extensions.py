@@ -65,8 +65,9 @@ class RowExtension:
         """The block's draw source for select / verify in place of ``noise``, or None."""
         return None
 
-    def verify_rows(self) -> torch.Tensor | None:
-        """[R] bool: the rows verified as a block (``ops.block_verify``), or None."""
+    def verify_rows(self) -> torch.Tensor | bool | None:
+        """[R] bool: the rows verified as a block (``ops.block_verify``); True: every row;
+        None: none."""
         return None
 
     def next_draw(self, lens: torch.Tensor) -> EmitDraw | None:
@@ -241,24 +242,29 @@ class Candidates(RowExtension):
 
 @dataclass(frozen=True)
 class BlockVerify(RowExtension):
-    """Block verification (``SamplingParams.verification``): ``rows`` [R] bool on the device,
-    the rows that asked for it. Verify takes the torch ops (``ops.verify`` with ``block``)."""
+    """Block verification (``SamplingParams.verification``): ``asked`` per row on the host,
+    ``rows`` the same on the device. Verify takes the torch ops (``ops.verify`` with
+    ``block``: True where every row asked, so the token rule is not computed)."""
 
+    asked: tuple[bool, ...]
     rows: torch.Tensor
 
     @classmethod
-    def build(cls, asked: Sequence[str], device: torch.device) -> "BlockVerify | None":
+    def build(cls, rules: Sequence[str], device: torch.device) -> "BlockVerify | None":
         """None when no row asks for it."""
-        if all(a != "block" for a in asked):
+        asked = tuple(a == "block" for a in rules)
+        if not any(asked):
             return None
-        return cls(torch.tensor([a == "block" for a in asked], dtype=torch.bool, device=device))
+        return cls(asked, torch.tensor(asked, dtype=torch.bool, device=device))
 
     def take(self, idx):
-        return BlockVerify(self.rows[torch.tensor(list(idx), dtype=torch.int64,
-                                                  device=self.rows.device)])
+        asked = tuple(self.asked[i] for i in idx)
+        return BlockVerify(asked, torch.tensor(asked, dtype=torch.bool, device=self.rows.device))
 
     def verify_rows(self):
-        return self.rows
+        if not any(self.asked):                          # the rows that asked have left
+            return None
+        return True if all(self.asked) else self.rows
 
     def reports(self, kind, implementation):
         return [BLOCK_VERIFY_OPS] if kind == "verify" \

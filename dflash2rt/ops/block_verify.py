@@ -40,12 +40,31 @@ def keep_weights(p_d: torch.Tensor, q_d: torch.Tensor) -> torch.Tensor:
     return torch.stack(w, dim=1)
 
 
-def keep_probs(w: torch.Tensor, p: torch.Tensor, q_dense: torch.Tensor) -> torch.Tensor:
-    """w [R, γ+1], p [R, γ+1, V], q_dense [R, γ, V] (float64) → h [R, γ]: h[:, i-1] = h_i."""
-    gamma = q_dense.shape[1]
-    w_mid = w[:, 1:gamma].unsqueeze(-1)                                    # [R, γ-1, 1]
-    r = (w_mid * p[:, 1:gamma] - q_dense[:, 1:gamma]).clamp(min=0.0).sum(dim=-1)
-    den = r + (1.0 - w[:, 1:gamma])                    # >= r: h never exceeds 1
+def distinct(candidates: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """candidates, q [..., K] → (the candidates sorted [..., K], each one's whole draft mass,
+    float64, at its first place and 0 at the places that repeat it [..., K]): the sparse law
+    with duplicates merged."""
+    ids, order = torch.sort(candidates, dim=-1)
+    mass = q.double().gather(-1, order)
+    first = torch.ones_like(ids, dtype=torch.bool)
+    first[..., 1:] = ids[..., 1:] != ids[..., :-1]
+    run = torch.cumsum(first.to(torch.int64), dim=-1) - 1                 # each place's run
+    total = torch.zeros_like(mass).scatter_add_(-1, run, mass)            # run r's mass at r
+    return ids, torch.where(first, total.gather(-1, run), 0.0)
+
+
+def keep_probs(w: torch.Tensor, p: torch.Tensor, ids: torch.Tensor, mass: torch.Tensor
+               ) -> torch.Tensor:
+    """w [R, γ+1] float64, p [R, γ+1, V], the draft's laws as ``distinct`` gives them (ids,
+    mass [R, γ, K]) → h [R, γ] float64: h[:, i-1] = h_i. r_i = Σ_x (w_i p(x) − q(x))_+ =
+    w_i · Σ_x p(x) − Σ_{x candidate} min(w_i p(x), q(x)), over the candidates alone."""
+    gamma = ids.shape[1]
+    w_mid = w[:, 1:gamma]                                                  # [R, γ-1]
+    total = p[:, 1:gamma].sum(dim=-1, dtype=torch.float64)                # Σ_x p(x)
+    p_c = p[:, 1:gamma].gather(-1, ids[:, 1:]).double()                   # [R, γ-1, K]
+    kept = torch.minimum(w_mid.unsqueeze(-1) * p_c, mass[:, 1:]).sum(dim=-1)
+    r = (w_mid * total - kept).clamp(min=0.0)
+    den = r + (1.0 - w_mid)                            # >= r: h never exceeds 1
     h_mid = torch.where(den > 0, r / torch.where(den > 0, den, 1.0), 1.0)  # [R, γ-1]
     return torch.cat([h_mid, w[:, gamma:]], dim=1)
 
@@ -57,25 +76,23 @@ def verify_block_sampled(p: torch.Tensor, draft: torch.Tensor, candidates: torch
     """p [R, γ+1, V] the target's processed laws; draft [R, γ]; candidates, q [R, γ, K]; q_d
     [R, γ] float64 q(d); the uniforms ``accept`` [R, γ], ``residual`` [R, γ], ``bonus`` [R]
     → (accept_len [R], the emitting law [R, V] float64, the inverse-CDF token [R], -1 where
-    the law is not one)."""
+    the law is not one). Only the emitting row is made dense (V-wide float64)."""
     r, rows, v = p.shape
     gamma = rows - 1
-    p = p.double()
-    q_dense = torch.zeros(r, gamma, v, dtype=torch.float64, device=p.device)
-    q_dense.scatter_add_(2, candidates, q.double())                         # duplicates add
-    p_d = p[:, :gamma].gather(-1, draft.unsqueeze(-1)).squeeze(-1)          # [R, γ]
+    p_d = p[:, :gamma].gather(-1, draft.unsqueeze(-1)).squeeze(-1).double()  # [R, γ]
     w = keep_weights(p_d, q_d)
-    h = keep_probs(w, p, q_dense)
+    ids, mass = distinct(candidates, q)
+    h = keep_probs(w, p, ids, mass)
     slots = torch.arange(1, gamma + 1, device=p.device).expand(r, gamma)
     tau = torch.where(accept.double() < h, slots, 0).max(dim=1).values     # [R]
-    row = tau.view(r, 1, 1)
-    p_row = p.gather(1, row.expand(r, 1, v)).squeeze(1)                    # p_{τ+1}
+    p_row = p.gather(1, tau.view(r, 1, 1).expand(r, 1, v)).squeeze(1).double()  # p_{τ+1}
     inner = tau < gamma
-    q_row = q_dense.gather(1, tau.clamp(max=gamma - 1).view(r, 1, 1).expand(r, 1, v)).squeeze(1)
-    w_tau = w.gather(1, tau.view(r, 1))
-    resid = (w_tau * p_row - q_row).clamp(min=0.0)
+    slot = tau.clamp(max=gamma - 1).view(r, 1, 1)
+    q_row = torch.zeros(r, v, dtype=torch.float64, device=p.device).scatter_add_(
+        1, candidates.gather(1, slot.expand(r, 1, candidates.shape[2])).squeeze(1),
+        q.gather(1, slot.expand(r, 1, q.shape[2])).squeeze(1).double())
+    resid = (w.gather(1, tau.view(r, 1)) * p_row - q_row).clamp(min=0.0)
     empty = resid.sum(dim=1, keepdim=True) <= 0
     law = torch.where(inner.view(r, 1) & ~empty, resid, p_row)
-    u = torch.where(inner, residual.gather(1, tau.clamp(max=gamma - 1).view(r, 1)).view(r),
-                    bonus)
+    u = torch.where(inner, residual.gather(1, slot.view(r, 1)).view(r), bonus)
     return tau, law, inverse_cdf(law, u)

@@ -117,16 +117,19 @@ def check_verify_args(logits: torch.Tensor, draft: torch.Tensor, candidates: tor
 
 def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, q: torch.Tensor,
            sampling: SamplingBatch, noise: Draws, check: bool = True,
-           has_fp64: bool | None = None, block: torch.Tensor | None = None) -> VerifyOut:
+           has_fp64: bool | None = None, block: torch.Tensor | bool | None = None) -> VerifyOut:
     """logits [R, γ+1, V] of the verify pass over [anchor, d_1..d_γ]; draft [R, γ];
     candidates, q [R, γ, K]; ``noise``: the draws (a ``BlockNoise``, or a ``DrawSource``).
     With ``check`` a NaN row raises at once; the engine passes False and checks ``bad`` at its
     one device→host synchronisation per step. ``has_fp64`` False takes the float32 formulation
     (None: ``exact32.fp64_enabled()``). ``block`` [R] bool: the sampled rows verified as a
-    block (``ops.block_verify``; the float64 formulation, ordinary draws), None: none."""
+    block (``ops.block_verify``; the float64 formulation, ordinary draws); True: every row (the
+    token rule is not computed); None: none."""
     noise, marks = verify_draws(noise, draft, has_fp64)   # a source's draws: raises if it can't
     fp64 = exact32.fp64_enabled(has_fp64)
     _require_fp64(marks, fp64)
+    if block is False:
+        block = None
     if block is not None:
         _require_block(marks, fp64)
     r, rows, v = check_verify_args(logits, draft, candidates, q)
@@ -139,12 +142,17 @@ def verify(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, 
     if sampling.any_sampled:
         q_d, q_lo = (draft_mass(draft, candidates, q), None) if fp64 else \
             exact32.draft_mass32(draft, candidates, q)                              # [R, γ]
-        acc_s, emitted_s = _verify_sampled(logits, draft, candidates, q, (q_d, q_lo), sampling,
-                                           noise, marks)
+        p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                         top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows,
+                         min_p=sampling.min_p)                                     # [R, γ+1, V]
+        if block is not True:
+            acc_s, emitted_s = _verify_sampled(p, draft, candidates, q, (q_d, q_lo), noise,
+                                               marks)
         if block is not None:
-            acc_b, emitted_b = _verify_block(logits, draft, candidates, q, q_d, sampling, noise)
-            acc_s = torch.where(block, acc_b, acc_s)
-            emitted_s = torch.where(block, emitted_b, emitted_s)
+            acc_b, _, emitted_b = block_verify.verify_block_sampled(
+                p, draft, candidates, q, q_d, noise.accept, noise.residual, noise.bonus)
+            acc_s = acc_b if block is True else torch.where(block, acc_b, acc_s)
+            emitted_s = emitted_b if block is True else torch.where(block, emitted_b, emitted_s)
         acc = torch.where(sampling.greedy, acc, acc_s)
         emitted = torch.where(sampling.greedy, emitted, emitted_s)
         bad_q = ~sampling.greedy & law_broken(q, q_d)
@@ -164,30 +172,16 @@ def _require_block(marks: EmitDraw | None, fp64: bool) -> None:
                                 "watermarked requests verify with verification='token'")
 
 
-def _verify_block(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
-                  q: torch.Tensor, q_d: torch.Tensor, sampling: SamplingBatch,
-                  noise: BlockNoise) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block verification of every row (``ops.block_verify``) → (accept_len [R], token [R])."""
-    p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                     top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows,
-                     min_p=sampling.min_p)                                         # [R, γ+1, V]
-    acc, _, drawn = block_verify.verify_block_sampled(p, draft, candidates, q, q_d, noise.accept,
-                                                      noise.residual, noise.bonus)
-    return acc, drawn
-
-
-def _verify_sampled(logits: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
+def _verify_sampled(p: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor,
                     q: torch.Tensor, q_d: tuple[torch.Tensor, torch.Tensor | None],
-                    sampling: SamplingBatch, noise: BlockNoise, marks: EmitDraw | None = None
+                    noise: BlockNoise, marks: EmitDraw | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chain speculative sampling → (accept_len [R], emitted token [R]). ``q_d``: (float64 q(d),
-    None), or the float32 formulation's double-float (hi, lo)."""
-    r, rows, v = logits.shape
+    """Chain speculative sampling on the target's processed laws p [R, γ+1, V] → (accept_len
+    [R], emitted token [R]). ``q_d``: (float64 q(d), None), or the float32 formulation's
+    double-float (hi, lo)."""
+    r, rows, v = p.shape
     gamma = rows - 1
     fp64 = q_d[1] is None
-    p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                     top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows,
-                     min_p=sampling.min_p)                                         # [R, γ+1, V]
     p_d = p[:, :gamma].gather(-1, draft.unsqueeze(-1)).squeeze(-1)                 # [R, γ]
     ok = noise.accept.double() * q_d[0] < p_d.double() if fp64 else \
         exact32.accept(noise.accept, q_d[0], q_d[1], p_d)
@@ -208,7 +202,7 @@ def _verify_sampled(logits: torch.Tensor, draft: torch.Tensor, candidates: torch
         return acc, exact32.inverse_cdf32(torch.where(empty, p_row, hi), u,
                                           torch.where(empty, 0.0, lo))
     p_row = p_row.double()
-    q_dense = torch.zeros(r, v, dtype=torch.float64, device=logits.device)
+    q_dense = torch.zeros(r, v, dtype=torch.float64, device=p.device)
     q_dense.scatter_add_(1, cand_s, q_s.double())
     resid = (p_row - q_dense).clamp(min=0.0)
     empty = resid.sum(dim=1, keepdim=True) <= 0
