@@ -40,20 +40,19 @@ def with_count(reqs, count):
             for q in reqs]
 
 
-def row(pair, backend, prompts, batch: int, t: Temperature, counts, block: int, max_new: int,
-        repeats: int) -> list[tuple[str, float | None, float]]:
-    """→ [(contender, × target-only, τ)] for one batch size and temperature."""
+def batched(prompts, batch: int, max_new: int, t: Temperature) -> list[list[Request]]:
+    """The seeded requests of one batch size: one batch of them, or (batch 1) one each."""
     reqs = seeded_requests(batch_prompts(prompts, batch, len(prompts)), max_new, t)
-    batches = [reqs] if batch > 1 else [[q] for q in reqs]
-    trained = selector_params(pair).top_k
-    specs = [("target-only", False, None, None)]
-    for k in (None, *counts):
-        name = f"K={trained} (default)" if k is None else f"K={k}"
-        specs.append((f"block {block}, {name}", True, block, k))
-    specs.append((f"adaptive, K={trained} (default)", True, None, None))
+    return [reqs] if batch > 1 else [[q] for q in reqs]
+
+
+def compare(pair, backend, batches, specs, repeats: int, adjust
+            ) -> list[tuple[str, float | None, float]]:
+    """specs [(contender, spec, block, setting)], the first target-only; ``adjust(requests,
+    setting)`` the requests a contender decodes → [(contender, × target-only, τ)]."""
     contenders = [engine_contender(name, Engine(pair, backend),
-                                   [with_count(b, k) for b in batches], spec, blk)
-                  for name, spec, blk, k in specs]
+                                   [adjust(b, setting) for b in batches], spec, blk)
+                  for name, spec, blk, setting in specs]
     res = measure(contenders, repeats)
     base = res[specs[0][0]].rates
     out = []
@@ -62,6 +61,19 @@ def row(pair, backend, prompts, batch: int, t: Temperature, counts, block: int, 
         tau = statistics.fmean(s.tau for s in m.stats) if m.stats else 1.0
         out.append((name, paired_ratio(m.rates, base), tau))
     return out
+
+
+def row(pair, backend, prompts, batch: int, t: Temperature, counts, block: int, max_new: int,
+        repeats: int) -> list[tuple[str, float | None, float]]:
+    """→ [(contender, × target-only, τ)] for one batch size and temperature."""
+    trained = selector_params(pair).top_k
+    specs = [("target-only", False, None, None)]
+    for k in (None, *counts):
+        name = f"K={trained} (default)" if k is None else f"K={k}"
+        specs.append((f"block {block}, {name}", True, block, k))
+    specs.append((f"adaptive, K={trained} (default)", True, None, None))
+    return compare(pair, backend, batched(prompts, batch, max_new, t), specs, repeats,
+                   with_count)
 
 
 def paired_tau(pair, backend, prompts, seeds, counts, block: int) -> None:
@@ -87,17 +99,21 @@ def paired_tau(pair, backend, prompts, seeds, counts, block: int) -> None:
                   f"{len(d)} |", flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def bench_arguments(ap: argparse.ArgumentParser, paired: str) -> None:
+    """The options this bench and its siblings share; ``paired``: what --paired-tau does."""
     ap.add_argument("--model", default="stdlib-code")
-    ap.add_argument("--counts", default="32,64", help="counts beside the trained one")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--block", type=int, default=8)
-    ap.add_argument("--paired-tau", default=None, metavar="SEEDS",
-                    help="τ per prompt and seed, paired against the trained count, instead")
+    ap.add_argument("--paired-tau", default=None, metavar="SEEDS", help=paired)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--counts", default="32,64", help="counts beside the trained one")
+    bench_arguments(ap, "τ per prompt and seed, paired against the trained count, instead")
     a = ap.parse_args()
     backend = get_backend("cpu")
     counts = [int(x) for x in a.counts.split(",") if x]
@@ -107,12 +123,18 @@ def main() -> None:
                    a.block)
         return
     pair, prompts, _ = load_heldout(a.model, a.prompts)
+    print_table(a.batches, lambda batch, t: row(pair, backend, prompts, batch, t, counts,
+                                                a.block, a.max_new_tokens, a.repeats))
+
+
+def print_table(batches: str, rows_of) -> None:
+    """The markdown table of ``rows_of(batch, temperature)`` for each batch size and
+    temperature."""
     print("| batch | T | contender | × target-only | τ |")
     print("| ---: | --- | --- | ---: | ---: |")
-    for batch in (int(x) for x in a.batches.split(",")):
+    for batch in (int(x) for x in batches.split(",")):
         for t in TEMPERATURES:
-            for name, ratio, tau in row(pair, backend, prompts, batch, t, counts, a.block,
-                                        a.max_new_tokens, a.repeats):
+            for name, ratio, tau in rows_of(batch, t):
                 shown = "–" if ratio is None else f"{ratio:.2f}"
                 print(f"| {batch} | {t.label} | {name} | {shown} | {tau:.2f} |", flush=True)
 
