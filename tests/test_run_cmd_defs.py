@@ -109,7 +109,7 @@ DEFAULTS = dict(prompts=["p"], max_new_tokens=64, temperature=0.0, top_p=1.0, to
                 include_stop_str_in_output=False, repetition_penalty=1.0,
                 frequency_penalty=0.0, presence_penalty=0.0, min_p=0.0, logit_bias={},
                 logprobs=None, logprobs_mode="raw", regex=None, metrics=None, watermark=None,
-                num_candidates=None)
+                num_candidates=None, verification="token")
 
 ONE_FLAG = [
     (["--max-new-tokens", "3"], dict(max_new_tokens=3)),
@@ -132,6 +132,7 @@ ONE_FLAG = [
     (["--metrics", "m.prom"], dict(metrics="m.prom")),
     (["--watermark-key-file", "k"], dict(watermark="KEY")),
     (["--num-candidates", "2"], dict(num_candidates=2)),
+    (["--verification", "block"], dict(verification="block")),
     (["--dtype", "float32"], dict(dtype=torch.float32)),
     (["--dtype", "float64"], dict(dtype=torch.float64)),
     (["--dtype", "bfloat16"], dict(dtype=torch.bfloat16)),
