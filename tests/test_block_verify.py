@@ -339,3 +339,13 @@ def test_an_empty_residual_emits_from_the_target_row():
             torch.full((1, 1), u), torch.full((1,), 0.5))
         assert tau.tolist() == [0] and law.tolist() == [[0.5, 0.25, 0.25]]
         assert tok.tolist() == [want]
+
+
+def test_block_true_is_every_row_and_false_is_no_row():
+    logits, draft, cand, q, noise, sampling = _case(1, 24, 7, 20, 6)
+    run = lambda block: verify(logits, draft, cand, q, sampling, noise, has_fp64=True,  # noqa
+                               block=block).tokens
+    every = run(torch.ones(24, dtype=torch.bool))
+    assert torch.equal(run(True), every)
+    assert torch.equal(run(False), run(None))
+    assert not torch.equal(every, run(None))              # True is not the token rule
