@@ -16,6 +16,7 @@ import math
 import struct
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from dflash2rt import get_backend
@@ -196,11 +197,13 @@ class _NanRow(RowExtension):
         return logits
 
 
-def test_a_nan_verify_row_is_flagged_beside_good_rows_not_raised():
+@pytest.mark.parametrize("rule", ["token", "block"])
+def test_a_nan_verify_row_is_flagged_beside_good_rows_not_raised(rule):
+    """Under either verification rule (block rows take the torch ops' verify)."""
     pair, block = tiny_pair("dflash2", block=4, seed=2), 4
     for row in range(len(PROMPTS)):
         with torch.inference_mode():
-            engine, st, _ = _started(pair, _reqs(), block)
+            engine, st, _ = _started(pair, _reqs(verification=rule), block)
             pos = stages.block_positions(st, block)
             h = stages.draft_block(pair, st, engine.backend, pos, None)
             noise = engine.backend.noise(st.seed, st.key, st.lens, block - 1)
