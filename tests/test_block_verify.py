@@ -12,6 +12,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dflash2rt.errors import BackendError, InvalidInputError
 from dflash2rt.ops import block_verify
@@ -349,3 +351,35 @@ def test_block_true_is_every_row_and_false_is_no_row():
     assert torch.equal(run(True), every)
     assert torch.equal(run(False), run(None))
     assert not torch.equal(every, run(None))              # True is not the token rule
+
+
+@settings(max_examples=60, deadline=None, database=None, derandomize=True)
+@given(seed=st.integers(0, 2**31 - 1), r=st.integers(1, 5), gamma=st.integers(1, 8),
+       v=st.integers(2, 40), k=st.integers(1, 12), temp=st.sampled_from([0.3, 0.7, 1.0, 1.7]),
+       sharp=st.sampled_from([0.0, 0.5, 1.0]))
+def test_block_rows_match_the_rule_on_random_inputs(seed, r, gamma, v, k, temp, sharp):
+    """Any shapes, temperatures and draft laws (from near the target's to unrelated, some
+    candidates repeated, some target tokens at p = 0): the op keeps what the rule written out
+    keeps and emits the token its law's inverse CDF gives."""
+    k = min(k, v)
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(r, gamma + 1, v, generator=g) * 3.0
+    logits[torch.rand(r, gamma + 1, v, generator=g) < 0.3] = float("-inf")
+    logits[..., 0] = logits[..., 0].clamp(min=-5.0)
+    cand = torch.randint(0, v, (r, gamma, k), generator=g)
+    near = logits[:, :gamma].gather(-1, cand).clamp(min=-30.0) / temp
+    q = torch.softmax(sharp * near + torch.randn(r, gamma, k, generator=g), dim=-1)
+    pick = torch.multinomial(q.view(-1, k), 1, generator=g).view(r, gamma)
+    draft = cand.gather(-1, pick.unsqueeze(-1)).squeeze(-1)
+    noise = BlockNoise(torch.rand(r, gamma, generator=g), torch.rand(r, gamma, generator=g),
+                       torch.rand(r, gamma, generator=g), torch.rand(r, generator=g))
+    sampling = SamplingBatch.build([temp] * r, [0] * r, [1.0] * r)
+    out = verify(logits, draft, cand, q, sampling, noise, block=True, has_fp64=True,
+                 check=False)
+    p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    for i, (tau, law) in enumerate(_reference(p, draft, cand, q, noise)):
+        assert int(out.accept_len[i]) == tau
+        u = float(noise.bonus[i]) if tau == gamma else float(noise.residual[i, tau])
+        assert out.tokens[i, :tau + 1].tolist() == draft[i, :tau].tolist() + [_draw(law, u)]
+        assert law[out.tokens[i, tau]] > 0                       # never a token the law lacks
+    assert not out.bad.any() and not out.bad_q.any()
