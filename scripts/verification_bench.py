@@ -105,15 +105,13 @@ class ExpectedKept:
         ops_verify.verify = self.inner
 
     def add(self, logits, draft, candidates, q, sampling) -> None:
-        r, rows, v = logits.shape
+        r, rows, _ = logits.shape
         gamma = rows - 1
         p = target_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
                          top_k_max=sampling.top_k_max, top_p_rows=sampling.top_p_rows,
                          min_p=sampling.min_p).double()
-        q_dense = torch.zeros(r, gamma, v, dtype=torch.float64)
-        q_dense.scatter_add_(2, candidates, q.double())
         p_d = p[:, :gamma].gather(-1, draft.unsqueeze(-1)).squeeze(-1)
-        q_d = q_dense.gather(-1, draft.unsqueeze(-1)).squeeze(-1)
+        q_d = ops_verify.draft_mass(draft, candidates, q)
         token = torch.cumprod(torch.clamp(p_d / q_d, max=1.0), dim=1).sum(dim=1)
         h = block_verify.keep_probs(block_verify.keep_weights(p_d, q_d), p,
                                     *block_verify.distinct(candidates, q))

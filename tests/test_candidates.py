@@ -144,7 +144,7 @@ def test_stats_report_each_request_s_count(engine):
     assert "(block 4), candidates 4x1, accept histogram" in line, line
     _, stats = engine.generate([Request((1, 2), SamplingParams(max_new_tokens=3))], spec=False)
     assert stats.candidates == {} and "candidates" not in stats_line.stats_line(stats)
-    assert stats_line.counts(SimpleNamespace(candidates={1: 1, 9: 2})) == "candidates 1x1, 9x2, "
+    assert stats_line.counts(SimpleNamespace(candidates={1: 1, 9: 2}, block_verified=0)) == "candidates 1x1, 9x2, "
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "4", 2**31])

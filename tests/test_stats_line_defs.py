@@ -12,7 +12,7 @@ from dflash2rt.cli.stats_line import counts, spec_summary, stats_line, tp_stats_
 def _stats(**kw) -> SimpleNamespace:
     base = dict(mode="speculative", backend="cpu", generated=120, wall_s=1.2345,
                 tokens_per_s=97.25, tau=3.14159, block_size=8, adaptive=False,
-                block_sizes={16: 1, 4: 2}, candidates={}, accept_hist=[1, 0, 2],
+                block_sizes={16: 1, 4: 2}, candidates={}, block_verified=0, accept_hist=[1, 0, 2],
                 time={"draft": 0.12345, "verify": 0.5}, calibration_steps=0,
                 calibration_s=0.0, cost_noise="", fallbacks=[], model_pass="",
                 num_drafts=5, num_accepted_tokens=7, num_draft_tokens=35,

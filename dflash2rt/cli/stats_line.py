@@ -9,8 +9,7 @@ def counts(s) -> str:
     out = ""
     if s.candidates:
         out = "candidates " + ", ".join(f"{k}x{n}" for k, n in s.candidates.items()) + ", "
-    block = getattr(s, "block_verified", 0)
-    return out + (f"block-verified {block}, " if block else "")
+    return out + (f"block-verified {s.block_verified}, " if s.block_verified else "")
 
 
 def stats_line(s) -> str:
