@@ -92,28 +92,20 @@ def _against_target_only(spec, tonly, spec_rate: float, temperature: float) -> d
 
 
 @torch.no_grad()
-def topk_mass(pair: ModelPair, prompts: list[list[int]], outputs: list[list[int]],
-              temperature: float, top_p: float = 1.0) -> dict:
-    """The target's probability mass on the selector's K candidates, slot by slot.
-
-    Teacher-forced on each prompt + its continuation (a spec run's outputs: the target's own law,
-    as decoding is lossless): at every anchor a of the generated part with a full block after
-    it, the draft's candidates of slot e (top-K of its logits; they do not depend on the walk)
-    against the target's law of token a+e+1 after logit processing (temperature, top-p; at T=0
-    one-hot on its argmax). Chain speculative sampling accepts slot e with probability
-    Σ_k min(p, q) ≤ Σ_k p(cand_k), so the mean is an upper bound on the per-slot acceptance.
-    → ``topk_mass`` (mean over anchors and slots) and ``topk_mass_per_slot`` [γ].
-    """
+def forced_blocks(pair: ModelPair, prompts: list[list[int]], outputs: list[list[int]]):
+    """Teacher-forced draft blocks over each prompt + its continuation: for every prompt with an
+    anchor (a position of the generated part with a full block after it), yields
+    (``fwd``, the target's forward of the whole sequence; ``rows`` [N, γ], the positions whose
+    target law scores slot e of each of the N anchors; ``block`` [N, B], each anchor's true
+    block; ``h`` [N, γ, H], the draft's normed hidden state of each slot)."""
     from . import distill
     from .target import lm_forward
 
     draft, target = pair.draft, pair.target
-    b, k = draft.cfg.block_size, draft.cfg.selector_top_k
+    b = draft.cfg.block_size
     gamma = b - 1
     dev = pair.device
     backend = TorchOpsBackend("torch", dev, (pair.dtype,))
-    total = torch.zeros(gamma, dtype=torch.float64)
-    count = 0
     for prompt, out in zip(prompts, outputs):
         seq = list(prompt) + list(out)
         n, p = len(seq), len(prompt)
@@ -128,17 +120,40 @@ def topk_mass(pair: ModelPair, prompts: list[list[int]], outputs: list[list[int]
         batch = distill.Batch(fwd.taps, torch.tensor([n], device=dev), anchors, ids,
                               block[..., 1:])
         h = distill.draft_hidden(draft, target, batch, backend)[:, :, 1:]   # [1, N, γ, H]
-        cand = topk_lowest_index(target.lm_head(h), k)[1][0]                # [N, γ, K]
-        logits = fwd.logits[0].float()                                      # [n, V]
-        if temperature > 0:
-            probs = target_probs(logits.unsqueeze(0),
-                                 torch.tensor([float(temperature)], device=dev),
-                                 torch.tensor([0], device=dev),
-                                 torch.tensor([float(top_p)], device=dev), top_k_max=0,
-                                 top_p_rows=() if top_p >= 1 else None)[0]
-        else:
-            probs = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
         rows = anchors[0].view(-1, 1) + torch.arange(gamma, device=dev)     # [N, γ]
+        yield fwd, rows, block[0], h[0]
+
+
+def processed_law(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """The target's law of each row of logits [n, V] after temperature and top-p, float32;
+    one-hot on the argmax at T = 0."""
+    if temperature <= 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    dev = logits.device
+    return target_probs(logits.float().unsqueeze(0), torch.tensor([float(temperature)], device=dev),
+                        torch.tensor([0], device=dev), torch.tensor([float(top_p)], device=dev),
+                        top_k_max=0, top_p_rows=() if top_p >= 1 else None)[0]
+
+
+def topk_mass(pair: ModelPair, prompts: list[list[int]], outputs: list[list[int]],
+              temperature: float, top_p: float = 1.0) -> dict:
+    """The target's probability mass on the selector's K candidates, slot by slot.
+
+    Teacher-forced on each prompt + its continuation (a spec run's outputs: the target's own law,
+    as decoding is lossless; ``forced_blocks``): at every anchor a of the generated part with a
+    full block after it, the draft's candidates of slot e (top-K of its logits; they do not
+    depend on the walk) against the target's law of token a+e+1 after logit processing
+    (temperature, top-p; at T=0 one-hot on its argmax). Chain speculative sampling accepts slot
+    e with probability Σ_k min(p, q) ≤ Σ_k p(cand_k), so the mean is an upper bound on the
+    per-slot acceptance. → ``topk_mass`` (mean over anchors and slots) and
+    ``topk_mass_per_slot`` [γ].
+    """
+    gamma = pair.draft.cfg.block_size - 1
+    total = torch.zeros(gamma, dtype=torch.float64)
+    count = 0
+    for fwd, rows, _, h in forced_blocks(pair, prompts, outputs):
+        cand = topk_lowest_index(pair.target.lm_head(h), pair.draft.cfg.selector_top_k)[1]
+        probs = processed_law(fwd.logits[0], temperature, top_p)           # [n, V]
         m = probs[rows].gather(-1, cand).sum(-1)                            # [N, γ]
         total += m.double().sum(0).cpu()
         count += m.shape[0]
