@@ -5,7 +5,8 @@ A step at block b commits X tokens, X = k with P(commit k) = Π_{i<k} α_i · (1
 all b drafts accepted: X = b); ``BlockLaw`` holds that law, E[X] and Var[X]; ``finish_steps`` the
 expected steps for a row's last n tokens (exactly for the last ``TAIL`` · b); ``finish_spread``
 adds their standard deviation (renewal CLT); ``order_z`` places a batch's rows at the expected
-order statistics, since a batch waits for its slowest row.
+order statistics, since a batch waits for its slowest row; ``finish_rates`` scores each block
+by the batch's projected time to finish.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import functools
 import math
 import operator
 import statistics
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 TAIL = 4            # finish rule: the last TAIL · block tokens of a row count steps exactly
 
@@ -120,3 +121,26 @@ def order_z(rows: int) -> tuple[float, ...]:
         return (0.0,) * rows
     nd = statistics.NormalDist()
     return tuple(nd.inv_cdf((i - 0.375) / (rows + 0.25)) for i in range(1, rows + 1))
+
+
+def finish_rates(laws: Sequence[Mapping[int, BlockLaw]], left: Sequence[int],
+                 candidates: Sequence[int], tail_cost: Callable[[int, int], float]
+                 ) -> dict[int, float]:
+    """The finish rule's score per candidate block b: the batch's remaining tokens Σ left over
+    the projected seconds to finish them if every step kept b. Row r (its ``BlockLaw`` per
+    block, ``left[r]`` tokens to go) needs mean + sd · z steps, z its place among the batch's
+    expected order statistics (``order_z``); sorted, the batch pays ``tail_cost(b, live)`` for
+    each step while ``live`` rows still need one."""
+    total = float(sum(left))
+    z = order_z(len(left))
+    out = {}
+    for b in candidates:
+        mean_sd = sorted(law[b].spread(n) for law, n in zip(laws, left))
+        need = sorted(m + sd * zi for (m, sd), zi in zip(mean_sd, z))
+        seconds, done = 0.0, 0.0
+        for i, n in enumerate(need):
+            if n > done:
+                seconds += (n - done) * tail_cost(b, len(need) - i)
+                done = n
+        out[b] = total / max(seconds, 1e-12)
+    return out

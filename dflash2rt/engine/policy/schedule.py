@@ -17,13 +17,14 @@ call's step times and acceptance into the table. It is pure enough to drive by h
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Hashable, Iterable, Mapping, Sequence
 
 from ...errors import InvalidInputError
 from . import acceptance
 from .acceptance import PRIOR_WEIGHT
-from .finish import BlockLaw, expected_of, finish_steps, order_z
-from .table import TRACK, MeasuredTable, bucket_of
+from .finish import BlockLaw, expected_of, finish_rates, finish_steps
+from .table import TRACK, MeasuredTable, add_measured_begin_listener, bucket_of, \
+    measured_begin
 
 
 MODES = ("greedy", "sampled")
@@ -32,25 +33,8 @@ MODES = ("greedy", "sampled")
 ABLATIONS = frozenset({"row_alpha", "row_scale", "pooled_prior", "cost_table", "drift",
                        "finish_rule", "call_plan", "probes", "calibration"})
 UNIT_COST = 1.0     # "cost_table" off: every step of every block costs this
-
-
-# Listeners called with the schedule whenever one over a measured table begins a call
-# (``add_measured_begin_listener``).
-_MEASURED_BEGIN: list[Callable[["AdaptiveSchedule"], None]] = []
-
-
-def add_measured_begin_listener(listener: Callable[["AdaptiveSchedule"], None]
-                                ) -> Callable[[], None]:
-    """Call ``listener(schedule)`` whenever a schedule over a measured table (not a fixed one)
-    begins a call, i.e. whenever choices are about to come from this machine's timings (CI
-    lists the tests that did so: tests/conftest.py). → a function that removes the listener
-    (calling it twice is harmless)."""
-    _MEASURED_BEGIN.append(listener)
-
-    def remove() -> None:
-        if listener in _MEASURED_BEGIN:
-            _MEASURED_BEGIN.remove(listener)
-    return remove
+__all__ = ["ABLATIONS", "MODES", "UNIT_COST", "AdaptiveSchedule", "add_measured_begin_listener",
+           "default_candidates"]
 
 
 def default_candidates(block: int) -> tuple[int, ...]:
@@ -127,8 +111,7 @@ class AdaptiveSchedule:
         # the table and pool this call decides with (a copy of the pool for ``replica``)
         self._frozen = {} if self.fixed else self.table.costs_now("drift" not in self.without)
         if not self.fixed:
-            for listener in tuple(_MEASURED_BEGIN):
-                listener(self)
+            measured_begin(self)
         self._pooled = self.table.accept_copy()
         self._pool = self._pooled.pool(mode, law)
         self._steps: dict[tuple[int, int, str], list[float]] = {}   # this call's step seconds
@@ -250,21 +233,8 @@ class AdaptiveSchedule:
         cost is not measured yet takes the nearest measured larger bucket's cost."""
         if len(remaining) != len(rows):
             raise InvalidInputError(f"remaining: {len(remaining)} budgets for {len(rows)} rows")
-        left = [max(int(n), 1) for n in remaining]
-        total = float(sum(left))
-        laws = [self._laws(r) for r in rows]
-        z = order_z(len(rows))
-        out = {}
-        for b in self.candidates:
-            mean_sd = sorted(law[b].spread(n) for law, n in zip(laws, left))
-            need = sorted(m + sd * zi for (m, sd), zi in zip(mean_sd, z))
-            seconds, done = 0.0, 0.0
-            for i, n in enumerate(need):
-                if n > done:
-                    seconds += (n - done) * self._tail_cost(b, len(need) - i)
-                    done = n
-            out[b] = total / max(seconds, 1e-12)
-        return out
+        return finish_rates([self._laws(r) for r in rows], [max(int(n), 1) for n in remaining],
+                            self.candidates, self._tail_cost)
 
     def _laws(self, row: Hashable) -> dict[int, BlockLaw]:
         """``row``'s BlockLaw per candidate, kept until its estimates change (``observe``): a

@@ -15,7 +15,7 @@ import math
 import os
 import random
 import statistics
-from typing import Hashable
+from typing import Any, Callable, Hashable
 
 Key = tuple[int, int, str]           # (block, bucket, mode)
 
@@ -152,3 +152,27 @@ class MeasuredTable:
         out = MeasuredTable()
         out.accept = {k: (list(a), list(n)) for k, (a, n) in self.accept.items()}
         return out
+
+
+# Listeners called with a schedule whenever one over a measured table (not a fixed one) begins a
+# call (``add_measured_begin_listener``; schedule.py calls ``measured_begin``).
+_MEASURED_BEGIN: list[Callable[[Any], None]] = []
+
+
+def add_measured_begin_listener(listener: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``listener(schedule)`` whenever a schedule over a measured table (not a fixed one)
+    begins a call, i.e. whenever choices are about to come from this machine's timings (CI
+    lists the tests that did so: tests/conftest.py). → a function that removes the listener
+    (calling it twice is harmless)."""
+    _MEASURED_BEGIN.append(listener)
+
+    def remove() -> None:
+        if listener in _MEASURED_BEGIN:
+            _MEASURED_BEGIN.remove(listener)
+    return remove
+
+
+def measured_begin(schedule: Any) -> None:
+    """Tell every listener that ``schedule`` begins a call over a measured table."""
+    for listener in tuple(_MEASURED_BEGIN):
+        listener(schedule)
