@@ -117,12 +117,12 @@ def _row(pair, h, dl, cand, prev):
     return row
 
 
-def _reference(pair, temperature, top_p):
+def _reference(pair, temperature, top_p, outs=OUTS):
     draft, target = pair.draft, pair.target
     gamma, k = draft.cfg.block_size - 1, draft.cfg.selector_top_k
     acc = [[0.0] * gamma for _ in SHAPES]
     mass, count = [0.0] * gamma, 0
-    for prompt, out in OUTS:
+    for prompt, out in outs:
         seq = list(prompt) + list(out)
         n, p = len(seq), len(prompt)
         fwd = lm_forward(target, [seq])
@@ -169,6 +169,23 @@ def test_law_acceptance_against_a_float64_loop(pair, temperature, top_p):
         assert s["mean"] == pytest.approx(sum(want) / len(want), rel=1e-5)
         assert s["tau"] == pytest.approx(_tau(want), rel=1e-5)
         assert all(a <= m + 1e-9 for a, m in zip(s["per_slot"], got["mass"]))
+
+
+def test_one_anchor_is_its_own_mean(pair):
+    (prompt, out), = OUTS[2:]
+    got = calibration.law_acceptance(pair, [prompt], [out], 1.0, 1.0, SHAPES)
+    count, mass, acc = _reference(pair, 1.0, 1.0, OUTS[2:])
+    assert got["anchors"] == count == 1
+    assert got["mass"] == pytest.approx(mass, rel=1e-5, abs=1e-7)
+    assert got["shapes"][0]["per_slot"] == pytest.approx(acc[0], rel=1e-5, abs=1e-7)
+
+
+def test_no_anchor_gives_zeros_not_a_division_by_zero(pair):
+    got = calibration.law_acceptance(pair, [[1, 2, 3, 4]], [[14, 15]], 1.0, 1.0, SHAPES)
+    assert got["anchors"] == 0
+    assert got["mass"] == [0.0] * 3
+    assert got["mass_tau"] == 1.0
+    assert [s["per_slot"] for s in got["shapes"]] == [[0.0] * 3] * len(SHAPES)
 
 
 def test_law_acceptance_needs_a_positive_temperature(pair):
