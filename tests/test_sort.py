@@ -91,3 +91,34 @@ def test_the_torch_sort_path_keeps_ties_in_index_order(case):
     for row_v, row_i, row in zip(values.tolist(), idx.tolist(), x.tolist()):
         assert row_i == sorted(range(len(row)), key=lambda i: (-row[i], i))
         assert row_v == [row[i] for i in row_i]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 1), (2, 5), (4, 2048)])
+def test_cpu_float32_rows_take_the_key_sort_not_torch_sort(monkeypatch, shape):
+    """The fast path is what CPU float32 rows get, one element per row included."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    want = torch.sort(x, dim=-1, descending=True, stable=True)
+
+    def refused(*a, **k):
+        raise AssertionError("torch.sort called for a CPU float32 row")
+    monkeypatch.setattr(torch, "sort", refused)
+    vals, idx = sort_desc_stable(x)
+    assert torch.equal(vals, want.values) and torch.equal(idx, want.indices)
+
+
+@pytest.mark.parametrize("make", [lambda: torch.zeros(0, 4), lambda: torch.zeros(3, 0),
+                                  lambda: torch.randn(2, 5, dtype=torch.float64),
+                                  lambda: torch.randn(2, 5).requires_grad_()])
+def test_empty_other_dtype_and_autograd_rows_take_torch_sort(monkeypatch, make):
+    x = make()
+    want = torch.sort(x, dim=-1, descending=True, stable=True)
+    calls = []
+    real = torch.sort
+
+    def counted(*a, **k):
+        calls.append(a[0].shape)
+        return real(*a, **k)
+    monkeypatch.setattr(torch, "sort", counted)
+    vals, idx = sort_desc_stable(x)
+    assert calls == [x.shape]
+    assert torch.equal(vals, want.values) and torch.equal(idx, want.indices)
