@@ -17,17 +17,9 @@ import pytest
 
 from dflash2rt.constraints import TokenAutomaton, automaton
 from dflash2rt.errors import ConstraintError
+from test_constraints import ListTokenizer
 
 
-class ListTokenizer:
-    """A tokenizer whose token i has text ``texts[i]``."""
-
-    def __init__(self, texts):
-        self.texts = list(texts)
-        self.vocab_size = len(self.texts)
-
-    def decode(self, ids):
-        return "".join(self.texts[i] for i in ids)
 
 
 class CyclicByteDFA:

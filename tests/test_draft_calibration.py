@@ -11,15 +11,12 @@ import math
 import pytest
 import torch
 
-from dflash2rt.backend import TorchOpsBackend
 from dflash2rt.ops.sampling import scale
-from dflash2rt.train import calibration, distill
-from dflash2rt.train.target import lm_forward
-from test_evaluate_sweep import _law
+from dflash2rt.train import calibration
+from test_evaluate_sweep import _law, forced_anchors
 
 from tiny_models import tiny_pair
 
-BACKEND = TorchOpsBackend("cpu", "cpu", (torch.float32, torch.float64))
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -50,15 +47,8 @@ def test_scale_one_is_the_engines_law_bit_for_bit():
 
 
 def _nucleus(row, temperature, top):
-    q = _softmax([x / temperature for x in row])
-    order = sorted(range(len(q)), key=lambda i: (-q[i], i))
-    keep, ahead = set(), 0.0
-    for i in order:
-        if ahead < top:
-            keep.add(i)
-        ahead += q[i]
-    z = sum(q[i] for i in keep)
-    return [q[i] / z if i in keep else 0.0 for i in range(len(q))]
+    """The nucleus cut is top-p's rule: ``_law`` (test_evaluate_sweep) at p = top."""
+    return _law(row, temperature, top)
 
 
 @pytest.mark.parametrize("top", [0.1, 0.5, 0.8, 0.95, 1.0, 2.0])
@@ -118,32 +108,21 @@ def _row(pair, h, dl, cand, prev):
 
 
 def _reference(pair, temperature, top_p, outs=OUTS):
-    draft, target = pair.draft, pair.target
-    gamma, k = draft.cfg.block_size - 1, draft.cfg.selector_top_k
+    gamma, k = pair.draft.cfg.block_size - 1, pair.draft.cfg.selector_top_k
     acc = [[0.0] * gamma for _ in SHAPES]
     mass, count = [0.0] * gamma, 0
-    for prompt, out in outs:
-        seq = list(prompt) + list(out)
-        n, p = len(seq), len(prompt)
-        fwd = lm_forward(target, [seq])
-        logits = fwd.logits[0].double().tolist()
-        for a in range(p, n - gamma):
-            ids = torch.tensor([[[seq[a]] + [draft.cfg.mask_token_id] * gamma]])
-            batch = distill.Batch(fwd.taps, torch.tensor([n]), torch.tensor([[a]]), ids,
-                                  ids[..., 1:])
-            h = distill.draft_hidden(draft, target, batch, BACKEND)[0, 0, 1:]
-            dl = target.lm_head(h).tolist()
-            for e in range(gamma):
-                cand = sorted(range(len(dl[e])), key=lambda t: (-dl[e][t], t))[:k]
-                row = _row(pair, h[e], dl[e], cand, seq[a + e])
-                law = _law(logits[a + e], temperature, top_p)      # scores token a + e + 1
-                pc = [law[c] for c in cand]
-                mass[e] += sum(pc)
-                for i, (kind, v) in enumerate(SHAPES):
-                    q = (_softmax([v * x / temperature for x in row]) if kind == "scale"
-                         else _nucleus(row, temperature, v))
-                    acc[i][e] += sum(min(x, y) for x, y in zip(pc, q))
-            count += 1
+    for seq, a, h, dl, logits in forced_anchors(pair, *zip(*outs)):
+        for e in range(gamma):
+            cand = sorted(range(len(dl[e])), key=lambda t: (-dl[e][t], t))[:k]
+            row = _row(pair, h[e], dl[e], cand, seq[a + e])
+            law = _law(logits[a + e], temperature, top_p)          # scores token a + e + 1
+            pc = [law[c] for c in cand]
+            mass[e] += sum(pc)
+            for i, (kind, v) in enumerate(SHAPES):
+                q = (_softmax([v * x / temperature for x in row]) if kind == "scale"
+                     else _nucleus(row, temperature, v))
+                acc[i][e] += sum(min(x, y) for x, y in zip(pc, q))
+        count += 1
     return count, [m / count for m in mass], [[x / count for x in a] for a in acc]
 
 

@@ -153,11 +153,12 @@ def _law(row, temperature, top_p):
     return [p[t] / z if t in keep else 0.0 for t in range(v)]
 
 
-def _reference(pair, prompts, outputs, temperature, top_p):
+def forced_anchors(pair, prompts, outputs):
+    """One anchor at a time, each prompt + its continuation teacher-forced: (the sequence, the
+    anchor a, the draft's hidden states h [γ, H] of its block, their logits [γ][V] as lists,
+    the target's logits of the whole sequence [n][V] as float64 lists)."""
     draft, target = pair.draft, pair.target
-    b, k = draft.cfg.block_size, draft.cfg.selector_top_k
-    gamma = b - 1
-    total, count = [0.0] * gamma, 0
+    gamma = draft.cfg.block_size - 1
     for prompt, out in zip(prompts, outputs):
         seq = list(prompt) + list(out)
         n, p = len(seq), len(prompt)
@@ -168,12 +169,18 @@ def _reference(pair, prompts, outputs, temperature, top_p):
             batch = distill.Batch(fwd.taps, torch.tensor([n]), torch.tensor([[a]]), ids,
                                   ids[..., 1:])
             h = distill.draft_hidden(draft, target, batch, BACKEND)[0, 0, 1:]
-            dl = target.lm_head(h).tolist()                                # [γ, V]
-            for e in range(gamma):
-                cand = sorted(range(len(dl[e])), key=lambda t: (-dl[e][t], t))[:k]
-                law = _law(logits[a + e], temperature, top_p)
-                total[e] += sum(law[c] for c in cand)
-            count += 1
+            yield seq, a, h, target.lm_head(h).tolist(), logits
+
+
+def _reference(pair, prompts, outputs, temperature, top_p):
+    gamma, k = pair.draft.cfg.block_size - 1, pair.draft.cfg.selector_top_k
+    total, count = [0.0] * gamma, 0
+    for _, a, _, dl, logits in forced_anchors(pair, prompts, outputs):
+        for e in range(gamma):
+            cand = sorted(range(len(dl[e])), key=lambda t: (-dl[e][t], t))[:k]
+            law = _law(logits[a + e], temperature, top_p)
+            total[e] += sum(law[c] for c in cand)
+        count += 1
     per = [t / max(count, 1) for t in total]
     return sum(per) / gamma, per
 
