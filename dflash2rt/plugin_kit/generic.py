@@ -108,7 +108,7 @@ def probe(v: GpuVendor, index: int | None = None) -> Probe:
         dtypes=tuple(d for d in v.dtypes if d != "bfloat16" or bf16),
         graphs=graphs, fp64=fp64,
         details={"torch": torch.__version__, v.build: str(getattr(torch.version, v.build)),
-                 "torch_device": device, "warp_size": str(getattr(props, "warp_size", "")),
+                 "torch_device": device, "warp_size": str(warp) if warp else "",
                  "device_count": str(count),
                  "graph_capture": "on" if capture else "off",
                  **({label.lower(): text} if label else {})},
