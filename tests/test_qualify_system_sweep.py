@@ -55,7 +55,7 @@ def test_commit_of_a_clean_checkout_runs_git_in_its_root(tmp_path, monkeypatch):
 
 
 def test_commit_of_a_checkout_with_changes_is_marked_dirty(tmp_path, monkeypatch):
-    _checkout(tmp_path, monkeypatch, Git(porcelain=" M dflash2rt/x.py\n"))
+    _checkout(tmp_path, monkeypatch, Git(porcelain=" M notes.txt\n"))
     assert system.git_commit() == "abc123+dirty"
 
 
