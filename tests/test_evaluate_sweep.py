@@ -221,3 +221,16 @@ def test_topk_mass_of_a_single_anchor(pair):
     assert got["topk_mass_per_slot"] == pytest.approx(per, abs=1e-7)
     assert got["topk_mass"] == pytest.approx(mass, abs=1e-7)
     assert 0.0 < mass < 1.0
+
+
+def test_topk_mass_builds_no_autograd_graph(pair):
+    """Every LM head forward of the measurement, the one over the draft's states included, runs
+    without autograd (the recipe measures a draft whose weights may still require gradients)."""
+    modes = []
+    hook = pair.target.lm_head.register_forward_hook(
+        lambda module, args, out: modes.append(torch.is_grad_enabled()))
+    try:
+        evaluate.topk_mass(pair, [OUTS[0][0]], [OUTS[0][1]], 1.0)
+    finally:
+        hook.remove()
+    assert len(modes) == 2 and not any(modes)      # the target's forward, the draft's states

@@ -135,6 +135,7 @@ def processed_law(logits: torch.Tensor, temperature: float, top_p: float = 1.0) 
                         top_k_max=0, top_p_rows=() if top_p >= 1 else None)[0]
 
 
+@torch.no_grad()
 def topk_mass(pair: ModelPair, prompts: list[list[int]], outputs: list[list[int]],
               temperature: float, top_p: float = 1.0) -> dict:
     """The target's probability mass on the selector's K candidates, slot by slot.
